@@ -1,0 +1,199 @@
+"""Command-line interface. Exit codes: 0 clean, 1 findings at/above --fail-on, 2 usage/internal error,
+3 nothing checked."""
+
+from __future__ import annotations
+
+import sys
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import click
+
+from weightcheck import __version__
+from weightcheck.findings import EXIT_ERROR, Result, Severity
+from weightcheck.reporters import FORMATS, render
+from weightcheck.settings import Settings, SettingsError, load_settings
+
+
+def _split_codes(values: tuple[str, ...]) -> list[str]:
+    return [c.strip() for v in values for c in v.split(",") if c.strip()]
+
+
+def output_options(fn: Callable[..., Any]) -> Callable[..., Any]:
+    """Options shared by every checking command (lint, diff, verify)."""
+    decorators = [
+        click.option(
+            "--format",
+            "fmt",
+            type=click.Choice(FORMATS),
+            default=None,
+            help="Output format (default: text, or [tool.weightcheck] format).",
+        ),
+        click.option("--select", multiple=True, help="Rule codes or prefixes to run (e.g. WC2,WC401). Default ALL."),
+        click.option("--ignore", multiple=True, help="Rule codes or prefixes to skip."),
+        click.option(
+            "--fail-on",
+            type=click.Choice(["error", "warning", "info"]),
+            default=None,
+            help="Lowest severity that makes the exit code 1 (default: error).",
+        ),
+        click.option(
+            "--exit-zero", is_flag=True, help="Exit 0 even when findings are reported (not when nothing was checked)."
+        ),
+        click.option(
+            "--config",
+            "config_path",
+            type=click.Path(dir_okay=False, path_type=Path),
+            default=None,
+            help="pyproject.toml with a [tool.weightcheck] table (default: one next to the target).",
+        ),
+        click.option(
+            "--output", "-o", type=click.File("w"), default="-", help="Write the report here (default: stdout)."
+        ),
+        click.option("--color/--no-color", default=None, help="Force colour on or off in text output."),
+        click.option("--verbose", "-v", is_flag=True, help="Show every finding in text output."),
+    ]
+    for deco in reversed(decorators):
+        fn = deco(fn)
+    return fn
+
+
+def resolve_settings(target: Path, config_path: Path | None, **cli: Any) -> Settings:
+    try:
+        settings = load_settings(target, config_path)
+    except SettingsError as exc:
+        raise click.UsageError(str(exc)) from None
+    if cli.get("select"):
+        settings.select = _split_codes(cli["select"])
+    if cli.get("ignore"):
+        settings.ignore = [*settings.ignore, *_split_codes(cli["ignore"])]
+    if cli.get("fail_on"):
+        settings.fail_on = cli["fail_on"]
+    if cli.get("fmt"):
+        settings.format = cli["fmt"]
+    if settings.format not in FORMATS:
+        raise click.UsageError(f"unknown format {settings.format!r} in {settings.source}")
+    try:
+        Severity.parse(settings.fail_on)
+    except ValueError as exc:
+        raise click.UsageError(str(exc)) from None
+    return settings
+
+
+def finish(
+    result: Result, settings: Settings, output: Any, *, exit_zero: bool, color: bool | None, verbose: bool
+) -> None:
+    render(result, settings.format, output, color=color, verbose=verbose)
+    output.flush()
+    sys.exit(result.exit_code(Severity.parse(settings.fail_on), exit_zero=exit_zero))
+
+
+@click.group(context_settings={"help_option_names": ["-h", "--help"]})
+@click.version_option(__version__, prog_name="weightcheck")
+def cli() -> None:
+    """weightcheck: are the weights you are about to serve the weights you meant to serve?"""
+
+
+@cli.command()
+@click.argument("target", type=click.Path(path_type=Path))
+@output_options
+def lint(
+    target: Path,
+    fmt: str | None,
+    select: tuple[str, ...],
+    ignore: tuple[str, ...],
+    fail_on: str | None,
+    exit_zero: bool,
+    config_path: Path | None,
+    output: Any,
+    color: bool | None,
+    verbose: bool,
+) -> None:
+    """Lint a checkpoint directory (or a config.json) without reading tensor data."""
+    from weightcheck.lint import lint as run_lint
+
+    settings = resolve_settings(target, config_path, select=select, ignore=ignore, fail_on=fail_on, fmt=fmt)
+    result = run_lint(target, select=settings.select, ignore=settings.ignore)
+    finish(result, settings, output, exit_zero=exit_zero, color=color, verbose=verbose)
+
+
+@cli.command()
+@click.argument("code", required=False)
+@click.option("--format", "fmt", type=click.Choice(["text", "json"]), default="text")
+def rules(code: str | None, fmt: str) -> None:
+    """List all rules, or explain one (by code or name)."""
+    import json
+
+    from weightcheck.rules import FAMILIES, all_rules, get_rule
+
+    if code:
+        found = get_rule(code)
+        if found is None:
+            raise click.UsageError(f"no rule {code!r}; run `weightcheck rules` for the list")
+        if fmt == "json":
+            click.echo(
+                json.dumps(
+                    {
+                        "code": found.code,
+                        "name": found.name,
+                        "severity": found.severity.label,
+                        "summary": found.summary,
+                        "doc": found.doc,
+                        "bad": found.bad.strip(),
+                        "good": found.good.strip(),
+                        "command": found.command,
+                    },
+                    indent=2,
+                )
+            )
+        else:
+            click.echo(found.explain())
+        return
+    registry = all_rules()
+    if fmt == "json":
+        click.echo(
+            json.dumps(
+                [
+                    {
+                        "code": r.code,
+                        "name": r.name,
+                        "severity": r.severity.label,
+                        "summary": r.summary,
+                        "command": r.command,
+                    }
+                    for r in registry.values()
+                ],
+                indent=2,
+            )
+        )
+        return
+    family = None
+    for r in registry.values():
+        if r.code[:3] != family:
+            family = r.code[:3]
+            click.echo(f"\n{family}xx — {FAMILIES.get(family, '')}")
+        click.echo(f"  {r.code}  {r.name:<32} {r.severity.label:<8} {r.summary}")
+
+
+def main() -> None:
+    try:
+        cli.main(standalone_mode=False)
+    except click.exceptions.Exit as exc:
+        sys.exit(exc.exit_code)
+    except click.ClickException as exc:
+        exc.show()
+        sys.exit(EXIT_ERROR)
+    except click.exceptions.Abort:
+        sys.exit(EXIT_ERROR)
+    except SystemExit:
+        raise
+    except BrokenPipeError:
+        sys.exit(EXIT_ERROR)
+    except Exception as exc:  # internal error: exit 2, short message, no silent pass
+        click.echo(f"weightcheck: internal error: {type(exc).__name__}: {exc}", err=True)
+        sys.exit(EXIT_ERROR)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,108 @@
+"""Findings and results: what rules produce and reporters consume.
+
+Nothing here knows about files or about output formats.
+"""
+
+from __future__ import annotations
+
+import enum
+from dataclasses import dataclass, field
+from typing import Any
+
+
+class Severity(enum.IntEnum):
+    INFO = 1
+    WARNING = 2
+    ERROR = 3
+
+    @classmethod
+    def parse(cls, text: str) -> Severity:
+        try:
+            return cls[text.strip().upper()]
+        except KeyError:
+            raise ValueError(f"unknown severity {text!r}: use error, warning or info") from None
+
+    @property
+    def label(self) -> str:
+        return self.name.lower()
+
+
+@dataclass(frozen=True)
+class Location:
+    """Where a finding points. Every field is optional; `tensor` may be a collapsed pattern."""
+
+    file: str | None = None
+    tensor: str | None = None
+    module: str | None = None
+
+    def as_dict(self) -> dict[str, str | None]:
+        return {"file": self.file, "tensor": self.tensor, "module": self.module}
+
+
+@dataclass
+class Finding:
+    code: str
+    name: str
+    severity: Severity
+    message: str
+    location: Location = field(default_factory=Location)
+    # Full list of subjects (tensor names, layer ids...) behind a collapsed location.
+    count: int = 1
+    details: dict[str, Any] = field(default_factory=dict)
+
+    def as_dict(self) -> dict[str, Any]:
+        out: dict[str, Any] = {
+            "code": self.code,
+            "name": self.name,
+            "severity": self.severity.label,
+            "message": self.message,
+            "location": self.location.as_dict(),
+            "count": self.count,
+        }
+        if self.details:
+            out["details"] = self.details
+        return out
+
+
+EXIT_CLEAN = 0
+EXIT_FINDINGS = 1
+EXIT_ERROR = 2
+EXIT_NOTHING_CHECKED = 3
+# A rule that crashed: reported as a finding so other findings still show, but the run exits 2.
+INTERNAL_ERROR_CODE = "WC000"
+
+
+@dataclass
+class Result:
+    """Outcome of one run (lint, diff, verify): findings plus what was actually checked."""
+
+    target: str
+    command: str
+    findings: list[Finding] = field(default_factory=list)
+    # Counters of what was looked at ("shards": 4, "tensors": 1200, ...). Empty means nothing checked.
+    checked: dict[str, int] = field(default_factory=dict)
+    notes: list[str] = field(default_factory=list)
+    nothing_checked: bool = False
+
+    def counts(self) -> dict[str, int]:
+        out = {s.label: 0 for s in sorted(Severity, reverse=True)}
+        for finding in self.findings:
+            out[finding.severity.label] += 1
+        return out
+
+    def exit_code(self, fail_on: Severity = Severity.ERROR, exit_zero: bool = False) -> int:
+        if any(f.code == INTERNAL_ERROR_CODE for f in self.findings):
+            return EXIT_ERROR
+        if self.nothing_checked:
+            return EXIT_NOTHING_CHECKED
+        if exit_zero:
+            return EXIT_CLEAN
+        if any(f.severity >= fail_on for f in self.findings):
+            return EXIT_FINDINGS
+        return EXIT_CLEAN
+
+    def sorted_findings(self) -> list[Finding]:
+        return sorted(
+            self.findings,
+            key=lambda f: (-f.severity, f.code, f.location.file or "", f.location.tensor or ""),
+        )

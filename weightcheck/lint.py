@@ -1,0 +1,73 @@
+"""`weightcheck lint`: load (header-only), run the selected rules, return a Result."""
+
+from __future__ import annotations
+
+import traceback
+from collections.abc import Iterable
+from pathlib import Path
+from typing import Any
+
+from weightcheck.checkpoint import load_checkpoint
+from weightcheck.findings import INTERNAL_ERROR_CODE, Finding, Location, Result, Severity
+from weightcheck.rules import LintContext, Rule, all_rules, matches_selector, run_rules
+
+
+def selected_rules(select: Iterable[str] = ("ALL",), ignore: Iterable[str] = (), command: str = "lint") -> list[Rule]:
+    select, ignore = list(select) or ["ALL"], list(ignore)
+    return [
+        r
+        for r in all_rules().values()
+        if r.command == command and matches_selector(r, select) and not matches_selector(r, ignore)
+    ]
+
+
+def lint(
+    target: str | Path,
+    *,
+    select: Iterable[str] = ("ALL",),
+    ignore: Iterable[str] = (),
+    options: dict[str, Any] | None = None,
+) -> Result:
+    path = Path(target)
+    result = Result(target=str(path), command="lint")
+    if not path.exists():
+        result.nothing_checked = True
+        result.notes.append(f"{path}: no such file or directory")
+        return result
+    ckpt = load_checkpoint(path)
+    config_only = not ckpt.has_weights
+    if config_only and (ckpt.config is None or not ckpt.config.exists):
+        result.nothing_checked = True
+        result.notes.append(f"{path}: no safetensors weights, index or config.json to check")
+        return result
+
+    opts = dict(options or {})
+    opts["config_only"] = config_only
+    ctx = LintContext(ckpt=ckpt, options=opts)
+    rules = selected_rules(select, ignore)
+    if config_only:
+        skipped = [r.code for r in rules if "tensors" in r.needs]
+        rules = [r for r in rules if "tensors" not in r.needs]
+        result.notes.append(f"config-only mode: no tensors to read, {len(skipped)} tensor-level rules could not run")
+    for crashed in run_rules(ctx, rules):
+        ctx.findings.append(
+            Finding(
+                code=INTERNAL_ERROR_CODE,
+                name="internal-error",
+                severity=Severity.ERROR,
+                message=f"rule {crashed.code} crashed: {traceback.format_exc(limit=3).strip().splitlines()[-1]}",
+                location=Location(file=str(path)),
+                details={"traceback": traceback.format_exc()},
+            )
+        )
+    result.findings = ctx.findings
+    result.checked = {
+        "shards": len(ckpt.shards),
+        "tensors": len(ckpt.tensor_names()),
+        "rules": len(rules),
+        "header_bytes_read": ckpt.bytes_read,
+    }
+    if "structure" in ctx.cache and ctx.cache["structure"].prefix is not None:
+        s = ctx.cache["structure"]
+        result.checked["layers"] = len(s.ids)
+    return result

@@ -1,0 +1,32 @@
+"""Reporters: one emitter per output format. They read a Result and know nothing of rules' logic."""
+
+from __future__ import annotations
+
+from typing import TextIO
+
+from weightcheck.findings import Result
+
+FORMATS = ("text", "json", "sarif", "github")
+SCHEMA_VERSION = "1.0"
+
+
+def render(result: Result, fmt: str, stream: TextIO, *, color: bool | None = None, verbose: bool = False) -> None:
+    # Emitters are imported on demand so that `--format json` never imports rich.
+    if fmt == "text":
+        from weightcheck.reporters.text import emit_text
+
+        emit_text(result, stream, color=color, verbose=verbose)
+    elif fmt == "json":
+        from weightcheck.reporters.machine import emit_json
+
+        emit_json(result, stream)
+    elif fmt == "sarif":
+        from weightcheck.reporters.machine import emit_sarif
+
+        emit_sarif(result, stream)
+    elif fmt == "github":
+        from weightcheck.reporters.machine import emit_github
+
+        emit_github(result, stream)
+    else:
+        raise ValueError(f"unknown format {fmt!r}; choose from {', '.join(FORMATS)}")

@@ -1,0 +1,53 @@
+"""Human-readable report, grouped by rule. Uses rich (colour) on a terminal, plain text otherwise."""
+
+from __future__ import annotations
+
+from itertools import groupby
+from typing import TextIO
+
+from weightcheck.findings import Result, Severity
+
+_STYLE = {Severity.ERROR: "bold red", Severity.WARNING: "yellow", Severity.INFO: "cyan"}
+
+
+def _lines(result: Result, verbose: bool) -> list[tuple[str, str]]:
+    """(style, text) pairs; style "" means plain."""
+    out: list[tuple[str, str]] = []
+    findings = result.sorted_findings()
+    for (code, name), group in groupby(findings, key=lambda f: (f.code, f.name)):
+        items = list(group)
+        sev = items[0].severity
+        out.append((_STYLE[sev], f"{code} {name} [{sev.label}] — {len(items)} finding(s)"))
+        shown = items if verbose else items[:20]
+        for f in shown:
+            where = " ".join(x for x in (f.location.file, f.location.tensor) if x)
+            out.append(("", f"  {where}: {f.message}" if where else f"  {f.message}"))
+        if len(items) > len(shown):
+            out.append(("dim", f"  … {len(items) - len(shown)} more (use --verbose)"))
+    for note in result.notes:
+        out.append(("dim", f"note: {note}"))
+    counts = result.counts()
+    checked = ", ".join(f"{v} {k}" for k, v in result.checked.items() if k in ("shards", "tensors", "layers"))
+    if result.nothing_checked:
+        out.append(("bold red", "nothing was checked"))
+    elif not result.findings:
+        out.append(("bold green", f"clean: {checked}"))
+    else:
+        summary = ", ".join(f"{n} {k}" for k, n in counts.items() if n)
+        out.append(("bold", f"{summary} ({checked})"))
+    return out
+
+
+def emit_text(result: Result, stream: TextIO, *, color: bool | None = None, verbose: bool = False) -> None:
+    use_color = stream.isatty() if color is None else color
+    lines = _lines(result, verbose)
+    if not use_color:
+        for _, text in lines:
+            stream.write(text + "\n")
+        return
+    from rich.console import Console
+    from rich.text import Text
+
+    console = Console(file=stream, force_terminal=True, highlight=False, soft_wrap=True)
+    for style, text in lines:
+        console.print(Text(text, style=style or ""))

@@ -1,0 +1,249 @@
+"""WC2xx: the index (`model.safetensors.index.json`) against the shards it describes."""
+
+from __future__ import annotations
+
+from collections import defaultdict
+
+from weightcheck.checkpoint import INDEX_NAME
+from weightcheck.collapse import summarize
+from weightcheck.findings import Severity
+from weightcheck.rules import LintContext, rule
+
+
+def _readable(ctx: LintContext, shard: str) -> bool:
+    report = ctx.ckpt.shards.get(shard)
+    return report is not None and report.names_known
+
+
+@rule(
+    "WC201",
+    "indexed-shard-missing",
+    Severity.ERROR,
+    summary="The index names a shard file that is not on disk.",
+    bad='"weight_map": {"model.layers.40.mlp.down_proj.weight": "model-00010-of-00093.safetensors"}  (file absent)',
+    good="Every file named in weight_map exists in the checkpoint directory.",
+)
+def indexed_shard_missing(ctx: LintContext) -> None:
+    """Older loaders leave the parameters of a missing shard uninitialized and serve garbage (bugs.md A1);
+    SGLang fails fast only since sgl-project/sglang#32279. The finding lists the tensors that shard should
+    hold, collapsed by layer."""
+    missing = {r.name for r in ctx.ckpt.refused if r.kind == "missing"}
+    by_shard: dict[str, list[str]] = defaultdict(list)
+    for key, shard in ctx.ckpt.weight_map.items():
+        if shard in missing:
+            by_shard[shard].append(key)
+    for shard, keys in sorted(by_shard.items()):
+        ctx.report(
+            f"{shard} is named by {INDEX_NAME} for {len(keys)} tensors but does not exist: {summarize(keys)}",
+            file=shard,
+            count=len(keys),
+            details={"tensors": sorted(keys)[:1000]},
+        )
+
+
+@rule(
+    "WC202",
+    "indexed-key-not-in-shard",
+    Severity.ERROR,
+    summary="An index entry points at a shard that does not contain that tensor (a ghost entry).",
+    bad='"mtp.fc.weight": "model-00012-of-00012.safetensors"   (the shard has no mtp.fc.weight)',
+    good="Each weight_map key is present in the header of the shard it names.",
+)
+def indexed_key_not_in_shard(ctx: LintContext) -> None:
+    """Writers that record the keys they *meant* to write produce index entries for tensors that are not in
+    the shard (bugs.md A2, A9). Loaders that trust the index then miss the tensor. The finding says
+    whether the tensor lives in another shard (wrong mapping) or nowhere (lost)."""
+    ckpt = ctx.ckpt
+    located: dict[str, list[str]] = defaultdict(list)
+    for shard, report in ckpt.shards.items():
+        for key in report.tensors:
+            located[key].append(shard)
+    groups: dict[tuple[str, str], list[str]] = defaultdict(list)
+    for key, shard in ckpt.weight_map.items():
+        if not _readable(ctx, shard) or key in ckpt.shards[shard].tensors:
+            continue
+        elsewhere = located.get(key)
+        where = f"found in {', '.join(sorted(elsewhere))}" if elsewhere else "not found in any shard"
+        groups[(shard, where)].append(key)
+    for (shard, where), keys in sorted(groups.items()):
+        ctx.report(
+            f"{len(keys)} index entries point at {shard}, which lacks them ({where}): {summarize(keys)}",
+            file=shard,
+            tensor=summarize(keys, limit=3),
+            count=len(keys),
+            details={"tensors": sorted(keys)[:1000]},
+        )
+
+
+@rule(
+    "WC203",
+    "shard-key-not-indexed",
+    Severity.ERROR,
+    summary="A tensor stored in an indexed shard is absent from weight_map.",
+    bad="model-00003-of-00004.safetensors holds model.layers.7.mlp.gate.weight; weight_map has no such key",
+    good="weight_map lists every tensor of every shard it references.",
+)
+def shard_key_not_indexed(ctx: LintContext) -> None:
+    """transformers reports missing/unexpected keys from the index, so a tensor present only in a shard is
+    invisible to it, while vLLM loads every tensor of every indexed file (bugs.md A5, A7). Either way the
+    index is incomplete."""
+    ckpt = ctx.ckpt
+    if not ckpt.weight_map:
+        return
+    for shard in ckpt.indexed_shards:
+        report = ckpt.shards.get(shard)
+        if report is None or not report.names_known:
+            continue
+        absent = [k for k in report.tensors if k not in ckpt.weight_map]
+        if absent:
+            ctx.report(
+                f"{len(absent)} tensors in {shard} are not in {INDEX_NAME}: {summarize(absent)}",
+                file=shard,
+                tensor=summarize(absent, limit=3),
+                count=len(absent),
+                details={"tensors": sorted(absent)[:1000]},
+            )
+
+
+@rule(
+    "WC204",
+    "tensor-in-several-shards",
+    Severity.ERROR,
+    summary="The same tensor name is stored in more than one shard.",
+    bad="model.norm.weight in model-00001-of-00002 and in model-00002-of-00002",
+    good="Each tensor name appears in exactly one shard.",
+)
+def tensor_in_several_shards(ctx: LintContext) -> None:
+    """When two files hold the same name, the last one loaded wins silently, and which one that is depends
+    on the loader's iteration order. Only shards that belong to the checkpoint (indexed, or all files when
+    there is no index) are considered."""
+    ckpt = ctx.ckpt
+    considered = ckpt.indexed_shards if ckpt.index is not None and ckpt.weight_map else ckpt.files_on_disk
+    located: dict[str, list[str]] = defaultdict(list)
+    for shard in considered:
+        report = ckpt.shards.get(shard)
+        if report is None:
+            continue
+        for key in report.tensors:
+            located[key].append(shard)
+    groups: dict[tuple[str, ...], list[str]] = defaultdict(list)
+    for key, shards in located.items():
+        if len(shards) > 1:
+            groups[tuple(sorted(shards))].append(key)
+    for shards, keys in sorted(groups.items()):
+        ctx.report(
+            f"{len(keys)} tensors stored in {len(shards)} shards ({', '.join(shards)}): {summarize(keys)}",
+            file=shards[0],
+            tensor=summarize(keys, limit=3),
+            count=len(keys),
+        )
+
+
+@rule(
+    "WC205",
+    "index-total-size",
+    Severity.WARNING,
+    summary="metadata.total_size differs from the sum of tensor bytes in the shards.",
+    bad='"metadata": {"total_size": 2301}   (sum of rows, not bytes; the tensors hold 4718592 bytes)',
+    good='"metadata": {"total_size": 4718592}',
+)
+def index_total_size(ctx: LintContext) -> None:
+    """`total_size` is the sum of tensor storage bytes (headers excluded). Nobody checks it, but a wrong value
+    reveals a writer that dropped tensors or counted something else (bugs.md A14). Skipped when any
+    indexed shard is unreadable; a missing `total_size` is reported as info (DeepSeek's fp8_cast_bf16
+    writes an empty metadata object)."""
+    ckpt = ctx.ckpt
+    doc = ckpt.index
+    if doc is None or not isinstance(doc.data, dict):
+        return
+    meta = doc.data.get("metadata")
+    if not isinstance(meta, dict):
+        return  # WC207 reports a missing metadata object
+    total = meta.get("total_size")
+    if total is None:
+        ctx.report("metadata has no total_size", file=INDEX_NAME, severity=Severity.INFO)
+        return
+    if not isinstance(total, (int, float)) or isinstance(total, bool):
+        ctx.report(f"metadata.total_size is {total!r}, not a number", file=INDEX_NAME)
+        return
+    if any(not _readable(ctx, s) for s in ckpt.indexed_shards):
+        return
+    actual = 0
+    seen: set[str] = set()
+    for shard in ckpt.indexed_shards:
+        for key, info in ckpt.shards[shard].tensors.items():
+            if key not in seen:
+                seen.add(key)
+                actual += info.nbytes
+    if int(total) != actual:
+        ctx.report(
+            f"metadata.total_size is {int(total)} but the indexed shards hold {actual} bytes of tensors "
+            f"({actual - int(total):+d})",
+            file=INDEX_NAME,
+        )
+
+
+@rule(
+    "WC206",
+    "index-path-escapes",
+    Severity.ERROR,
+    summary="An index entry names a file outside the checkpoint directory; it is refused, never opened.",
+    bad='"lm_head.weight": "../other_model/model-00001-of-00002.safetensors"   or "/etc/passwd"',
+    good='"lm_head.weight": "model-00002-of-00002.safetensors"',
+)
+def index_path_escapes(ctx: LintContext) -> None:
+    """Loaders join weight_map values to the checkpoint path; `..`, absolute paths and symlinks that leave
+    the directory make them read files the checkpoint does not own. weightcheck refuses such entries and
+    reports every tensor that relied on them."""
+    indexed = set(ctx.ckpt.indexed_shards)
+    by_file: dict[str, list[str]] = defaultdict(list)
+    for key, shard in ctx.ckpt.weight_map.items():
+        by_file[shard].append(key)
+    for refusal in ctx.ckpt.refused:
+        if refusal.name in indexed and refusal.kind in ("escapes", "absolute"):
+            keys = by_file[refusal.name]
+            ctx.report(
+                f"refused {refusal.name!r}: {refusal.reason}; {len(keys)} tensors point at it: {summarize(keys)}",
+                file=refusal.name,
+                count=len(keys),
+            )
+
+
+@rule(
+    "WC207",
+    "index-invalid",
+    Severity.ERROR,
+    summary="model.safetensors.index.json cannot be parsed or lacks weight_map / metadata.",
+    bad='{"weight_map": {...}}   (no "metadata": transformers raises KeyError) — or truncated JSON',
+    good='{"metadata": {"total_size": 123}, "weight_map": {"model.norm.weight": "model-00001-of-00002.safetensors"}}',
+)
+def index_invalid(ctx: LintContext) -> None:
+    """transformers reads `index["metadata"]` unconditionally (KeyError when absent) and takes the shard list
+    from `weight_map`; a non-string value or an empty map makes the whole checkpoint unloadable or empty."""
+    doc = ctx.ckpt.index
+    if doc is None:
+        return
+    if doc.error:
+        ctx.report(f"{INDEX_NAME}: {doc.error}", file=INDEX_NAME)
+        return
+    data = doc.data
+    if not isinstance(data, dict):
+        ctx.report(f"{INDEX_NAME} is not a JSON object", file=INDEX_NAME)
+        return
+    wm = data.get("weight_map")
+    if not isinstance(wm, dict):
+        ctx.report(f"{INDEX_NAME} has no weight_map object", file=INDEX_NAME)
+    else:
+        if not wm:
+            ctx.report(f"{INDEX_NAME} weight_map is empty", file=INDEX_NAME)
+        bad = [k for k, v in wm.items() if not isinstance(v, str)]
+        if bad:
+            ctx.report(
+                f"{len(bad)} weight_map values are not file names: {summarize(map(str, bad))}",
+                file=INDEX_NAME,
+                count=len(bad),
+            )
+    if "metadata" not in data:
+        ctx.report(f"{INDEX_NAME} has no metadata object (transformers raises KeyError)", file=INDEX_NAME)
+    elif not isinstance(data["metadata"], dict):
+        ctx.report(f"{INDEX_NAME} metadata is not an object", file=INDEX_NAME)

@@ -1,0 +1,294 @@
+"""WC4xx (pattern-free part): every layer and expert present, peers alike, no doubled prefixes, tie flag.
+
+These rules need no architecture knowledge: they use config.json counts and compare layers with their
+peers. Pattern-driven expected-key rules (WC41x) build on the same structure.
+"""
+
+from __future__ import annotations
+
+import itertools
+import re
+from collections import defaultdict
+
+from weightcheck.collapse import ids_pattern, summarize
+from weightcheck.findings import Severity
+from weightcheck.rules import LintContext, rule
+from weightcheck.structure import LayerStructure, analyze, majority
+
+
+def structure_of(ctx: LintContext) -> LayerStructure:
+    return ctx.memo("structure", lambda: analyze(ctx.ckpt.tensor_names(), ctx.ckpt.text_config()))
+
+
+def _layer_names(s: LayerStructure, layers: list[int], suffixes: list[str]) -> list[str]:
+    return [f"{s.prefix}.{layer}.{suffix}" for layer in layers for suffix in suffixes]
+
+
+@rule(
+    "WC401",
+    "decoder-layer-missing",
+    Severity.ERROR,
+    summary="A decoder layer 0..num_hidden_layers-1 has no tensors at all.",
+    bad="config.json num_hidden_layers = 48; the index has model.layers.0..46 (47 missing)",
+    good="Every layer id below num_hidden_layers has tensors.",
+)
+def decoder_layer_missing(ctx: LintContext) -> None:
+    """A layer dropped by a converter (PP stage not gathered, a shard never written) leaves the engine's
+    layer uninitialized, and nothing raises (bugs.md A3, A4, C4). Layer ids come from tensor names under
+    the language model's layer container (`model.layers`, `model.language_model.layers`, ...)."""
+    s = structure_of(ctx)
+    if s.num_hidden_layers is None or s.prefix is None:
+        return
+    missing = sorted(set(range(s.num_hidden_layers)) - s.ids)
+    if missing:
+        ctx.report(
+            f"{len(missing)} of {s.num_hidden_layers} decoder layers have no tensors: "
+            f"{s.prefix}.{ids_pattern(missing)}",
+            tensor=f"{s.prefix}.{ids_pattern(missing)}.*",
+            count=len(missing),
+            details={"missing_layers": missing},
+        )
+
+
+@rule(
+    "WC402",
+    "layer-keys-differ",
+    Severity.ERROR,
+    summary="A layer's set of weights differs from its peers (a projection, norm or router missing).",
+    bad="model.layers.{3,7}.self_attn.k_proj.weight missing while 46 peer layers have it",
+    good="All dense layers share one key set, all MoE layers share one key set.",
+)
+def layer_keys_differ(ctx: LintContext) -> None:
+    """Layers are compared with peers of the same kind (dense, MoE, MTP). The most common key set of each
+    kind is the reference; a layer lacking some of its keys, or carrying a few extra, is reported with the
+    names. Expert indices are folded (`experts.*`) and quantization companions are folded onto `weight`, so
+    quantization differences are left to the WC3xx rules. Layers whose key sets differ wholesale (hybrid
+    attention/linear-attention stacks) are treated as another kind, not as broken."""
+    s = structure_of(ctx)
+    if s.prefix is None or len(s.signatures) < 2:
+        return
+    kinds: dict[str, list[int]] = defaultdict(list)
+    for layer in s.signatures:
+        kind = "mtp" if s.is_mtp(layer) else ("moe" if s.is_moe(layer) else "dense")
+        kinds[kind].append(layer)
+    missing_groups: dict[tuple[str, frozenset[str]], list[int]] = defaultdict(list)
+    extra_groups: dict[tuple[str, frozenset[str]], list[int]] = defaultdict(list)
+    for kind, layers in kinds.items():
+        if len(layers) < 2:
+            continue
+        ref = majority(s.signatures[layer] for layer in layers)
+        assert ref is not None
+        peers = sum(1 for layer in layers if s.signatures[layer] == ref)
+        for layer in layers:
+            sig = s.signatures[layer]
+            if sig == ref:
+                continue
+            missing, extra = ref - sig, sig - ref
+            # A wholesale difference is another layer type, not a broken layer.
+            if len(missing) + len(extra) > max(2, len(ref) // 3) and missing and extra:
+                continue
+            if missing:
+                missing_groups[(kind, frozenset(missing))].append(layer)
+            if extra and peers > 1:
+                extra_groups[(kind, frozenset(extra))].append(layer)
+        for (k, keys), ids in sorted(missing_groups.items(), key=lambda kv: min(kv[1])):
+            if k != kind:
+                continue
+            names = _layer_names(s, ids, sorted(keys))
+            ctx.report(
+                f"{kind} layers {ids_pattern(ids)} lack {len(keys)} key(s) that their {peers} peer "
+                f"layers have: {summarize(names)}",
+                tensor=summarize(names, limit=3),
+                count=len(names),
+                details={"layers": ids, "missing": sorted(keys)},
+            )
+        for (k, keys), ids in sorted(extra_groups.items(), key=lambda kv: min(kv[1])):
+            if k != kind:
+                continue
+            names = _layer_names(s, ids, sorted(keys))
+            ctx.report(
+                f"{kind} layers {ids_pattern(ids)} carry {len(keys)} key(s) that their {peers} peer "
+                f"layers do not: {summarize(names)}",
+                tensor=summarize(names, limit=3),
+                count=len(names),
+                severity=Severity.WARNING,
+                details={"layers": ids, "extra": sorted(keys)},
+            )
+
+
+@rule(
+    "WC403",
+    "experts-incomplete",
+    Severity.ERROR,
+    summary="A MoE layer does not hold every expert 0..E-1, or an expert lacks weights its siblings have.",
+    bad="model.layers.5.mlp.experts.{96..127}.* missing (config n_routed_experts = 128)",
+    good="Every MoE layer stores experts 0..E-1, each with the same projections.",
+)
+def experts_incomplete(ctx: LintContext) -> None:
+    """The expert count comes from the config (`n_routed_experts`, `num_experts`, `num_local_experts`,
+    `moe_num_experts`). An EP rank whose experts were never gathered, or gathered under local ids, leaves
+    holes or duplicates (bugs.md C11, C12). Experts above the count are reported too: engines skip them
+    silently. Fused 3-D expert tensors (no per-expert index) are not counted here."""
+    s = structure_of(ctx)
+    if s.prefix is None or not s.experts:
+        return
+    missing_by: dict[tuple[str, tuple[int, ...]], dict[int, list[int]]] = defaultdict(dict)
+    beyond_by: dict[str, dict[int, list[int]]] = defaultdict(dict)
+    partial: dict[tuple[str, frozenset[str]], list[str]] = defaultdict(list)
+    for layer, heads in sorted(s.experts.items()):
+        for head, experts in heads.items():
+            expected = s.num_experts if s.num_experts is not None else max(experts) + 1
+            ids = set(experts)
+            missing = sorted(set(range(expected)) - ids)
+            beyond = sorted(i for i in ids if i >= expected)
+            if missing:
+                missing_by[(head, tuple(missing))][layer] = missing
+            if beyond:
+                beyond_by[head][layer] = beyond
+            ref = majority(experts.values())
+            assert ref is not None
+            for e, sig in experts.items():
+                lack = ref - sig
+                if lack:
+                    for suffix in lack:
+                        partial[(head, frozenset({suffix}))].append(f"{s.prefix}.{layer}.{head}.{e}.{suffix}")
+    for (head, missing_ids), layers in sorted(missing_by.items()):
+        ids = sorted(layers)
+        total = s.num_experts
+        ctx.report(
+            f"MoE layers {ids_pattern(ids)} lack experts {ids_pattern(missing_ids)}"
+            + (f" (config declares {total})" if total is not None else ""),
+            tensor=f"{s.prefix}.{ids_pattern(ids)}.{head}.{ids_pattern(missing_ids)}.*",
+            count=sum(len(v) for v in layers.values()),
+        )
+    for head, layers in sorted(beyond_by.items()):
+        ids = sorted(layers)
+        all_beyond = sorted({e for v in layers.values() for e in v})
+        ctx.report(
+            f"MoE layers {ids_pattern(ids)} hold experts {ids_pattern(all_beyond)} beyond the "
+            f"config's {s.num_experts} experts (engines skip them silently)",
+            tensor=f"{s.prefix}.{ids_pattern(ids)}.{head}.{ids_pattern(all_beyond)}.*",
+            count=sum(len(v) for v in layers.values()),
+        )
+    for (_, _), names in sorted(partial.items()):
+        ctx.report(
+            f"{len(names)} expert weights missing while sibling experts have them: {summarize(names)}",
+            tensor=summarize(names, limit=3),
+            count=len(names),
+        )
+
+
+@rule(
+    "WC404",
+    "mtp-layer-missing",
+    Severity.WARNING,
+    summary="config.json declares MTP / next-n layers that the checkpoint does not store.",
+    bad="num_nextn_predict_layers = 1, num_hidden_layers = 61, but no model.layers.61.*",
+    good="model.layers.61.{eh_proj,enorm,hnorm,shared_head...} present (DeepSeek-V3 layout)",
+)
+def mtp_layer_missing(ctx: LintContext) -> None:
+    """DeepSeek-V3, GLM-4.x MoE and MiMo number MTP layers after the decoder layers
+    (`model.layers.{num_hidden_layers + i}`); Qwen3-Next/Qwen3.5 use a separate `mtp.*` module. Exports
+    with MTP disabled drop them, which breaks speculative decoding (and in several bridges broke the
+    surrounding shards, bugs.md A3, A4). A warning: serving without MTP still works."""
+    s = structure_of(ctx)
+    if s.prefix is None or s.num_hidden_layers is None or s.num_mtp_layers <= 0:
+        return
+    n = s.num_hidden_layers
+    expected = set(range(n, n + s.num_mtp_layers))
+    if s.mtp_prefix is not None:
+        if len(s.mtp_ids) < s.num_mtp_layers:
+            ctx.report(
+                f"config declares {s.num_mtp_layers} MTP layers; {s.mtp_prefix} holds {len(s.mtp_ids)}",
+                tensor=f"{s.mtp_prefix}.*",
+            )
+        return
+    missing = sorted(expected - s.ids)
+    if missing and not any(name.startswith("mtp.") for name in ctx.ckpt.tensor_names()):
+        ctx.report(
+            f"config declares {s.num_mtp_layers} MTP layer(s) at {s.prefix}.{ids_pattern(missing)} but none are stored",
+            tensor=f"{s.prefix}.{ids_pattern(missing)}.*",
+            count=len(missing),
+        )
+
+
+@rule(
+    "WC405",
+    "repeated-path-segment",
+    Severity.ERROR,
+    summary="A tensor name repeats a path segment (`language_model.language_model.`, `model.model.`).",
+    bad="language_model.language_model.layers.0.mlp.experts.w2_weight_packed",
+    good="model.language_model.layers.0.mlp.experts.0.down_proj.weight_packed",
+)
+def repeated_path_segment(ctx: LintContext) -> None:
+    """Writers that prepend a prefix to names that already carry it produce doubled segments; the engine
+    then finds no parameter of that name (vllm-project/llm-compressor#2568: KeyError at load)."""
+    doubled: list[str] = []
+    for name in ctx.ckpt.tensor_names():
+        parts = name.split(".")
+        if any(a == b and not a.isdigit() for a, b in itertools.pairwise(parts)):
+            doubled.append(name)
+    if doubled:
+        ctx.report(
+            f"{len(doubled)} tensor names repeat a path segment: {summarize(doubled)}",
+            tensor=summarize(doubled, limit=3),
+            count=len(doubled),
+        )
+
+
+@rule(
+    "WC406",
+    "layer-beyond-config",
+    Severity.WARNING,
+    summary="Tensors for layer ids at or above num_hidden_layers (+ MTP layers) that no engine will load.",
+    bad="num_hidden_layers = 47, no MTP declared, but model.layers.47.* stored",
+    good="Layer ids stay below num_hidden_layers + num_nextn_predict_layers.",
+)
+def layer_beyond_config(ctx: LintContext) -> None:
+    """Engines skip layers above the configured count silently (SGLang GLM4-MoE, DeepSeek). Such tensors are
+    either an MTP layer the config does not declare (set `num_nextn_predict_layers`) or a converter
+    numbering bug (bugs.md A3)."""
+    s = structure_of(ctx)
+    if s.prefix is None or s.num_hidden_layers is None:
+        return
+    limit = s.num_hidden_layers + s.num_mtp_layers
+    beyond = sorted(i for i in s.ids if i >= limit)
+    if beyond:
+        ctx.report(
+            f"layers {ids_pattern(beyond)} are at or beyond num_hidden_layers ({s.num_hidden_layers})"
+            f" + MTP layers ({s.num_mtp_layers})",
+            tensor=f"{s.prefix}.{ids_pattern(beyond)}.*",
+            count=len(beyond),
+        )
+
+
+_LM_HEAD_RE = re.compile(r"(^|\.)lm_head\.weight(_packed)?$")
+
+
+@rule(
+    "WC407",
+    "tied-embedding-mismatch",
+    Severity.ERROR,
+    summary="tie_word_embeddings disagrees with the presence of lm_head.weight.",
+    bad='"tie_word_embeddings": false and no lm_head.weight anywhere (head left uninitialized)',
+    good='"tie_word_embeddings": false with lm_head.weight stored; or true without it',
+)
+def tied_embedding_mismatch(ctx: LintContext) -> None:
+    """`tie_word_embeddings: false` without any `lm_head.weight` leaves the output head uninitialized
+    (bugs.md F2, F6: error). `true` while the checkpoint also stores `lm_head.weight` is a warning: several
+    engines skip the stored head or raise KeyError (bugs.md F5). Checked only when the flag is explicit."""
+    cfg = ctx.ckpt.text_config()
+    tie = cfg.get("tie_word_embeddings")
+    if not isinstance(tie, bool):
+        return
+    names = ctx.ckpt.tensor_names()
+    heads = sorted(n for n in names if _LM_HEAD_RE.search(n))
+    if not tie and not heads:
+        ctx.report("tie_word_embeddings is false but no lm_head.weight is stored", tensor="lm_head.weight")
+    elif tie and heads:
+        ctx.report(
+            f"tie_word_embeddings is true but {', '.join(heads)} is stored as well "
+            "(engines that tie skip it or fail with KeyError)",
+            tensor=heads[0],
+            severity=Severity.WARNING,
+        )

@@ -1,0 +1,275 @@
+"""Header-only safetensors reader in pure Python.
+
+Reads the 8-byte length and the JSON header, validates every entry the way the Rust validator in the
+`safetensors` library does, and never touches tensor data. Problems are returned as values
+(`HeaderProblem`), never raised, so a hostile file cannot crash the linter. Error class names follow the
+library's `SafetensorError` messages so verdicts can be compared one to one.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import stat
+import struct
+from dataclasses import dataclass, field
+
+# Bits per element, from the Rust `Dtype` enum (safetensors >= 0.6).
+DTYPE_BITS: dict[str, int] = {
+    "BOOL": 8,
+    "F4": 4,
+    "F6_E2M3": 6,
+    "F6_E3M2": 6,
+    "U8": 8,
+    "I8": 8,
+    "F8_E5M2": 8,
+    "F8_E4M3": 8,
+    "F8_E8M0": 8,
+    "F8_E4M3FNUZ": 8,
+    "F8_E5M2FNUZ": 8,
+    "I16": 16,
+    "U16": 16,
+    "F16": 16,
+    "BF16": 16,
+    "I32": 32,
+    "U32": 32,
+    "F32": 32,
+    "C64": 64,
+    "F64": 64,
+    "I64": 64,
+    "U64": 64,
+}
+
+# The Rust reader refuses headers above 100 MB; a real DeepSeek-V3 shard header is < 1 MB.
+MAX_HEADER_BYTES = 100_000_000
+# Shapes or offsets beyond u64 overflow in the Rust validator.
+_U64_MAX = 2**64 - 1
+
+
+@dataclass(frozen=True)
+class TensorInfo:
+    name: str
+    dtype: str
+    shape: tuple[int, ...]
+    begin: int
+    end: int
+
+    @property
+    def nbytes(self) -> int:
+        return self.end - self.begin
+
+    @property
+    def numel(self) -> int:
+        return math.prod(self.shape)
+
+
+@dataclass(frozen=True)
+class HeaderProblem:
+    """One reason the file would be rejected. `kind` mirrors the safetensors error class."""
+
+    kind: str
+    detail: str
+    tensor: str | None = None
+
+
+# Problem kinds that mean "the file is cut short" rather than "the header is garbage".
+TRUNCATION_KINDS = frozenset({"HeaderTooSmall", "InvalidHeaderLength", "MetadataIncompleteBuffer"})
+# Problem kinds about the data layout described by an otherwise parseable header.
+LAYOUT_KINDS = frozenset({"InvalidOffset", "TensorInvalidInfo", "MisalignedSlice", "ValidationOverflow"})
+
+
+@dataclass
+class HeaderReport:
+    path: str
+    file_size: int = 0
+    header_size: int = 0
+    tensors: dict[str, TensorInfo] = field(default_factory=dict)
+    metadata: dict[str, str] | None = None
+    problems: list[HeaderProblem] = field(default_factory=list)
+    # True when the JSON parsed and tensor names can be trusted even if the layout is broken.
+    names_known: bool = False
+    bytes_read: int = 0
+
+    @property
+    def ok(self) -> bool:
+        return not self.problems
+
+    @property
+    def data_bytes(self) -> int:
+        return sum(t.nbytes for t in self.tensors.values())
+
+
+class _DuplicateKey(Exception):
+    def __init__(self, key: str) -> None:
+        super().__init__(key)
+        self.key = key
+
+
+def _no_duplicates(pairs: list[tuple[str, object]]) -> dict[str, object]:
+    out: dict[str, object] = {}
+    for key, value in pairs:
+        if key in out:
+            raise _DuplicateKey(key)
+        out[key] = value
+    return out
+
+
+def _is_int(value: object) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool)
+
+
+def read_header(path: str | os.PathLike[str]) -> HeaderReport:
+    """Read and validate one safetensors header. Never raises for bad content; only reads the header."""
+    path = os.fspath(path)
+    report = HeaderReport(path=path)
+    try:
+        # O_NONBLOCK so that a FIFO cannot hang us; fstat then refuses anything but a regular file.
+        fd = os.open(path, os.O_RDONLY | getattr(os, "O_NONBLOCK", 0))
+    except OSError as exc:
+        report.problems.append(HeaderProblem("IoError", f"cannot open: {exc.strerror or exc}"))
+        return report
+    try:
+        st = os.fstat(fd)
+        if not stat.S_ISREG(st.st_mode):
+            report.problems.append(HeaderProblem("NotRegularFile", "not a regular file"))
+            return report
+        report.file_size = st.st_size
+        with os.fdopen(fd, "rb", closefd=False) as fh:
+            _parse(fh, report)
+    except OSError as exc:
+        report.problems.append(HeaderProblem("IoError", f"read failed: {exc.strerror or exc}"))
+    finally:
+        os.close(fd)
+    return report
+
+
+def _parse(fh, report: HeaderReport) -> None:
+    size = report.file_size
+    prefix = fh.read(8)
+    report.bytes_read += len(prefix)
+    if len(prefix) < 8:
+        report.problems.append(HeaderProblem("HeaderTooSmall", f"file is {size} bytes, shorter than 8"))
+        return
+    (n,) = struct.unpack("<Q", prefix)
+    report.header_size = n
+    if n > MAX_HEADER_BYTES:
+        report.problems.append(HeaderProblem("HeaderTooLarge", f"header length {n} exceeds {MAX_HEADER_BYTES} bytes"))
+        return
+    if 8 + n > size:
+        report.problems.append(
+            HeaderProblem("InvalidHeaderLength", f"header length {n} runs past end of file ({size} bytes)")
+        )
+        return
+    raw = fh.read(n)
+    report.bytes_read += len(raw)
+    if len(raw) != n:
+        report.problems.append(HeaderProblem("InvalidHeaderLength", "file shrank while reading"))
+        return
+    try:
+        text = raw.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        report.problems.append(HeaderProblem("InvalidHeader", f"header is not UTF-8 ({exc.reason})"))
+        return
+    if not text.startswith("{"):
+        report.problems.append(HeaderProblem("InvalidHeaderStart", "header does not start with '{'"))
+        return
+    try:
+        doc = json.loads(text, object_pairs_hook=_no_duplicates)
+    except _DuplicateKey as dup:
+        report.problems.append(HeaderProblem("InvalidHeaderDeserialization", "duplicate key in header", tensor=dup.key))
+        return
+    except (ValueError, RecursionError) as exc:
+        report.problems.append(
+            HeaderProblem("InvalidHeaderDeserialization", f"header is not valid JSON: {str(exc)[:120]}")
+        )
+        return
+    if not isinstance(doc, dict):
+        report.problems.append(HeaderProblem("InvalidHeaderDeserialization", "header is not a JSON object"))
+        return
+
+    meta = doc.pop("__metadata__", None)
+    if meta is not None:
+        if isinstance(meta, dict) and all(isinstance(v, str) for v in meta.values()):
+            report.metadata = meta
+        else:
+            report.problems.append(
+                HeaderProblem("InvalidHeaderDeserialization", "__metadata__ must map strings to strings")
+            )
+            return
+
+    entries: list[TensorInfo] = []
+    for name, entry in doc.items():
+        info = _entry(name, entry, report)
+        if info is None:
+            return
+        entries.append(info)
+    report.names_known = True
+    report.tensors = {t.name: t for t in entries}
+
+    # Offsets must tile [0, max_end) exactly, in order, without holes or overlaps.
+    expected = 0
+    for info in sorted(entries, key=lambda t: (t.begin, t.end)):
+        if info.begin != expected or info.end < info.begin:
+            where = "overlaps the previous tensor" if info.begin < expected else "leaves a gap"
+            if info.end < info.begin:
+                where = "ends before it begins"
+            report.problems.append(
+                HeaderProblem(
+                    "InvalidOffset",
+                    f"data_offsets [{info.begin}, {info.end}] {where} (expected start {expected})",
+                    tensor=info.name,
+                )
+            )
+            return
+        expected = info.end
+    if 8 + n + expected != size:
+        report.problems.append(
+            HeaderProblem(
+                "MetadataIncompleteBuffer",
+                f"header describes {8 + n + expected} bytes but the file has {size}"
+                + (" (truncated)" if size < 8 + n + expected else " (trailing bytes)"),
+            )
+        )
+
+
+def _entry(name: str, entry: object, report: HeaderReport) -> TensorInfo | None:
+    def bad(kind: str, detail: str) -> None:
+        report.problems.append(HeaderProblem(kind, detail, tensor=name))
+
+    if not isinstance(entry, dict) or set(entry) - {"dtype", "shape", "data_offsets"} or len(entry) != 3:
+        bad("InvalidHeaderDeserialization", "entry must have exactly dtype, shape and data_offsets")
+        return None
+    dtype, shape, offsets = entry["dtype"], entry["shape"], entry["data_offsets"]
+    if not isinstance(dtype, str) or dtype not in DTYPE_BITS:
+        bad("InvalidHeaderDeserialization", f"unknown dtype {str(dtype)[:40]!r}")
+        return None
+    if not isinstance(shape, list) or not all(_is_int(d) for d in shape):
+        bad("InvalidHeaderDeserialization", "shape must be a list of integers")
+        return None
+    if any(d < 0 or d > _U64_MAX for d in shape):
+        bad("InvalidHeaderDeserialization", f"shape {shape[:8]} has a negative or oversized dimension")
+        return None
+    if (
+        not isinstance(offsets, list)
+        or len(offsets) != 2
+        or not all(_is_int(o) and 0 <= o <= _U64_MAX for o in offsets)
+    ):
+        bad("InvalidHeaderDeserialization", "data_offsets must be two non-negative integers")
+        return None
+    numel = math.prod(shape)
+    bits = numel * DTYPE_BITS[dtype]
+    if numel > _U64_MAX or bits > _U64_MAX:
+        bad("ValidationOverflow", f"shape {shape[:8]} overflows")
+        return None
+    if bits % 8:
+        bad("MisalignedSlice", f"{numel} elements of {dtype} is not a whole number of bytes")
+        return None
+    begin, end = offsets
+    if end >= begin and end - begin != bits // 8:
+        bad(
+            "TensorInvalidInfo",
+            f"{dtype}{list(shape)} needs {bits // 8} bytes but data_offsets span {end - begin}",
+        )
+        return None
+    return TensorInfo(name=name, dtype=dtype, shape=tuple(shape), begin=begin, end=end)

@@ -1,0 +1,145 @@
+"""Layer and expert structure derived from tensor names and config.json — no architecture knowledge.
+
+Used by the WC4xx coverage rules (and later by pattern-driven checks). Quantized companions are folded
+onto their base parameter (`q_proj.weight_packed` → `q_proj.weight`) so that a layer quantized
+differently from its peers is not mistaken for a layer missing weights; WC3xx rules judge quantization.
+"""
+
+from __future__ import annotations
+
+import re
+from collections import Counter, defaultdict
+from collections.abc import Iterable
+from dataclasses import dataclass, field
+from typing import Any
+
+# Parameter names that are quantization companions of a module's `weight`.
+QUANT_COMPANIONS = (
+    "weight_packed",
+    "weight_scale",
+    "weight_scale_inv",
+    "weight_zero_point",
+    "weight_shape",
+    "weight_g_idx",
+    "weight_global_scale",
+    "weight_scale_2",
+    "input_scale",
+    "input_global_scale",
+    "input_zero_point",
+    "output_scale",
+    "qweight",
+    "qzeros",
+    "scales",
+    "g_idx",
+    "SCB",
+)
+_COMPANION_RE = re.compile(r"\.(?:" + "|".join(QUANT_COMPANIONS) + r")$")
+
+# Container names under which decoder blocks live (`model.layers.N`, GPT-2 `transformer.h.N`, ...).
+_LAYER_RE = re.compile(r"^(?P<prefix>(?:[^.]+\.)*?(?:layers|h|blocks|layer))\.(?P<idx>\d+)\.(?P<rest>.+)$")
+_EXPERT_RE = re.compile(r"^(?P<head>(?:.+\.)?experts)\.(?P<idx>\d+)\.(?P<rest>.+)$")
+_NON_TEXT_HINTS = ("visual", "vision", "audio", "mm_projector", "image", "speech", "encoder")
+
+EXPERT_COUNT_KEYS = ("n_routed_experts", "num_experts", "num_local_experts", "moe_num_experts")
+MTP_COUNT_KEYS = ("num_nextn_predict_layers", "mtp_num_hidden_layers", "num_mtp_layers")
+
+
+def normalize_param(rest: str) -> str:
+    """Fold quantization companions and `.weight.absmax`-style bitsandbytes blobs onto `.weight`."""
+    if ".weight." in rest:  # bitsandbytes: q_proj.weight.absmax, q_proj.weight.quant_map, ...
+        rest = rest.split(".weight.", 1)[0] + ".weight"
+    return _COMPANION_RE.sub(".weight", rest)
+
+
+def config_int(cfg: dict[str, Any], keys: Iterable[str]) -> int | None:
+    for key in keys:
+        value = cfg.get(key)
+        if isinstance(value, int) and not isinstance(value, bool):
+            return value
+    return None
+
+
+@dataclass
+class LayerStructure:
+    prefix: str | None
+    # layer id -> original tensor names
+    layer_tensors: dict[int, list[str]] = field(default_factory=dict)
+    # layer id -> normalized suffix set (expert ids replaced by `*`)
+    signatures: dict[int, frozenset[str]] = field(default_factory=dict)
+    # layer id -> expert-container head ("mlp.experts") -> expert id -> normalized suffixes
+    experts: dict[int, dict[str, dict[int, frozenset[str]]]] = field(default_factory=dict)
+    num_hidden_layers: int | None = None
+    num_mtp_layers: int = 0
+    num_experts: int | None = None
+    # Separate MTP module prefix (`mtp.layers.`) when MTP is not numbered after the decoder layers.
+    mtp_prefix: str | None = None
+    mtp_ids: set[int] = field(default_factory=set)
+    other_prefixes: dict[str, int] = field(default_factory=dict)
+
+    @property
+    def ids(self) -> set[int]:
+        return set(self.layer_tensors)
+
+    def is_moe(self, layer: int) -> bool:
+        return bool(self.experts.get(layer))
+
+    def is_mtp(self, layer: int) -> bool:
+        return self.num_hidden_layers is not None and layer >= self.num_hidden_layers
+
+
+def analyze(names: Iterable[str], text_config: dict[str, Any]) -> LayerStructure:
+    """Group names by decoder layer under the most plausible language-model prefix."""
+    by_prefix: dict[str, dict[int, list[str]]] = defaultdict(lambda: defaultdict(list))
+    for name in names:
+        m = _LAYER_RE.match(name)
+        if m:
+            by_prefix[m["prefix"]][int(m["idx"])].append(name)
+
+    num_layers = config_int(text_config, ("num_hidden_layers", "n_layer", "num_layers"))
+    mtp = config_int(text_config, MTP_COUNT_KEYS) or 0
+
+    def score(prefix: str) -> tuple[int, int, int]:
+        ids = by_prefix[prefix]
+        text_like = 0 if any(h in prefix for h in _NON_TEXT_HINTS) or prefix.startswith("mtp") else 1
+        fits = 1 if num_layers is not None and max(ids) < num_layers + mtp + 1 else 0
+        return (text_like, fits, sum(len(v) for v in ids.values()))
+
+    structure = LayerStructure(prefix=None, num_hidden_layers=num_layers, num_mtp_layers=mtp)
+    structure.num_experts = config_int(text_config, EXPERT_COUNT_KEYS)
+    if not by_prefix:
+        return structure
+    prefix = max(by_prefix, key=score)
+    structure.prefix = prefix
+    structure.other_prefixes = {p: len(v) for p, v in by_prefix.items() if p != prefix}
+    for p in by_prefix:
+        if p != prefix and p.split(".")[0] == "mtp":
+            structure.mtp_prefix = p
+            structure.mtp_ids = set(by_prefix[p])
+
+    plen = len(prefix) + 1
+    for layer, tensors in sorted(by_prefix[prefix].items()):
+        structure.layer_tensors[layer] = tensors
+        sig: set[str] = set()
+        heads: dict[str, dict[int, set[str]]] = defaultdict(lambda: defaultdict(set))
+        for name in tensors:
+            rest = name[plen:].split(".", 1)[1]
+            em = _EXPERT_RE.match(rest)
+            if em:
+                suffix = normalize_param(em["rest"])
+                heads[em["head"]][int(em["idx"])].add(suffix)
+                sig.add(f"{em['head']}.*.{suffix}")
+            else:
+                sig.add(normalize_param(rest))
+        structure.signatures[layer] = frozenset(sig)
+        if heads:
+            structure.experts[layer] = {
+                head: {e: frozenset(s) for e, s in experts.items()} for head, experts in heads.items()
+            }
+    return structure
+
+
+def majority(signatures: Iterable[frozenset[str]]) -> frozenset[str] | None:
+    counts = Counter(signatures)
+    if not counts:
+        return None
+    return max(counts.items(), key=lambda kv: (kv[1], len(kv[0])))[0]
