@@ -237,8 +237,9 @@ def _entry(name: str, entry: object, report: HeaderReport) -> TensorInfo | None:
     def bad(kind: str, detail: str) -> None:
         report.problems.append(HeaderProblem(kind, detail, tensor=name))
 
-    if not isinstance(entry, dict) or set(entry) - {"dtype", "shape", "data_offsets"} or len(entry) != 3:
-        bad("InvalidHeaderDeserialization", "entry must have exactly dtype, shape and data_offsets")
+    # Unknown extra fields are ignored, as the library's serde model does.
+    if not isinstance(entry, dict) or not {"dtype", "shape", "data_offsets"} <= set(entry):
+        bad("InvalidHeaderDeserialization", "entry must have dtype, shape and data_offsets")
         return None
     dtype, shape, offsets = entry["dtype"], entry["shape"], entry["data_offsets"]
     if not isinstance(dtype, str) or dtype not in DTYPE_BITS:

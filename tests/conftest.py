@@ -1,0 +1,101 @@
+"""Shared fixtures: tiny random-init checkpoints written by the real transformers `save_pretrained`.
+
+Each builder runs once per session; tests get a private copy to plant defects in.
+"""
+
+from __future__ import annotations
+
+import json
+import shutil
+from collections.abc import Callable
+from pathlib import Path
+
+import pytest
+
+# Tiny dimensions: fast to build, still genuinely sharded with a small max_shard_size.
+TINY = dict(hidden_size=64, num_attention_heads=4, num_key_value_heads=2, head_dim=16, vocab_size=128)
+
+
+def _save(model, path: Path, shard: str) -> Path:
+    model.save_pretrained(path, max_shard_size=shard)
+    return path
+
+
+def build_llama(path: Path) -> Path:
+    import torch
+    from transformers import AutoModelForCausalLM, LlamaConfig
+
+    torch.manual_seed(0)
+    cfg = LlamaConfig(intermediate_size=128, num_hidden_layers=4, tie_word_embeddings=False, **TINY)
+    return _save(AutoModelForCausalLM.from_config(cfg), path, "60KB")
+
+
+def build_qwen3_moe(path: Path) -> Path:
+    import torch
+    from transformers import AutoModelForCausalLM, Qwen3MoeConfig
+
+    torch.manual_seed(0)
+    cfg = Qwen3MoeConfig(
+        intermediate_size=128,
+        moe_intermediate_size=32,
+        num_hidden_layers=3,
+        num_experts=4,
+        num_experts_per_tok=2,
+        tie_word_embeddings=False,
+        **TINY,
+    )
+    return _save(AutoModelForCausalLM.from_config(cfg), path, "100KB")
+
+
+def build_qwen3_tied(path: Path) -> Path:
+    import torch
+    from transformers import AutoModelForCausalLM, Qwen3Config
+
+    torch.manual_seed(0)
+    cfg = Qwen3Config(intermediate_size=128, num_hidden_layers=2, tie_word_embeddings=True, **TINY)
+    model = AutoModelForCausalLM.from_config(cfg)
+    model.save_pretrained(path)  # single file, no index
+    return path
+
+
+BUILDERS: dict[str, Callable[[Path], Path]] = {
+    "llama": build_llama,
+    "qwen3_moe": build_qwen3_moe,
+    "qwen3_tied": build_qwen3_tied,
+}
+
+
+@pytest.fixture(scope="session")
+def _built(tmp_path_factory: pytest.TempPathFactory) -> Callable[[str], Path]:
+    cache: dict[str, Path] = {}
+
+    def get(kind: str) -> Path:
+        if kind not in cache:
+            cache[kind] = BUILDERS[kind](tmp_path_factory.mktemp(f"built-{kind}") / kind)
+        return cache[kind]
+
+    return get
+
+
+@pytest.fixture
+def make_ckpt(_built: Callable[[str], Path], tmp_path: Path) -> Callable[[str], Path]:
+    """`make_ckpt("llama")` → a private copy of a real, sharded checkpoint to damage."""
+
+    def make(kind: str) -> Path:
+        dest = tmp_path / kind
+        shutil.copytree(_built(kind), dest)
+        return dest
+
+    return make
+
+
+def read_index(path: Path) -> dict:
+    return json.loads((path / "model.safetensors.index.json").read_text())
+
+
+def write_index(path: Path, index: dict) -> None:
+    (path / "model.safetensors.index.json").write_text(json.dumps(index, indent=2))
+
+
+def shards(path: Path) -> list[Path]:
+    return sorted(path.glob("model-*.safetensors"))
