@@ -20,7 +20,9 @@ def by_code(result: Result, code: str) -> list[Finding]:
     return [f for f in result.findings if f.code == code]
 
 
-def rewrite_shard(path: Path, drop: set[str] = frozenset(), add: dict | None = None, rename: dict | None = None) -> None:
+def rewrite_shard(
+    path: Path, drop: set[str] = frozenset(), add: dict | None = None, rename: dict | None = None
+) -> None:
     """Rewrite one shard with safetensors' own writer, dropping/adding/renaming tensors."""
     from safetensors import safe_open
     from safetensors.torch import save_file

@@ -134,7 +134,7 @@ def test_same_verdict_as_library_on_corrupt_files(good_file: Path, tmp_path: Pat
     bad.write_bytes(make(header, data))
 
     report = read_header(bad)  # must not raise
-    lib_ok, lib_msg = library_verdict(bad)
+    lib_ok, _ = library_verdict(bad)
     assert not report.ok, f"reader accepted {case}"
     assert not lib_ok, f"library accepted {case}; our reader rejects it: {report.problems}"
     assert report.problems[0].kind.startswith(expected_kind), report.problems

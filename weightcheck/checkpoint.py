@@ -13,7 +13,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from weightcheck.safetensors_header import HeaderReport, TensorInfo, read_header
+from weightcheck.safetensors_header import HeaderReport, TensorInfo, fast_json_loads, read_header
 
 INDEX_NAME = "model.safetensors.index.json"
 SINGLE_NAME = "model.safetensors"
@@ -57,6 +57,7 @@ class Checkpoint:
     weight_map: dict[str, str] = field(default_factory=dict)
     other_files: list[str] = field(default_factory=list)
     extra_json: dict[str, JsonDoc] = field(default_factory=dict)
+    _names: frozenset[str] | None = field(default=None, repr=False)
 
     # ---- derived views -------------------------------------------------------------------------
     @property
@@ -89,18 +90,19 @@ class Checkpoint:
                 out.setdefault(key, info)
         return out
 
-    def tensor_names(self) -> set[str]:
+    def tensor_names(self) -> frozenset[str]:
         """Names the checkpoint holds: keys in readable shard headers, plus index keys whose shard cannot
         be read (missing, refused, corrupt) so that a lost shard is not also reported as lost layers.
-        Ghost index entries (shard readable, key absent) are excluded."""
-        names: set[str] = set()
-        for report in self.shards.values():
-            names.update(report.tensors)
-        for key, shard in self.weight_map.items():
-            report = self.shards.get(shard)
-            if report is None or not report.names_known:
-                names.add(key)
-        return names
+        Ghost index entries (shard readable, key absent) are excluded. Computed once (rules share it)."""
+        if self._names is None:
+            names: set[str] = set()
+            for report in self.shards.values():
+                names.update(report.tensors)
+            unreadable = {s for s in self.indexed_shards if s not in self.shards or not self.shards[s].names_known}
+            if unreadable:
+                names.update(k for k, s in self.weight_map.items() if s in unreadable)
+            self._names = frozenset(names)
+        return self._names
 
     @property
     def bytes_read(self) -> int:
@@ -125,8 +127,11 @@ def _read_json(path: Path) -> JsonDoc:
         doc.error = f"{st.st_size} bytes, larger than the {MAX_JSON_BYTES}-byte limit"
         return doc
     try:
-        raw = path.read_bytes()
-        doc.data = json.loads(raw.decode("utf-8"))
+        text = path.read_bytes().decode("utf-8")
+        try:
+            doc.data = fast_json_loads(text)
+        except ValueError:
+            doc.data = json.loads(text)  # reference parser for the error message
     except UnicodeDecodeError:
         doc.error = "not UTF-8"
     except (ValueError, RecursionError) as exc:
@@ -227,12 +232,10 @@ def _parse_index(ckpt: Checkpoint) -> None:
     weight_map = doc.data.get("weight_map")
     if not isinstance(weight_map, dict):
         return
-    clean: dict[str, str] = {}
-    for key, value in weight_map.items():
-        if isinstance(key, str) and isinstance(value, str):
-            clean[key] = value
+    # Non-string values are reported by WC207 and left out here.
+    if all(type(v) is str for v in weight_map.values()):
+        clean = weight_map
+    else:
+        clean = {k: v for k, v in weight_map.items() if isinstance(v, str)}
     ckpt.weight_map = clean
-    seen: dict[str, None] = {}
-    for shard in clean.values():
-        seen.setdefault(shard, None)
-    ckpt.indexed_shards = list(seen)
+    ckpt.indexed_shards = list(dict.fromkeys(clean.values()))

@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import gc
 import traceback
-from collections.abc import Iterable
+from collections.abc import Iterable, Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
@@ -21,6 +23,19 @@ def selected_rules(select: Iterable[str] = ("ALL",), ignore: Iterable[str] = (),
     ]
 
 
+@contextmanager
+def _gc_paused() -> Iterator[None]:
+    """Header parsing allocates ~10 objects per tensor, all acyclic; the cyclic GC re-scanning them
+    dozens of times roughly doubles lint time on a 90k-tensor checkpoint."""
+    enabled = gc.isenabled()
+    gc.disable()
+    try:
+        yield
+    finally:
+        if enabled:
+            gc.enable()
+
+
 def lint(
     target: str | Path,
     *,
@@ -28,7 +43,11 @@ def lint(
     ignore: Iterable[str] = (),
     options: dict[str, Any] | None = None,
 ) -> Result:
-    path = Path(target)
+    with _gc_paused():
+        return _lint(Path(target), select, ignore, options)
+
+
+def _lint(path: Path, select: Iterable[str], ignore: Iterable[str], options: dict[str, Any] | None) -> Result:
     result = Result(target=str(path), command="lint")
     if not path.exists():
         result.nothing_checked = True

@@ -75,6 +75,10 @@ class LayerStructure:
     mtp_prefix: str | None = None
     mtp_ids: set[int] = field(default_factory=set)
     other_prefixes: dict[str, int] = field(default_factory=dict)
+    # Names outside any layer container (embeddings, norms, lm_head, vision stems...).
+    unsplit: list[str] = field(default_factory=list)
+    # Every distinct (prefix, tail) seen, across all containers, for name-shape checks.
+    distinct_parts: set[str] = field(default_factory=set)
 
     @property
     def ids(self) -> set[int]:
@@ -87,13 +91,44 @@ class LayerStructure:
         return self.num_hidden_layers is not None and layer >= self.num_hidden_layers
 
 
+def _split_layer(name: str) -> tuple[str, int, str] | None:
+    """`model.layers.3.mlp.gate.weight` → (`model.layers`, 3, `mlp.gate.weight`)."""
+    i = name.find(".layers.")
+    if i > 0:
+        idx, _, tail = name[i + 8 :].partition(".")
+        if idx.isdigit() and tail:
+            return name[: i + 7], int(idx), tail
+    m = _LAYER_RE.match(name)
+    if m:
+        return m["prefix"], int(m["idx"]), m["rest"]
+    return None
+
+
+def _split_tail(tail: str) -> tuple[str | None, int, str]:
+    """`mlp.experts.7.down_proj.weight_packed` → (`mlp.experts`, 7, `down_proj.weight`)."""
+    em = _EXPERT_RE.match(tail) if "experts." in tail else None
+    if em:
+        return em["head"], int(em["idx"]), normalize_param(em["rest"])
+    return None, -1, normalize_param(tail)
+
+
 def analyze(names: Iterable[str], text_config: dict[str, Any]) -> LayerStructure:
     """Group names by decoder layer under the most plausible language-model prefix."""
-    by_prefix: dict[str, dict[int, list[str]]] = defaultdict(lambda: defaultdict(list))
+    by_prefix: dict[str, dict[int, list[tuple[str, str]]]] = defaultdict(lambda: defaultdict(list))
+    unsplit: list[str] = []
     for name in names:
-        m = _LAYER_RE.match(name)
-        if m:
-            by_prefix[m["prefix"]][int(m["idx"])].append(name)
+        # Inlined fast path of _split_layer for the common `<prefix>.layers.<i>.<tail>` shape.
+        i = name.find(".layers.")
+        if i > 0:
+            idx, _, tail = name[i + 8 :].partition(".")
+            if idx.isdigit() and tail:
+                by_prefix[name[: i + 7]][int(idx)].append((name, tail))
+                continue
+        split = _split_layer(name)
+        if split is not None:
+            by_prefix[split[0]][split[1]].append((name, split[2]))
+        else:
+            unsplit.append(name)
 
     num_layers = config_int(text_config, ("num_hidden_layers", "n_layer", "num_layers"))
     mtp = config_int(text_config, MTP_COUNT_KEYS) or 0
@@ -104,7 +139,11 @@ def analyze(names: Iterable[str], text_config: dict[str, Any]) -> LayerStructure
         fits = 1 if num_layers is not None and max(ids) < num_layers + mtp + 1 else 0
         return (text_like, fits, sum(len(v) for v in ids.values()))
 
-    structure = LayerStructure(prefix=None, num_hidden_layers=num_layers, num_mtp_layers=mtp)
+    structure = LayerStructure(prefix=None, num_hidden_layers=num_layers, num_mtp_layers=mtp, unsplit=unsplit)
+    structure.distinct_parts = set(by_prefix)
+    for layers in by_prefix.values():
+        for entries in layers.values():
+            structure.distinct_parts.update(t for _, t in entries)
     structure.num_experts = config_int(text_config, EXPERT_COUNT_KEYS)
     if not by_prefix:
         return structure
@@ -116,20 +155,22 @@ def analyze(names: Iterable[str], text_config: dict[str, Any]) -> LayerStructure
             structure.mtp_prefix = p
             structure.mtp_ids = set(by_prefix[p])
 
-    plen = len(prefix) + 1
-    for layer, tensors in sorted(by_prefix[prefix].items()):
-        structure.layer_tensors[layer] = tensors
+    # Tails repeat across layers (`mlp.experts.17.down_proj.weight` in every MoE layer): parse each once.
+    parsed: dict[str, tuple[str | None, int, str]] = {}
+    for layer, entries in sorted(by_prefix[prefix].items()):
+        structure.layer_tensors[layer] = [name for name, _ in entries]
         sig: set[str] = set()
         heads: dict[str, dict[int, set[str]]] = defaultdict(lambda: defaultdict(set))
-        for name in tensors:
-            rest = name[plen:].split(".", 1)[1]
-            em = _EXPERT_RE.match(rest)
-            if em:
-                suffix = normalize_param(em["rest"])
-                heads[em["head"]][int(em["idx"])].add(suffix)
-                sig.add(f"{em['head']}.*.{suffix}")
+        for _, tail in entries:
+            got = parsed.get(tail)
+            if got is None:
+                got = parsed[tail] = _split_tail(tail)
+            head, expert, suffix = got
+            if head is None:
+                sig.add(suffix)
             else:
-                sig.add(normalize_param(rest))
+                heads[head][expert].add(suffix)
+                sig.add(f"{head}.*.{suffix}")
         structure.signatures[layer] = frozenset(sig)
         if heads:
             structure.experts[layer] = {

@@ -5,6 +5,7 @@ from __future__ import annotations
 from collections import defaultdict
 
 from weightcheck.checkpoint import INDEX_NAME, SHARD_RE, SINGLE_NAME
+from weightcheck.collapse import format_ranges, summarize
 from weightcheck.findings import Severity
 from weightcheck.rules import LintContext, rule
 from weightcheck.safetensors_header import LAYOUT_KINDS, TRUNCATION_KINDS
@@ -155,10 +156,12 @@ def shard_numbering(ctx: LintContext) -> None:
     accepted (DeepSeek-V3 uses `-of-000163`)."""
     names = set(ctx.ckpt.files_on_disk) | set(ctx.ckpt.indexed_shards)
     by_stem: dict[str, list[tuple[int, int, str]]] = defaultdict(list)
+    width: dict[str, int] = {}
     for name in names:
         m = SHARD_RE.match(name)
         if m:
             by_stem[m["stem"]].append((int(m["index"]), int(m["total"]), name))
+            width[m["stem"]] = len(m["total"])
     on_disk = set(ctx.ckpt.files_on_disk)
     for stem, items in sorted(by_stem.items()):
         totals = sorted({t for _, t, _ in items})
@@ -170,12 +173,10 @@ def shard_numbering(ctx: LintContext) -> None:
         missing = sorted(set(range(1, total + 1)) - present)
         beyond = sorted(i for i in present if i < 1 or i > total)
         if missing:
-            from weightcheck.collapse import format_ranges
-
             ctx.report(
-                f"{len(present)} of {total} shards of {stem}-*-of-{total} present on disk; "
+                f"{len(present)} of {total} shards of {stem}-*-of-{total:0{width[stem]}d} present on disk; "
                 f"missing numbers {format_ranges(missing)}",
-                file=f"{stem}-*-of-{total}",
+                file=f"{stem}-*-of-{total:0{width[stem]}d}.safetensors",
                 count=len(missing),
             )
         if beyond:
@@ -238,8 +239,6 @@ def shard_metadata_format(ctx: LintContext) -> None:
         if fmt is None or fmt not in ACCEPTED_FORMATS:
             bad[repr(fmt)].append(name)
     for fmt, files in bad.items():
-        from weightcheck.collapse import summarize
-
         ctx.report(
             f"__metadata__ format {fmt} is not accepted by transformers in {len(files)} shard(s)",
             file=summarize(files, limit=3),

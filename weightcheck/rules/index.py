@@ -54,14 +54,16 @@ def indexed_key_not_in_shard(ctx: LintContext) -> None:
     the shard (bugs.md A2, A9). Loaders that trust the index then miss the tensor. The finding says
     whether the tensor lives in another shard (wrong mapping) or nowhere (lost)."""
     ckpt = ctx.ckpt
+    present = {s: ckpt.shards[s].tensors for s in ckpt.indexed_shards if _readable(ctx, s)}
+    ghosts = [(key, shard) for key, shard in ckpt.weight_map.items() if shard in present and key not in present[shard]]
+    if not ghosts:
+        return
     located: dict[str, list[str]] = defaultdict(list)
-    for shard, report in ckpt.shards.items():
+    for name, report in ckpt.shards.items():
         for key in report.tensors:
-            located[key].append(shard)
+            located[key].append(name)
     groups: dict[tuple[str, str], list[str]] = defaultdict(list)
-    for key, shard in ckpt.weight_map.items():
-        if not _readable(ctx, shard) or key in ckpt.shards[shard].tensors:
-            continue
+    for key, shard in ghosts:
         elsewhere = located.get(key)
         where = f"found in {', '.join(sorted(elsewhere))}" if elsewhere else "not found in any shard"
         groups[(shard, where)].append(key)
@@ -94,7 +96,8 @@ def shard_key_not_indexed(ctx: LintContext) -> None:
         report = ckpt.shards.get(shard)
         if report is None or not report.names_known:
             continue
-        absent = [k for k in report.tensors if k not in ckpt.weight_map]
+        weight_map = ckpt.weight_map
+        absent = [k for k in report.tensors if k not in weight_map]
         if absent:
             ctx.report(
                 f"{len(absent)} tensors in {shard} are not in {INDEX_NAME}: {summarize(absent)}",
@@ -119,11 +122,12 @@ def tensor_in_several_shards(ctx: LintContext) -> None:
     there is no index) are considered."""
     ckpt = ctx.ckpt
     considered = ckpt.indexed_shards if ckpt.index is not None and ckpt.weight_map else ckpt.files_on_disk
+    reports = [(s, ckpt.shards[s]) for s in considered if s in ckpt.shards]
+    # Cheap test first: duplicates exist iff the union is smaller than the sum of the parts.
+    if len(set().union(*(r.tensors for _, r in reports))) == sum(len(r.tensors) for _, r in reports):
+        return
     located: dict[str, list[str]] = defaultdict(list)
-    for shard in considered:
-        report = ckpt.shards.get(shard)
-        if report is None:
-            continue
+    for shard, report in reports:
         for key in report.tensors:
             located[key].append(shard)
     groups: dict[tuple[str, ...], list[str]] = defaultdict(list)
@@ -168,13 +172,16 @@ def index_total_size(ctx: LintContext) -> None:
         return
     if any(not _readable(ctx, s) for s in ckpt.indexed_shards):
         return
-    actual = 0
+    reports = [ckpt.shards[s] for s in ckpt.indexed_shards]
+    if any(r.problems for r in reports):
+        return
+    actual = sum(r.data_end for r in reports)
+    # A tensor stored twice (WC204) counts once in total_size.
     seen: set[str] = set()
-    for shard in ckpt.indexed_shards:
-        for key, info in ckpt.shards[shard].tensors.items():
-            if key not in seen:
-                seen.add(key)
-                actual += info.nbytes
+    for r in reports:
+        for key in r.tensors.keys() & seen:
+            actual -= r.tensors[key].nbytes
+        seen.update(r.tensors)
     if int(total) != actual:
         ctx.report(
             f"metadata.total_size is {int(total)} but the indexed shards hold {actual} bytes of tensors "
@@ -196,6 +203,8 @@ def index_path_escapes(ctx: LintContext) -> None:
     the directory make them read files the checkpoint does not own. weightcheck refuses such entries and
     reports every tensor that relied on them."""
     indexed = set(ctx.ckpt.indexed_shards)
+    if not any(r.name in indexed and r.kind in ("escapes", "absolute") for r in ctx.ckpt.refused):
+        return
     by_file: dict[str, list[str]] = defaultdict(list)
     for key, shard in ctx.ckpt.weight_map.items():
         by_file[shard].append(key)

@@ -6,7 +6,6 @@ peers. Pattern-driven expected-key rules (WC41x) build on the same structure.
 
 from __future__ import annotations
 
-import itertools
 import re
 from collections import defaultdict
 
@@ -212,6 +211,10 @@ def mtp_layer_missing(ctx: LintContext) -> None:
         )
 
 
+# A non-numeric dotted component immediately repeated: `language_model.language_model`, `model.model`.
+_REPEATED_SEGMENT = re.compile(r"(?:^|\.)([^.\d][^.]*)\.\1(?=\.|$)")
+
+
 @rule(
     "WC405",
     "repeated-path-segment",
@@ -223,11 +226,17 @@ def mtp_layer_missing(ctx: LintContext) -> None:
 def repeated_path_segment(ctx: LintContext) -> None:
     """Writers that prepend a prefix to names that already carry it produce doubled segments; the engine
     then finds no parameter of that name (vllm-project/llm-compressor#2568: KeyError at load)."""
-    doubled: list[str] = []
-    for name in ctx.ckpt.tensor_names():
-        parts = name.split(".")
-        if any(a == b and not a.isdigit() for a, b in itertools.pairwise(parts)):
-            doubled.append(name)
+    # Check each distinct prefix/tail once (a few thousand strings even on DeepSeek-V3), then expand.
+    s = structure_of(ctx)
+    bad_parts = {p for p in s.distinct_parts if _REPEATED_SEGMENT.search(p)}
+    doubled = [n for n in s.unsplit if _REPEATED_SEGMENT.search(n)]
+    if bad_parts:
+        for layer_names in s.layer_tensors.values():
+            doubled.extend(n for n in layer_names if any(part in n for part in bad_parts))
+        for prefix, count in s.other_prefixes.items():
+            if prefix in bad_parts and count:
+                doubled.extend(n for n in ctx.ckpt.tensor_names() if n.startswith(prefix + "."))
+    doubled = sorted(set(doubled))
     if doubled:
         ctx.report(
             f"{len(doubled)} tensor names repeat a path segment: {summarize(doubled)}",
@@ -282,7 +291,7 @@ def tied_embedding_mismatch(ctx: LintContext) -> None:
     if not isinstance(tie, bool):
         return
     names = ctx.ckpt.tensor_names()
-    heads = sorted(n for n in names if _LM_HEAD_RE.search(n))
+    heads = sorted(n for n in names if "lm_head" in n and _LM_HEAD_RE.search(n))
     if not tie and not heads:
         ctx.report("tie_word_embeddings is false but no lm_head.weight is stored", tensor="lm_head.weight")
     elif tie and heads:

@@ -1,0 +1,196 @@
+"""Header-only lint at DeepSeek-V3 scale of names vs the floor baseline (safe_open + keys + shapes).
+
+Generates (once, cached under --workdir) a checkpoint with DeepSeek-V3's tensor names — 61 decoder layers
+(3 dense, 58 MoE with 256 experts, block-FP8 `weight_scale_inv` companions), one MTP layer, 163 shards —
+holding tiny tensors, written with safetensors' own writer. Then, in one run, times:
+
+* baseline: `safetensors.safe_open` on every shard, listing keys and shapes (the least any reader does);
+* weightcheck lint in-process (all lint rules), and the `weightcheck lint` console script end to end
+  (interpreter start-up included) against a `python -c` running the baseline.
+
+Reports medians, the ratio lint / baseline, and bytes read by the header-only reader.
+
+    python benchmarks/bench_lint.py [--workdir DIR] [--repeat 5]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+N_LAYERS, N_DENSE, N_EXPERTS, N_SHARDS = 61, 3, 256, 163
+
+
+def layer_names(layer: int) -> list[str]:
+    p = f"model.layers.{layer}"
+    linear = [
+        "self_attn.q_a_proj",
+        "self_attn.q_b_proj",
+        "self_attn.kv_a_proj_with_mqa",
+        "self_attn.kv_b_proj",
+        "self_attn.o_proj",
+    ]
+    names = [
+        f"{p}.input_layernorm.weight",
+        f"{p}.post_attention_layernorm.weight",
+        f"{p}.self_attn.q_a_layernorm.weight",
+        f"{p}.self_attn.kv_a_layernorm.weight",
+    ]
+    if layer < N_DENSE:
+        linear += ["mlp.gate_proj", "mlp.up_proj", "mlp.down_proj"]
+    else:
+        names += [f"{p}.mlp.gate.weight", f"{p}.mlp.gate.e_score_correction_bias"]
+        linear += [f"mlp.shared_experts.{x}_proj" for x in ("gate", "up", "down")]
+        linear += [f"mlp.experts.{e}.{x}_proj" for e in range(N_EXPERTS) for x in ("gate", "up", "down")]
+    if layer == N_LAYERS:  # MTP layer
+        names += [
+            f"{p}.enorm.weight",
+            f"{p}.hnorm.weight",
+            f"{p}.shared_head.norm.weight",
+            f"{p}.shared_head.head.weight",
+            f"{p}.embed_tokens.weight",
+        ]
+        linear += ["eh_proj"]
+    for m in linear:
+        names += [f"{p}.{m}.weight", f"{p}.{m}.weight_scale_inv"]
+    return names
+
+
+def generate(root: Path) -> Path:
+    import torch
+    from safetensors.torch import save_file
+
+    ckpt = root / "deepseek-v3-names"
+    if (ckpt / "model.safetensors.index.json").exists():
+        return ckpt
+    ckpt.mkdir(parents=True, exist_ok=True)
+    names = ["model.embed_tokens.weight", "model.norm.weight", "lm_head.weight"]
+    for layer in range(N_LAYERS + 1):
+        names += layer_names(layer)
+    per_shard = -(-len(names) // N_SHARDS)
+    weight_map: dict[str, str] = {}
+    total = 0
+    for s in range(N_SHARDS):
+        chunk = names[s * per_shard : (s + 1) * per_shard]
+        fname = f"model-{s + 1:05d}-of-{N_SHARDS:06d}.safetensors"
+        tensors = {}
+        for n in chunk:
+            t = (
+                torch.zeros(2, 2, dtype=torch.float8_e4m3fn)
+                if n.endswith(".weight") and "proj" in n
+                else (
+                    torch.ones(2, 2, dtype=torch.float32)
+                    if n.endswith("scale_inv")
+                    else torch.ones(2, dtype=torch.bfloat16)
+                )
+            )
+            tensors[n] = t
+            total += t.numel() * t.element_size()
+            weight_map[n] = fname
+        save_file(tensors, str(ckpt / fname), metadata={"format": "pt"})
+    (ckpt / "model.safetensors.index.json").write_text(
+        json.dumps({"metadata": {"total_size": total}, "weight_map": weight_map})
+    )
+    (ckpt / "config.json").write_text(
+        json.dumps(
+            {
+                "architectures": ["DeepseekV3ForCausalLM"],
+                "model_type": "deepseek_v3",
+                "num_hidden_layers": N_LAYERS,
+                "num_nextn_predict_layers": 1,
+                "n_routed_experts": N_EXPERTS,
+                "first_k_dense_replace": N_DENSE,
+                "hidden_size": 7168,
+                "tie_word_embeddings": False,
+                "quantization_config": {
+                    "activation_scheme": "dynamic",
+                    "fmt": "e4m3",
+                    "quant_method": "fp8",
+                    "weight_block_size": [128, 128],
+                },
+            }
+        )
+    )
+    return ckpt
+
+
+def baseline(ckpt: Path) -> int:
+    from safetensors import safe_open
+
+    count = 0
+    for f in sorted(ckpt.glob("*.safetensors")):
+        with safe_open(str(f), framework="numpy") as fh:
+            for k in fh.keys():
+                fh.get_slice(k).get_shape()
+                count += 1
+    return count
+
+
+BASELINE_SNIPPET = (
+    "import sys, pathlib; from safetensors import safe_open\n"
+    "n = 0\n"
+    "for f in sorted(pathlib.Path(sys.argv[1]).glob('*.safetensors')):\n"
+    "    with safe_open(str(f), framework='numpy') as fh:\n"
+    "        for k in fh.keys():\n"
+    "            fh.get_slice(k).get_shape(); n += 1\n"
+    "print(n)\n"
+)
+
+
+def timed(fn, repeat: int) -> float:
+    samples = []
+    for _ in range(repeat):
+        t0 = time.perf_counter()
+        fn()
+        samples.append(time.perf_counter() - t0)
+    return statistics.median(samples)
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--workdir", type=Path, default=Path(os.environ.get("TMPDIR", "/tmp")) / "weightcheck-bench")
+    ap.add_argument("--repeat", type=int, default=5)
+    args = ap.parse_args()
+
+    ckpt = generate(args.workdir)
+    from weightcheck.lint import lint
+
+    n_tensors = baseline(ckpt)
+    result = lint(ckpt)
+    assert result.checked["tensors"] == n_tensors, (result.checked, n_tensors)
+    t_base = timed(lambda: baseline(ckpt), args.repeat)
+    t_lint = timed(lambda: lint(ckpt), args.repeat)
+
+    exe = [sys.executable, "-m", "weightcheck.cli", "lint", str(ckpt), "--format", "json", "-o", os.devnull]
+    t_cli = timed(lambda: subprocess.run(exe, check=False), args.repeat)
+    t_cli_base = timed(
+        lambda: subprocess.run([sys.executable, "-c", BASELINE_SNIPPET, str(ckpt)], check=True, capture_output=True),
+        args.repeat,
+    )
+    shard_bytes = sum(f.stat().st_size for f in ckpt.glob("*.safetensors"))
+    index_bytes = (ckpt / "model.safetensors.index.json").stat().st_size
+    report = {
+        "shards": len(list(ckpt.glob("*.safetensors"))),
+        "tensors": n_tensors,
+        "findings": len(result.findings),
+        "baseline_safe_open_s": round(t_base, 3),
+        "lint_in_process_s": round(t_lint, 3),
+        "ratio_in_process": round(t_lint / t_base, 2),
+        "baseline_cli_s": round(t_cli_base, 3),
+        "lint_cli_s": round(t_cli, 3),
+        "ratio_cli": round(t_cli / t_cli_base, 2),
+        "header_bytes_read": result.checked["header_bytes_read"],
+        "index_bytes": index_bytes,
+        "shard_bytes_on_disk": shard_bytes,
+    }
+    print(json.dumps(report, indent=2))
+
+
+if __name__ == "__main__":
+    main()

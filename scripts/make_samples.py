@@ -1,0 +1,47 @@
+"""Regenerate the tiny real checkpoints shipped in sample_configs/ (needs torch + transformers).
+
+Each sample is written by transformers' own `save_pretrained` from a random-init tiny config, then the
+documented defect is planted. Run: `.venv/bin/python scripts/make_samples.py`.
+"""
+
+from __future__ import annotations
+
+import json
+import shutil
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent / "sample_configs"
+TINY = dict(hidden_size=64, num_attention_heads=4, num_key_value_heads=2, head_dim=16, vocab_size=128)
+
+
+def broken_moe_export() -> None:
+    """A3/A4-style export: one shard never written, and a ghost index entry for an MTP tensor."""
+    import torch
+    from transformers import AutoModelForCausalLM, Qwen3MoeConfig
+
+    out = ROOT / "tiny-qwen3-moe-lost-shard"
+    shutil.rmtree(out, ignore_errors=True)
+    torch.manual_seed(0)
+    cfg = Qwen3MoeConfig(
+        intermediate_size=128,
+        moe_intermediate_size=32,
+        num_hidden_layers=3,
+        num_experts=4,
+        num_experts_per_tok=2,
+        tie_word_embeddings=False,
+        dtype="bfloat16",
+        **TINY,
+    )
+    model = AutoModelForCausalLM.from_config(cfg).to(torch.bfloat16)
+    model.save_pretrained(out, max_shard_size="60KB")
+    (out / "generation_config.json").unlink(missing_ok=True)
+    shards = sorted(out.glob("model-*.safetensors"))
+    shards[2].unlink()
+    index_path = out / "model.safetensors.index.json"
+    index = json.loads(index_path.read_text())
+    index["weight_map"]["mtp.fc.weight"] = shards[-1].name
+    index_path.write_text(json.dumps(index, indent=2) + "\n")
+
+
+if __name__ == "__main__":
+    broken_moe_export()
