@@ -167,7 +167,7 @@ def main() -> None:
     t_base = timed(lambda: baseline(ckpt), args.repeat)
     t_lint = timed(lambda: lint(ckpt), args.repeat)
 
-    exe = [sys.executable, "-m", "weightcheck.cli", "lint", str(ckpt), "--format", "json", "-o", os.devnull]
+    exe = [sys.executable, "-m", "weightcheck", "lint", str(ckpt), "--format", "json", "-o", os.devnull]
     t_cli = timed(lambda: subprocess.run(exe, check=False), args.repeat)
     t_cli_base = timed(
         lambda: subprocess.run([sys.executable, "-c", BASELINE_SNIPPET, str(ckpt)], check=True, capture_output=True),

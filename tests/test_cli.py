@@ -13,7 +13,7 @@ from conftest import read_index, write_index
 
 def wc(*args: str, cwd: Path | None = None) -> subprocess.CompletedProcess[str]:
     return subprocess.run(
-        [sys.executable, "-m", "weightcheck.cli", *args], capture_output=True, text=True, cwd=cwd, timeout=120
+        [sys.executable, "-m", "weightcheck", *args], capture_output=True, text=True, cwd=cwd, timeout=120
     )
 
 

@@ -176,7 +176,29 @@ def rules(code: str | None, fmt: str) -> None:
         click.echo(f"  {r.code}  {r.name:<32} {r.severity.label:<8} {r.summary}")
 
 
+# Commands that live in their own modules register themselves on `cli` when imported. Each module is
+# owned by one capability (layout, diff, verify...), so adding one never touches the commands above.
+COMMAND_MODULES = (
+    "weightcheck.commands.layout",
+    "weightcheck.commands.diff",
+    "weightcheck.commands.verify",
+    "weightcheck.commands.quant",
+)
+
+
+def _load_commands() -> None:
+    import importlib
+
+    for module in COMMAND_MODULES:
+        try:
+            importlib.import_module(module)
+        except ModuleNotFoundError as exc:
+            if exc.name != module:  # a real import error inside the command module must surface
+                raise
+
+
 def main() -> None:
+    _load_commands()
     try:
         cli.main(standalone_mode=False)
     except click.exceptions.Exit as exc:
@@ -196,4 +218,7 @@ def main() -> None:
 
 
 if __name__ == "__main__":
-    main()
+    # Run through the package module so command modules register on the same `cli` object.
+    from weightcheck.cli import main as package_main
+
+    package_main()

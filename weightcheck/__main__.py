@@ -1,0 +1,3 @@
+from weightcheck.cli import main
+
+main()
