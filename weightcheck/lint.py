@@ -61,9 +61,15 @@ def _lint(path: Path, select: Iterable[str], ignore: Iterable[str], options: dic
         return result
 
     opts = dict(options or {})
+    if opts.get("pattern"):  # an explicit --pattern must exist and be valid: fail early (usage error)
+        from weightcheck.patterns import resolve_pattern
+
+        resolve_pattern(opts["pattern"], ckpt.config_data)
     opts["config_only"] = config_only
     ctx = LintContext(ckpt=ckpt, options=opts)
     rules = selected_rules(select, ignore)
+    if not opts.get("content"):
+        rules = [r for r in rules if "data" not in r.needs]
     if config_only:
         skipped = [r.code for r in rules if "tensors" in r.needs]
         rules = [r for r in rules if "tensors" not in r.needs]
@@ -86,6 +92,8 @@ def _lint(path: Path, select: Iterable[str], ignore: Iterable[str], options: dic
         "rules": len(rules),
         "header_bytes_read": ckpt.bytes_read,
     }
+    if "quant" in ctx.cache:
+        result.notes.extend(ctx.cache["quant"].notes)
     if "structure" in ctx.cache and ctx.cache["structure"].prefix is not None:
         s = ctx.cache["structure"]
         result.checked["layers"] = len(s.ids)

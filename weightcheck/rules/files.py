@@ -267,5 +267,5 @@ def no_weights(ctx: LintContext) -> None:
     ctx.report(
         "no .safetensors weights or index found: only config-level checks ran" + extra,
         file=str(ckpt.root),
-        severity=Severity.WARNING if ctx.options.get("config_only") else None,
+        severity=Severity.INFO if ctx.options.get("config_only") else None,
     )

@@ -1,0 +1,1 @@
+"""Architecture pattern data (TOML). Not code: see README.md here."""

@@ -1,0 +1,397 @@
+"""Architecture patterns: declarative TOML files in `patterns/`, validated at load.
+
+A pattern says, per model family, which modules every decoder layer holds (dense and MoE variants, MTP
+extras), their kinds (linear, router, embedding, norm...), weight shapes as expressions over config.json,
+and engine facts (does SGLang's class declare `packed_modules_mapping`, does vLLM build the router with
+the quant config). `*` in a module name stands for an expert index. See `patterns/README.md`.
+
+Expressions (`num_attention_heads * head_dim`, `layer >= first_k_dense_replace`) are evaluated by a tiny
+whitelisted evaluator over config values — never `eval`.
+"""
+
+from __future__ import annotations
+
+import ast
+import operator
+import sys
+from dataclasses import dataclass, field
+from functools import lru_cache
+from importlib import resources
+from pathlib import Path
+from typing import Any
+
+if sys.version_info >= (3, 11):
+    import tomllib
+else:  # pragma: no cover
+    import tomli as tomllib
+
+KINDS = {"linear", "router", "embedding", "norm", "conv", "other"}
+_MODULE_KEYS = {"kind", "shape", "bias", "params", "optional", "when", "quantized_by", "fused", "dtype"}
+_FAMILY_KEYS = {
+    "name", "description", "model_types", "architectures", "layer_prefix", "num_layers", "mtp_layers",
+    "experts", "moe_layers", "allowed_prefixes",
+}  # fmt: skip
+_ENGINE_KEYS = {"sglang_class", "sglang_packed_modules_mapping", "sglang_separate_lm_head", "vllm_class"}
+_SECTIONS = {"family", "defaults", "engines", "globals", "layer", "dense_layer", "moe_layer", "mtp_layer"}
+
+
+class PatternError(ValueError):
+    """A pattern file that does not follow the schema (reported with file and key)."""
+
+
+# ---- expressions -----------------------------------------------------------------------------------
+
+_BINOPS = {
+    ast.Add: operator.add,
+    ast.Sub: operator.sub,
+    ast.Mult: operator.mul,
+    ast.FloorDiv: operator.floordiv,
+    ast.Mod: operator.mod,
+}
+_CMPOPS = {
+    ast.Eq: operator.eq,
+    ast.NotEq: operator.ne,
+    ast.Lt: operator.lt,
+    ast.LtE: operator.le,
+    ast.Gt: operator.gt,
+    ast.GtE: operator.ge,
+    ast.In: lambda a, b: a in b,
+    ast.NotIn: lambda a, b: a not in b,
+}
+
+
+@lru_cache(maxsize=1024)
+def parse_expr(text: str) -> ast.Expression:
+    try:
+        tree = ast.parse(str(text), mode="eval")
+    except SyntaxError as exc:
+        raise PatternError(f"expression {text!r} does not parse: {exc.msg}") from None
+    for node in ast.walk(tree):
+        allowed = (
+            ast.Expression, ast.BinOp, ast.BoolOp, ast.Compare, ast.UnaryOp, ast.Name, ast.Constant, ast.Load,
+            ast.And, ast.Or, ast.Not, ast.USub, ast.List, ast.Tuple, *_BINOPS, *_CMPOPS,
+        )  # fmt: skip
+        if not isinstance(node, allowed):
+            raise PatternError(f"expression {text!r} uses {type(node).__name__}, which patterns do not allow")
+    return tree
+
+
+def evaluate(text: str | int | bool, env: dict[str, Any]) -> Any:
+    """Evaluate a pattern expression; unknown names raise KeyError (the caller decides what that means)."""
+    if isinstance(text, (int, bool)):
+        return text
+    return _eval(parse_expr(text).body, env)
+
+
+def _eval(node: ast.AST, env: dict[str, Any]) -> Any:
+    if isinstance(node, ast.Constant):
+        return node.value
+    if isinstance(node, ast.Name):
+        if node.id in ("true", "True"):
+            return True
+        if node.id in ("false", "False"):
+            return False
+        if node.id not in env:
+            raise KeyError(node.id)
+        return env[node.id]
+    if isinstance(node, (ast.List, ast.Tuple)):
+        return [_eval(e, env) for e in node.elts]
+    if isinstance(node, ast.BinOp):
+        return _BINOPS[type(node.op)](_eval(node.left, env), _eval(node.right, env))
+    if isinstance(node, ast.UnaryOp):
+        value = _eval(node.operand, env)
+        return (not value) if isinstance(node.op, ast.Not) else -value
+    if isinstance(node, ast.BoolOp):
+        values = (_eval(v, env) for v in node.values)
+        return all(values) if isinstance(node.op, ast.And) else any(values)
+    if isinstance(node, ast.Compare):
+        left = _eval(node.left, env)
+        for op, comp in zip(node.ops, node.comparators, strict=True):
+            right = _eval(comp, env)
+            if not _CMPOPS[type(op)](left, right):
+                return False
+            left = right
+        return True
+    raise PatternError(f"unsupported expression node {type(node).__name__}")
+
+
+# ---- schema ----------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class ModuleSpec:
+    name: str  # relative to the layer (or absolute for globals); `*` = expert index
+    kind: str
+    shape: tuple[str, ...] = ()
+    bias: str | bool = False
+    params: tuple[str, ...] = ("weight",)
+    optional: bool = False
+    when: str | None = None
+    quantized_by: tuple[str, ...] = ()
+    dtype: str | None = None
+
+    @property
+    def is_expert(self) -> bool:
+        return "*" in self.name.split(".")
+
+
+@dataclass
+class Pattern:
+    name: str
+    path: str
+    model_types: list[str]
+    architectures: list[str]
+    layer_prefix: str
+    num_layers: str = "num_hidden_layers"
+    mtp_layers: str | None = None
+    experts: str | None = None
+    moe_layers: str | None = None
+    allowed_prefixes: list[str] = field(default_factory=list)
+    description: str = ""
+    defaults: dict[str, Any] = field(default_factory=dict)
+    engines: dict[str, Any] = field(default_factory=dict)
+    globals: list[ModuleSpec] = field(default_factory=list)
+    layer: list[ModuleSpec] = field(default_factory=list)
+    dense_layer: list[ModuleSpec] = field(default_factory=list)
+    moe_layer: list[ModuleSpec] = field(default_factory=list)
+    mtp_layer: list[ModuleSpec] = field(default_factory=list)
+
+
+def _module(section: str, name: str, spec: Any, where: str) -> ModuleSpec:
+    if not isinstance(spec, dict):
+        raise PatternError(f"{where}: [{section}] {name!r} must be a table")
+    unknown = set(spec) - _MODULE_KEYS
+    if unknown:
+        raise PatternError(f"{where}: [{section}] {name!r} has unknown keys {sorted(unknown)}")
+    kind = spec.get("kind")
+    if kind not in KINDS:
+        raise PatternError(f"{where}: [{section}] {name!r} kind {kind!r} is not one of {sorted(KINDS)}")
+    shape = spec.get("shape", [])
+    if not isinstance(shape, list) or not all(isinstance(s, (str, int)) for s in shape):
+        raise PatternError(f"{where}: [{section}] {name!r} shape must be a list of expressions")
+    for expr in (*shape, spec.get("when") or "1", spec.get("bias") if isinstance(spec.get("bias"), str) else "1"):
+        try:
+            parse_expr(str(expr))
+        except PatternError as exc:
+            raise PatternError(f"{where}: [{section}] {name!r}: {exc}") from None
+    params = spec.get("params", ["weight"])
+    if not isinstance(params, list) or not all(isinstance(p, str) for p in params):
+        raise PatternError(f"{where}: [{section}] {name!r} params must be a list of strings")
+    return ModuleSpec(
+        name=name,
+        kind=kind,
+        shape=tuple(str(s) for s in shape),
+        bias=spec.get("bias", False),
+        params=tuple(params),
+        optional=bool(spec.get("optional", False)),
+        when=spec.get("when"),
+        quantized_by=tuple(spec.get("quantized_by", [])),
+        dtype=spec.get("dtype"),
+    )
+
+
+def parse_pattern(doc: dict[str, Any], where: str) -> Pattern:
+    unknown = set(doc) - _SECTIONS
+    if unknown:
+        raise PatternError(f"{where}: unknown sections {sorted(unknown)}")
+    fam = doc.get("family")
+    if not isinstance(fam, dict):
+        raise PatternError(f"{where}: missing [family] table")
+    bad = set(fam) - _FAMILY_KEYS
+    if bad:
+        raise PatternError(f"{where}: [family] has unknown keys {sorted(bad)}")
+    for key in ("name", "layer_prefix"):
+        if not isinstance(fam.get(key), str) or not fam[key]:
+            raise PatternError(f"{where}: [family] {key} is required")
+    if not fam.get("model_types") and not fam.get("architectures"):
+        raise PatternError(f"{where}: [family] needs model_types or architectures to be detectable")
+    for key in ("moe_layers",):
+        if fam.get(key) is not None:
+            parse_expr(str(fam[key]))
+    engines = doc.get("engines", {})
+    if set(engines) - _ENGINE_KEYS:
+        raise PatternError(f"{where}: [engines] has unknown keys {sorted(set(engines) - _ENGINE_KEYS)}")
+    pattern = Pattern(
+        name=fam["name"],
+        path=where,
+        model_types=list(fam.get("model_types", [])),
+        architectures=list(fam.get("architectures", [])),
+        layer_prefix=fam["layer_prefix"],
+        num_layers=fam.get("num_layers", "num_hidden_layers"),
+        mtp_layers=fam.get("mtp_layers"),
+        experts=fam.get("experts"),
+        moe_layers=fam.get("moe_layers"),
+        allowed_prefixes=list(fam.get("allowed_prefixes", [])),
+        description=fam.get("description", ""),
+        defaults=dict(doc.get("defaults", {})),
+        engines=dict(engines),
+    )
+    for section in ("globals", "layer", "dense_layer", "moe_layer", "mtp_layer"):
+        table = doc.get(section, {})
+        if not isinstance(table, dict):
+            raise PatternError(f"{where}: [{section}] must be a table")
+        setattr(pattern, section, [_module(section, n, s, where) for n, s in table.items()])
+    if pattern.moe_layer and not pattern.experts:
+        raise PatternError(f"{where}: [moe_layer] needs [family] experts (the config key of the expert count)")
+    return pattern
+
+
+def load_pattern_file(path: str | Path) -> Pattern:
+    path = Path(path)
+    try:
+        doc = tomllib.loads(path.read_text(encoding="utf-8"))
+    except (OSError, UnicodeDecodeError, tomllib.TOMLDecodeError) as exc:
+        raise PatternError(f"{path}: {exc}") from None
+    return parse_pattern(doc, str(path))
+
+
+def _pattern_dir() -> Path | None:
+    # Source checkout: patterns/ at the repository root. Installed: packaged as weightcheck._patterns.
+    local = Path(__file__).resolve().parent.parent / "patterns"
+    if local.is_dir():
+        return local
+    try:
+        return Path(str(resources.files("weightcheck._patterns")))
+    except (ModuleNotFoundError, TypeError):
+        return None
+
+
+@lru_cache(maxsize=1)
+def builtin_patterns() -> dict[str, Pattern]:
+    """Every pattern shipped in patterns/, validated (a malformed file raises PatternError)."""
+    folder = _pattern_dir()
+    out: dict[str, Pattern] = {}
+    if folder is None:
+        return out
+    for file in sorted(folder.glob("*.toml")):
+        pattern = load_pattern_file(file)
+        if pattern.name in out:
+            raise PatternError(f"{file}: family {pattern.name!r} already defined in {out[pattern.name].path}")
+        out[pattern.name] = pattern
+    return out
+
+
+def detect_pattern(config: dict[str, Any]) -> Pattern | None:
+    """Pick a pattern by `model_type` (also of `text_config`), then by `architectures`."""
+    patterns = builtin_patterns()
+    types = [config.get("model_type")]
+    for sub in ("text_config", "llm_config"):
+        if isinstance(config.get(sub), dict):
+            types.insert(0, config[sub].get("model_type"))
+    for t in types:
+        for p in patterns.values():
+            if t and t in p.model_types:
+                return p
+    archs = config.get("architectures") or []
+    for p in patterns.values():
+        if any(a in p.architectures for a in archs if isinstance(a, str)):
+            return p
+    return None
+
+
+def resolve_pattern(choice: str | None, config: dict[str, Any]) -> Pattern | None:
+    """`--pattern NAME|FILE` overrides detection. Unknown names/files raise PatternError."""
+    if not choice:
+        return detect_pattern(config)
+    if choice.endswith(".toml") or "/" in choice:
+        return load_pattern_file(choice)
+    patterns = builtin_patterns()
+    if choice not in patterns:
+        raise PatternError(f"no pattern {choice!r}; shipped: {', '.join(sorted(patterns))}")
+    return patterns[choice]
+
+
+# ---- expansion against a config --------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class ExpectedModule:
+    name: str  # full module name, e.g. model.layers.3.mlp.experts.7.down_proj
+    spec: ModuleSpec
+    layer: int | None
+    expert: int | None
+    shape: tuple[int, ...] | None  # expected `weight` shape, when computable
+    params: tuple[str, ...]  # required params
+    optional_params: tuple[str, ...]
+
+
+def config_env(pattern: Pattern, config: dict[str, Any]) -> dict[str, Any]:
+    env: dict[str, Any] = {}
+    env.update({k: v for k, v in config.items() if not isinstance(v, dict)})
+    for key, default in pattern.defaults.items():
+        if env.get(key) is None:
+            try:
+                env[key] = evaluate(default, env) if isinstance(default, str) else default
+            except KeyError:
+                continue
+    return env
+
+
+def _count(expr: str | None, env: dict[str, Any]) -> int:
+    if not expr:
+        return 0
+    try:
+        value = evaluate(expr, env)
+    except KeyError:
+        return 0
+    return value if isinstance(value, int) and not isinstance(value, bool) else 0
+
+
+def expand(pattern: Pattern, config: dict[str, Any]) -> tuple[list[ExpectedModule], list[str]]:
+    """All modules the config implies, with expected shapes. Also returns notes on what could not be
+    evaluated (a missing config key)."""
+    env = config_env(pattern, config)
+    notes: list[str] = []
+    n_layers = _count(pattern.num_layers, env)
+    n_mtp = _count(pattern.mtp_layers, env)
+    n_experts = _count(pattern.experts, env)
+    out: list[ExpectedModule] = []
+
+    def add(spec: ModuleSpec, full: str, layer_env: dict[str, Any], layer: int | None, expert: int | None) -> None:
+        if spec.when:
+            try:
+                if not evaluate(spec.when, layer_env):
+                    return
+            except KeyError as exc:
+                notes.append(f"{spec.name}: config lacks {exc.args[0]!r}; assumed present")
+        shape: tuple[int, ...] | None = None
+        if spec.shape:
+            try:
+                shape = tuple(int(evaluate(s, layer_env)) for s in spec.shape)
+            except (KeyError, TypeError, ValueError, ZeroDivisionError):
+                shape = None
+        params = [p for p in spec.params if not p.endswith("?")]
+        optional = [p[:-1] for p in spec.params if p.endswith("?")]
+        if spec.bias:
+            try:
+                has_bias = evaluate(spec.bias, layer_env) if isinstance(spec.bias, str) else bool(spec.bias)
+            except KeyError:
+                has_bias = None
+            if has_bias:
+                params.append("bias")
+            elif has_bias is None:
+                optional.append("bias")
+        out.append(ExpectedModule(full, spec, layer, expert, shape, tuple(params), tuple(optional)))
+
+    for spec in pattern.globals:
+        add(spec, spec.name, env, None, None)
+    for layer in range(n_layers + n_mtp):
+        lenv = {**env, "layer": layer}
+        is_mtp = layer >= n_layers
+        try:
+            is_moe = bool(pattern.moe_layers) and bool(evaluate(pattern.moe_layers, lenv)) and n_experts > 0
+        except KeyError as exc:
+            notes.append(f"moe_layers: config lacks {exc.args[0]!r}")
+            is_moe = n_experts > 0
+        sections = [pattern.layer, pattern.moe_layer if is_moe else pattern.dense_layer]
+        if is_mtp:
+            sections.append(pattern.mtp_layer)
+        prefix = f"{pattern.layer_prefix}.{layer}"
+        for section in sections:
+            for spec in section:
+                if spec.is_expert:
+                    for e in range(n_experts):
+                        add(spec, f"{prefix}.{spec.name.replace('*', str(e))}", lenv, layer, e)
+                else:
+                    add(spec, f"{prefix}.{spec.name}", lenv, layer, None)
+    return out, sorted(set(notes))

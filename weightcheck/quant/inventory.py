@@ -1,0 +1,140 @@
+"""The module inventory the quantization rules reason about.
+
+From a checkpoint: tensor names (and header dtypes/shapes) grouped into modules, with quantization
+companions recognised. From a config alone: the modules the architecture pattern implies. Each module
+carries a kind (linear, router, embedding, norm...) from the pattern, or from a name heuristic when no
+pattern applies.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass, field
+from typing import Any
+
+from weightcheck.patterns import ExpectedModule, Pattern, expand
+from weightcheck.safetensors_header import TensorInfo
+from weightcheck.structure import QUANT_COMPANIONS
+
+# Companions whose presence means "this module is stored quantized".
+QUANTIZED_MARKERS = frozenset(
+    {"weight_packed", "weight_scale", "weight_scale_inv", "weight_zero_point", "weight_global_scale",
+     "weight_scale_2", "qweight", "qzeros", "scales", "SCB"}
+)  # fmt: skip
+LOW_PRECISION_DTYPES = frozenset({"F8_E4M3", "F8_E5M2", "F8_E4M3FNUZ", "F8_E5M2FNUZ", "I8", "F4"})
+_ROUTER_LEAVES = {"gate", "router"}
+_MOE_PARENTS = {"mlp", "block_sparse_moe", "moe", "feed_forward", "mixer"}
+_EXPERT_RE = re.compile(r"\.experts\.(\d+)\.")
+_LAYER_RE = re.compile(r"\.(?:layers|h|blocks)\.(\d+)\.")
+
+
+@dataclass
+class ModuleInfo:
+    name: str
+    kind: str
+    params: dict[str, TensorInfo | None] = field(default_factory=dict)
+    expected: ExpectedModule | None = None
+    layer: int | None = None
+    expert: int | None = None
+
+    @property
+    def quantized(self) -> bool | None:
+        """True/False from the stored tensors; None when only a config is known."""
+        if not self.params:
+            return None
+        if QUANTIZED_MARKERS & self.params.keys():
+            return True
+        weight = self.params.get("weight")
+        return weight is not None and weight.dtype in LOW_PRECISION_DTYPES
+
+    @property
+    def companions(self) -> list[str]:
+        return sorted(p for p in self.params if p in QUANT_COMPANIONS)
+
+    def weight_ndim(self) -> int | None:
+        weight = self.params.get("weight")
+        if weight is not None:
+            return len(weight.shape)
+        if "weight_packed" in self.params or "qweight" in self.params:
+            return 2
+        if self.expected is not None and self.expected.shape is not None:
+            return len(self.expected.shape)
+        return None
+
+
+@dataclass
+class Inventory:
+    modules: dict[str, ModuleInfo]
+    params: list[str]  # full parameter names (what the online quantizers see)
+    from_config_only: bool
+    pattern: Pattern | None
+    notes: list[str] = field(default_factory=list)
+
+    def of_kind(self, *kinds: str) -> list[ModuleInfo]:
+        return [m for m in self.modules.values() if m.kind in kinds]
+
+
+def heuristic_kind(module: str, params: dict[str, TensorInfo | None]) -> str:
+    """Kind of a module without a pattern, from its name and weight rank."""
+    leaf = module.rsplit(".", 1)[-1]
+    parent = module.rsplit(".", 2)[-2] if module.count(".") >= 1 else ""
+    if leaf == "lm_head" or module.endswith(".lm_head"):
+        return "linear"
+    if "embed" in leaf or leaf in ("wte", "wpe", "word_embeddings", "tok_embeddings"):
+        return "embedding"
+    if "norm" in leaf or leaf.startswith("ln") or leaf in ("enorm", "hnorm"):
+        return "norm"
+    if (leaf in _ROUTER_LEAVES and parent in _MOE_PARENTS) or leaf == "shared_expert_gate":
+        return "router"
+    weight = params.get("weight")
+    if "weight_packed" in params or "qweight" in params or (weight is not None and len(weight.shape) == 2):
+        return "linear"
+    return "other"
+
+
+def split_param(name: str) -> tuple[str, str]:
+    """`a.b.weight_packed` → (`a.b`, `weight_packed`); bitsandbytes `a.weight.absmax` → (`a`, `weight.absmax`)."""
+    if ".weight." in name:
+        head, _, tail = name.partition(".weight.")
+        return head, "weight." + tail
+    module, _, param = name.rpartition(".")
+    return module, param
+
+
+def _positions(module: str) -> tuple[int | None, int | None]:
+    layer = _LAYER_RE.search("." + module + ".")
+    expert = _EXPERT_RE.search("." + module + ".")
+    return (int(layer.group(1)) if layer else None, int(expert.group(1)) if expert else None)
+
+
+def from_checkpoint(
+    tensors: dict[str, TensorInfo | None], pattern: Pattern | None, config: dict[str, Any]
+) -> Inventory:
+    expected: dict[str, ExpectedModule] = {}
+    notes: list[str] = []
+    if pattern is not None:
+        mods, notes = expand(pattern, config)
+        expected = {m.name: m for m in mods}
+    modules: dict[str, ModuleInfo] = {}
+    for name, info in tensors.items():
+        module, param = split_param(name)
+        entry = modules.get(module)
+        if entry is None:
+            entry = modules[module] = ModuleInfo(name=module, kind="other")
+        entry.params[param] = info
+    for module, entry in modules.items():
+        exp = expected.get(module)
+        entry.expected = exp
+        entry.kind = exp.spec.kind if exp is not None else heuristic_kind(module, entry.params)
+        entry.layer, entry.expert = (exp.layer, exp.expert) if exp is not None else _positions(module)
+    return Inventory(modules=modules, params=sorted(tensors), from_config_only=False, pattern=pattern, notes=notes)
+
+
+def from_config(pattern: Pattern, config: dict[str, Any]) -> Inventory:
+    """Config-only mode: the modules the pattern and the config's dimensions imply, no tensors."""
+    mods, notes = expand(pattern, config)
+    modules = {
+        m.name: ModuleInfo(name=m.name, kind=m.spec.kind, expected=m, layer=m.layer, expert=m.expert) for m in mods
+    }
+    params = sorted(f"{m.name}.{p}" for m in mods for p in m.params)
+    return Inventory(modules=modules, params=params, from_config_only=True, pattern=pattern, notes=notes)

@@ -1,0 +1,121 @@
+"""WC41x / WC5xx: expected keys and shapes from the architecture pattern (patterns/*.toml)."""
+
+from __future__ import annotations
+
+from collections import defaultdict
+
+from weightcheck.collapse import summarize
+from weightcheck.findings import Severity
+from weightcheck.patterns import Pattern, expand
+from weightcheck.rules import LintContext, rule
+from weightcheck.rules.quant import analysis_of
+from weightcheck.structure import normalize_param
+
+
+def _pattern(ctx: LintContext) -> Pattern | None:
+    qa = analysis_of(ctx)
+    return qa.pattern if qa.inventory is not None and not qa.inventory.from_config_only else None
+
+
+@rule(
+    "WC410",
+    "expected-key-missing",
+    Severity.ERROR,
+    summary="A weight the architecture pattern and config.json require is not stored.",
+    bad="qwen3_moe, num_experts = 4: model.layers.2.mlp.gate.weight absent",
+    good="every module of the pattern present, quantized or not",
+)
+def expected_key_missing(ctx: LintContext) -> None:
+    """The family is detected from config.json (`model_type`, `architectures`; `--pattern` overrides).
+    Its pattern lists the modules of every dense, MoE and MTP layer and the global ones (embeddings, final
+    norm, lm_head unless tied); expert modules are expanded to the config's expert count. Quantized
+    modules satisfy `weight` through their companions. Pattern-free peer checks (WC402) still run for
+    unknown families."""
+    qa = analysis_of(ctx)
+    pattern = _pattern(ctx)
+    if pattern is None or qa.inventory is None:
+        return
+    present = {normalize_param(n) for n in ctx.ckpt.tensor_names()}
+    groups: dict[str, list[str]] = defaultdict(list)
+    expected, _ = expand(pattern, ctx.ckpt.text_config())
+    for exp in expected:
+        if exp.spec.optional:
+            continue
+        for param in exp.params:
+            name = f"{exp.name}.{param}"
+            if name not in present:
+                groups[exp.spec.kind].append(name)
+    for kind, names in sorted(groups.items()):
+        ctx.report(
+            f"{len(names)} {kind} weight(s) required by pattern {pattern.name!r} are missing: {summarize(names)}",
+            tensor=summarize(names, limit=3),
+            count=len(names),
+            details={"pattern": pattern.name, "missing": sorted(names)[:500]},
+        )
+
+
+@rule(
+    "WC411",
+    "unexpected-key",
+    Severity.WARNING,
+    summary="A stored tensor that the architecture pattern does not know (engines skip it silently).",
+    bad="qwen3: model.layers.0.self_attn.rotary_emb.inv_freq, model.layers.0.mlp.gate_up_proj.weight",
+    good="only the pattern's modules (plus quantization companions)",
+)
+def unexpected_key(ctx: LintContext) -> None:
+    """SGLang's Qwen3-MoE and GLM4-MoE loaders skip unknown names without a message, so a renamed or
+    mis-fused tensor is simply never loaded. Names under the pattern's `allowed_prefixes` (vision towers)
+    are not itemized."""
+    qa = analysis_of(ctx)
+    pattern = _pattern(ctx)
+    if pattern is None or qa.inventory is None:
+        return
+    known: set[str] = set()
+    for module in qa.inventory.modules.values():
+        if module.expected is not None:
+            known.update(f"{module.name}.{p}" for p in (*module.expected.params, *module.expected.optional_params))
+    odd = [
+        n
+        for n in ctx.ckpt.tensor_names()
+        if normalize_param(n) not in known and not n.startswith(tuple(pattern.allowed_prefixes))
+        and not n.endswith((".k_scale", ".v_scale"))  # KV-cache scales sit on the attention module
+    ]  # fmt: skip
+    if odd:
+        ctx.report(
+            f"{len(odd)} tensor(s) not in pattern {pattern.name!r}: {summarize(odd)}",
+            tensor=summarize(odd, limit=3),
+            count=len(odd),
+        )
+
+
+@rule(
+    "WC501",
+    "weight-shape-mismatch",
+    Severity.ERROR,
+    summary="An unquantized weight's shape differs from what config.json implies.",
+    bad="hidden_size 4096, num_attention_heads 32: q_proj.weight [4096, 2048]",
+    good="q_proj.weight [num_attention_heads * head_dim, hidden_size] = [4096, 4096]",
+)
+def weight_shape_mismatch(ctx: LintContext) -> None:
+    """Shapes come from the pattern's expressions over the config (hidden size, heads, head_dim,
+    intermediate sizes, expert counts, vocab). A mismatch means the config and the weights describe
+    different models (a wrong config shipped, a TP shard saved un-gathered), which engines reject at load
+    or, for padded dimensions, load silently wrong. Quantized weights are checked by WC314."""
+    qa = analysis_of(ctx)
+    if _pattern(ctx) is None or qa.inventory is None:
+        return
+    groups: dict[tuple[tuple[int, ...], tuple[int, ...], str], list[str]] = defaultdict(list)
+    for module in qa.inventory.modules.values():
+        exp = module.expected
+        weight = module.params.get("weight")
+        if exp is None or exp.shape is None or weight is None or module.quantized:
+            continue
+        if tuple(weight.shape) != exp.shape:
+            suffix = exp.spec.name
+            groups[(tuple(weight.shape), exp.shape, suffix)].append(f"{module.name}.weight")
+    for (got, want, _), names in sorted(groups.items()):
+        ctx.report(
+            f"{len(names)} weight(s) have shape {list(got)}, config implies {list(want)}: {summarize(names)}",
+            tensor=summarize(names, limit=3),
+            count=len(names),
+        )

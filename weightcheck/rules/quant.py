@@ -1,0 +1,679 @@
+"""WC3xx: quantization configs, ignore lists as each consumer reads them, quantized companions."""
+
+from __future__ import annotations
+
+from collections import defaultdict
+
+from weightcheck.collapse import summarize
+from weightcheck.findings import Severity
+from weightcheck.quant.analysis import PARAM_SUFFIXES, QuantAnalysis, analyze_checkpoint, is_class_entry, regex_error
+from weightcheck.quant.config import WeightScheme, packed_width, validate_ct_mirror, validate_with_compressed_tensors
+from weightcheck.quant.inventory import ModuleInfo
+from weightcheck.quant.matchers import (
+    Consumer,
+    fused_groups,
+    get_consumer,
+    overreach,
+    regex_match,
+)
+from weightcheck.rules import LintContext, rule
+
+CONFIG_FILE = "config.json"
+
+
+def analysis_of(ctx: LintContext) -> QuantAnalysis:
+    return ctx.memo("quant", lambda: analyze_checkpoint(ctx.ckpt, ctx.options.get("pattern")))
+
+
+def _quantized(ctx: LintContext) -> QuantAnalysis | None:
+    qa = analysis_of(ctx)
+    return qa if qa.spec is not None else None
+
+
+def _labels(consumers: list[Consumer]) -> str:
+    return ", ".join(dict.fromkeys(c.label for c in consumers))
+
+
+@rule(
+    "WC301",
+    "quant-config-invalid",
+    Severity.ERROR,
+    summary="The quantization config is rejected by its consumer's own validator.",
+    bad='"config_groups": {"group_0": {"targets": ["Linear"], "weights": {"num_bits": 4, "pytorch_dtype": "fp4"}}}',
+    good='"config_groups": {"group_0": {"targets": ["Linear"], "weights": {"num_bits": 4, "strategy": "group", '
+    '"group_size": 128}}}',
+    needs=("config",),
+)
+def quant_config_invalid(ctx: LintContext) -> None:
+    """compressed-tensors configs are validated with the package's own pydantic models when it is installed
+    (QuantizationScheme and QuantizationArgs forbid unknown keys; group strategies need a positive
+    group_size; block needs block_structure...), else with weightcheck's mirror of those rules. HF FP8,
+    ModelOpt, AWQ/GPTQ/bitsandbytes configs get structural checks (block size, fmt, list types)."""
+    qa = analysis_of(ctx)
+    spec = qa.spec
+    if spec is None:
+        return
+    problems = list(spec.problems)
+    if spec.method == "compressed-tensors":
+        real = validate_with_compressed_tensors(spec.raw)
+        if real is None:
+            problems += validate_ct_mirror(spec.raw)
+        else:
+            problems += real
+    for problem in problems:
+        ctx.report(f"{spec.source}: {problem}", file=CONFIG_FILE)
+
+
+@rule(
+    "WC302",
+    "ignore-entry-unmatched",
+    Severity.WARNING,
+    summary="An ignore entry matches no module (as compressed-tensors, vLLM and SGLang read it).",
+    bad='"ignore": ["re:visual.*"]      (start-anchored: never matches model.visual.blocks.0...)',
+    good='"ignore": ["re:.*visual.*"]',
+    needs=("config",),
+)
+def ignore_entry_unmatched(ctx: LintContext) -> None:
+    """Entries are module names or `re:` regexes applied with `re.match` (anchored at the start). An entry
+    that matches nothing is usually a typo, a missing `.*`, a VLM prefix mismatch (`model.language_model.`
+    vs `language_model.model.`) or a parameter name (see WC304). The finding names the consumers that do
+    match something, if any."""
+    qa = _quantized(ctx)
+    if qa is None or qa.inventory is None or not qa.spec.ignore:
+        return
+    modules = list(qa.inventory.modules)
+    params = qa.inventory.params
+    for entry in qa.spec.ignore:
+        if is_class_entry(entry) or regex_error(entry) or _looks_like_param(entry, modules, params):
+            continue
+        matched_by = [
+            c for c in qa.consumers if any(c.match(n, entry) for n in (params if c.level == "param" else modules))
+        ]
+        if any(c.key in ("ct", "vllm", "sglang", "sglang-fp8", "vllm-fp8", "transformers") for c in matched_by):
+            continue
+        hint = ""
+        if entry.startswith("re:") and not entry[3:].startswith((".*", "^.*", "(")):
+            hint = f" (re: is anchored at the start; did you mean re:.*{entry[3:]}?)"
+        also = f"; only {_labels(matched_by)} matches it" if matched_by else ""
+        ctx.report(
+            f"ignore entry {entry!r} matches no module{hint}{also}",
+            file=CONFIG_FILE,
+            tensor=entry,
+            details={"entry": entry, "matched_by": [c.key for c in matched_by]},
+        )
+
+
+def _looks_like_param(entry: str, modules: list[str], params: list[str]) -> bool:
+    if entry.startswith("re:"):
+        pattern = entry[3:]
+        return not any(regex_match(pattern, m) for m in modules) and any(regex_match(pattern, p) for p in params)
+    return entry.endswith(PARAM_SUFFIXES)
+
+
+@rule(
+    "WC303",
+    "ignore-regex-invalid",
+    Severity.ERROR,
+    summary="An `re:` entry in the ignore list or targets does not compile.",
+    bad='"ignore": ["re:.*mlp\\\\.gate(", "lm_head"]',
+    good='"ignore": ["re:.*mlp\\\\.gate$", "lm_head"]',
+    needs=("config",),
+)
+def ignore_regex_invalid(ctx: LintContext) -> None:
+    """Every consumer compiles `re:` entries with Python's `re`; one that fails raises at load in some engines
+    and silently matches nothing in others."""
+    qa = _quantized(ctx)
+    if qa is None:
+        return
+    for where, entries in (("ignore", qa.spec.ignore), ("targets", qa.spec.targets)):
+        for entry in entries:
+            err = regex_error(entry)
+            if err:
+                ctx.report(f"{where} entry {entry!r} is not a valid regex: {err}", file=CONFIG_FILE, tensor=entry)
+
+
+@rule(
+    "WC304",
+    "ignore-entry-is-parameter",
+    Severity.WARNING,
+    summary="An ignore entry names parameters (`...weight`, `\\..*` after a module) instead of modules.",
+    bad='"ignore": ["model.embed_tokens.weight", "re:.*mlp\\\\.gate\\\\..*"]',
+    good='"ignore": ["re:.*embed_tokens($|\\\\..*)", "re:.*mlp\\\\.gate($|\\\\..*)"]   (works for modules and params)',
+    needs=("config",),
+)
+def ignore_entry_is_parameter(ctx: LintContext) -> None:
+    """compressed-tensors, vLLM, SGLang and transformers match module names, so a parameter-style entry is
+    ignored by all of them; only the slime/miles online quantizers, which match parameter names, honour it.
+    The form `re:.*mlp\\.gate($|\\..*)` serves both readers (matching.md §6)."""
+    qa = _quantized(ctx)
+    if qa is None or qa.inventory is None:
+        return
+    modules = list(qa.inventory.modules)
+    for entry in qa.spec.ignore:
+        if regex_error(entry) or not _looks_like_param(entry, modules, qa.inventory.params):
+            continue
+        module_form = entry
+        if entry.startswith("re:") and entry.endswith(r"\..*"):
+            module_form = entry[: -len(r"\..*")] + r"($|\..*)"
+        elif not entry.startswith("re:"):
+            module_form = entry.rsplit(".", 1)[0]
+        ctx.report(
+            f"ignore entry {entry!r} names parameters: engines matching modules ignore nothing with it "
+            f"(only parameter-level online quantizers honour it); use {module_form!r}",
+            file=CONFIG_FILE,
+            tensor=entry,
+        )
+
+
+@rule(
+    "WC305",
+    "ignore-regex-overreach",
+    Severity.WARNING,
+    summary="A regex matches modules whose names merely extend the intended one (layers.1 → layers.10).",
+    bad='"ignore": ["re:model.layers.1.*", "re:.*mlp.gate"]   (layers 10-19; every gate_proj)',
+    good='"ignore": ["re:^model\\\\.layers\\\\.1\\\\..*", "re:.*mlp\\\\.gate$"]',
+    needs=("config",),
+)
+def ignore_regex_overreach(ctx: LintContext) -> None:
+    """`re:` is a prefix match and `.` is a wildcard: `re:model.layers.1.*` also ignores layers 10-19 and
+    100-199 (llm-compressor's GLM-4.7 example left layers 10-29 unquantized), `re:.*mlp.gate` also ignores
+    `mlp.gate_proj` and `gate_up_proj`. A match that ends inside a dotted name component is reported with
+    example modules it captures."""
+    qa = _quantized(ctx)
+    if qa is None or qa.inventory is None:
+        return
+    modules = sorted(qa.inventory.modules)
+    for entry in qa.spec.ignore:
+        if not entry.startswith("re:") or regex_error(entry):
+            continue
+        hits = [m for m in modules if regex_match(entry[3:], m) and overreach(entry[3:], m)]
+        if hits:
+            ctx.report(
+                f"ignore entry {entry!r} also captures {len(hits)} module(s) whose names only extend the "
+                f"intended one: {summarize(hits, limit=4)}",
+                file=CONFIG_FILE,
+                tensor=entry,
+                count=len(hits),
+                details={"entry": entry, "examples": hits[:20]},
+            )
+
+
+def _engine_view(qa: QuantAnalysis) -> list[Consumer]:
+    """Consumers that build the model from the config (engines, not the producer)."""
+    return [c for c in qa.module_consumers() if c.key != "ct"]
+
+
+@rule(
+    "WC306",
+    "ignored-module-quantized",
+    Severity.ERROR,
+    summary="A module the ignore list covers is stored with quantized companions.",
+    bad="ignore: [lm_head]; lm_head.weight_packed + lm_head.weight_scale stored",
+    good="ignored modules keep a plain bf16 `weight`",
+)
+def ignored_module_quantized(ctx: LintContext) -> None:
+    """Engines build ignored modules unquantized, so stored `weight_packed`/`weight_scale` have no target
+    and are dropped (or raise KeyError): the module runs on uninitialized memory. Seen when `ignore=` was
+    honoured at calibration but not at save (vllm-project/compressed-tensors#712)."""
+    qa = _quantized(ctx)
+    if qa is None or qa.inventory is None or qa.inventory.from_config_only:
+        return
+    groups: dict[tuple[str, ...], list[str]] = defaultdict(list)
+    for module in qa.inventory.modules.values():
+        if not module.quantized:
+            continue
+        by = [c for c in _engine_view(qa) if qa.is_ignored(c, module)]
+        if by:
+            groups[tuple(c.label for c in by)].append(module.name)
+    for labels, names in groups.items():
+        ctx.report(
+            f"{len(names)} module(s) ignored by {', '.join(dict.fromkeys(labels))} are stored quantized "
+            f"(companions will be dropped, the module left uninitialized): {summarize(names)}",
+            tensor=summarize(names, limit=3),
+            count=len(names),
+        )
+
+
+@rule(
+    "WC307",
+    "targeted-module-unquantized",
+    Severity.ERROR,
+    summary="A Linear module the config targets (and does not ignore) is stored unquantized.",
+    bad='targets ["Linear"], ignore ["lm_head"]; model.layers.3.self_attn.o_proj.weight stored as BF16',
+    good="every targeted, non-ignored Linear stores weight_packed/weight_scale (or FP8 weight + scale)",
+)
+def targeted_module_unquantized(ctx: LintContext) -> None:
+    """Engines build targeted Linears quantized and expect `weight_packed`/`weight_scale`; a bf16 `weight`
+    has no target and is skipped (Qwen3-MoE, GLM4-MoE silently) or warned about, leaving the quantized
+    parameters uninitialized. Routers, lm_head and embeddings are judged by WC308-WC310. HF FP8 checkpoints
+    without an ignore list (DeepSeek-V3 style) are exempt: there, presence of `weight_scale_inv` decides."""
+    qa = _quantized(ctx)
+    if qa is None or qa.inventory is None or qa.inventory.from_config_only:
+        return
+    if qa.spec.method == "fp8" and not qa.spec.ignore:
+        return
+    groups: dict[tuple[str, ...], list[str]] = defaultdict(list)
+    for module in qa.inventory.modules.values():
+        if module.kind != "linear" or module.quantized is not False or module.name.endswith("lm_head"):
+            continue
+        if module.weight_ndim() != 2 or not qa.targeted_by_ct(module):
+            continue
+        affected = [c for c in _engine_view(qa) if not qa.is_ignored(c, module)]
+        if affected:
+            groups[tuple(c.label for c in affected)].append(module.name)
+    for labels, names in groups.items():
+        ctx.report(
+            f"{len(names)} targeted Linear module(s) are stored unquantized; {', '.join(dict.fromkeys(labels))} "
+            f"build them quantized and drop the bf16 weight: {summarize(names)}",
+            tensor=summarize(names, limit=3),
+            count=len(names),
+        )
+
+
+NON_LINEAR = ("router", "embedding", "norm", "conv", "other")
+
+
+@rule(
+    "WC308",
+    "non-linear-quantized",
+    Severity.ERROR,
+    summary="A router (mlp.gate), embedding or other non-Linear weight carries quantized companions.",
+    bad="model.layers.{1..46}.mlp.gate.weight_packed, .weight_scale, .weight_shape   (router packed)",
+    good="model.layers.{1..46}.mlp.gate.weight   BF16",
+)
+def non_linear_quantized(ctx: LintContext) -> None:
+    """The engines build routers, embeddings and norms without a quantization method, so their
+    `weight_packed`/`weight_scale` names have no target: SGLang skips them silently in `load_weights` and
+    routes on an uninitialized or zero gate (garbage rollouts, no error: THUDM/slime#1642); vLLM raises or
+    loads garbage (vllm-project/vllm-omni#5573). Usually an online or converter quantizer packing every 2-D
+    `.weight` whose ignore list missed the router."""
+    qa = _quantized(ctx)
+    if qa is None or qa.inventory is None or qa.inventory.from_config_only:
+        return
+    groups: dict[str, list[str]] = defaultdict(list)
+    for module in qa.inventory.modules.values():
+        if module.kind in NON_LINEAR and module.quantized:
+            groups[module.kind].append(module.name)
+    for kind, names in sorted(groups.items()):
+        engines = "SGLang drops the companions silently (no such parameter), vLLM fails or loads garbage"
+        ctx.report(
+            f"{len(names)} {kind} module(s) stored quantized ({', '.join(_companions(qa, names[0]))}); "
+            f"{engines}: {summarize(names)}",
+            tensor=summarize(names, limit=3),
+            count=len(names),
+            details={"kind": kind, "modules": names[:200]},
+        )
+
+
+def _companions(qa: QuantAnalysis, module: str) -> list[str]:
+    assert qa.inventory is not None
+    return qa.inventory.modules[module].companions
+
+
+@rule(
+    "WC309",
+    "non-linear-not-ignored",
+    Severity.ERROR,
+    summary="A router/embedding/lm_head that some consumer would quantize is not covered by the ignore list.",
+    bad='"ignore": ["lm_head"]   on a MoE (router mlp.gate is a 2-D weight the online INT4 quantizer packs)',
+    good='"ignore": ["lm_head", "re:.*embed_tokens($|\\\\..*)", "re:.*mlp\\\\.gate($|\\\\..*)"]',
+    needs=("config",),
+)
+def non_linear_not_ignored(ctx: LintContext) -> None:
+    """Who quantizes what is per consumer: the slime/miles online INT4/NVFP4 quantizers pack every 2-D
+    `.weight` parameter the ignore list does not match (routers, embeddings, lm_head); vLLM builds the
+    Qwen2/3-MoE router as a `ReplicatedLinear` with the quant config. Their quantized names then reach an
+    engine that drops them (THUDM/slime#1642, #1479). Error when an engine is affected; warning when only
+    online RL quantizers are."""
+    qa = _quantized(ctx)
+    if qa is None or qa.inventory is None:
+        return
+    groups: dict[tuple[str, tuple[str, ...]], list[str]] = defaultdict(list)
+    for module in qa.inventory.modules.values():
+        is_head = (
+            module.name == "lm_head" or module.name.endswith(".lm_head") or module.name.endswith("shared_head.head")
+        )
+        if module.kind not in ("router", "embedding") and not is_head:
+            continue
+        if module.weight_ndim() not in (None, 2) or module.quantized:
+            continue  # stored quantized is WC308/WC310's business
+        affected: list[Consumer] = []
+        for consumer in qa.consumers:
+            builds_quantized = consumer.quantizes_online or (
+                module.expected is not None and consumer.key in module.expected.spec.quantized_by
+            )
+            if builds_quantized and not qa.is_ignored(consumer, module):
+                affected.append(consumer)
+        if affected:
+            groups[(module.kind if not is_head else "lm_head", tuple(c.key for c in affected))].append(module.name)
+    for (kind, keys), names in sorted(groups.items()):
+        consumers = [get_consumer(k) for k in keys]
+        engine = any(not c.quantizes_online for c in consumers)
+        ctx.report(
+            f"{len(names)} {kind} module(s) not covered by the ignore list would be quantized by "
+            f"{_labels(consumers)}: {summarize(names)}",
+            file=CONFIG_FILE,
+            tensor=summarize(names, limit=3),
+            count=len(names),
+            severity=Severity.ERROR if engine else Severity.WARNING,
+            details={"kind": kind, "consumers": list(keys), "modules": names[:200]},
+        )
+
+
+@rule(
+    "WC310",
+    "head-or-embedding-quantized",
+    Severity.ERROR,
+    summary="lm_head or an embedding is stored quantized or named as a target.",
+    bad="lm_head.weight_packed stored   /   targets: ['Linear', 'lm_head']",
+    good="lm_head.weight and model.embed_tokens.weight in bf16; lm_head in ignore",
+)
+def head_or_embedding_quantized(ctx: LintContext) -> None:
+    """Quantized embeddings need per-model plumbing most engines lack (`KeyError: 'embed_tokens.weight_packed'`,
+    vllm-project/vllm#45535); vLLM cannot load a packed lm_head from compressed-tensors
+    (vllm-project/llm-compressor#1820) and SGLang quantizes lm_head only when a target names it (block
+    FP8 raises NotImplementedError)."""
+    qa = _quantized(ctx)
+    if qa is None or qa.inventory is None:
+        return
+    named = [t for t in qa.spec.targets if "lm_head" in t or "embed" in t]
+    if named:
+        ctx.report(f"targets name {named}: lm_head/embedding quantization is engine-specific", file=CONFIG_FILE,
+                   severity=Severity.WARNING)  # fmt: skip
+    stored = [
+        m.name
+        for m in qa.inventory.modules.values()
+        if m.quantized and (m.name.endswith("lm_head") or m.kind == "embedding")
+    ]
+    if stored:
+        ctx.report(f"stored quantized: {summarize(stored)} (vLLM and SGLang cannot load these)",
+                   tensor=summarize(stored, limit=3), count=len(stored))  # fmt: skip
+
+
+@rule(
+    "WC311",
+    "fused-group-partially-ignored",
+    Severity.ERROR,
+    summary="Some but not all shards of a fused module (q/k/v → qkv_proj, gate/up → gate_up_proj) are ignored.",
+    bad='"ignore": ["model.layers.0.self_attn.q_proj"]   (k_proj and v_proj still quantized)',
+    good='"ignore": ["re:model\\\\.layers\\\\.0\\\\.self_attn\\\\.(q|k|v)_proj$"]   (all three, or none)',
+    needs=("config",),
+)
+def fused_group_partially_ignored(ctx: LintContext) -> None:
+    """vLLM and SGLang load q/k/v into one `qkv_proj` and gate/up into one `gate_up_proj`; all shards must
+    share one scheme. A partial ignore raises "Found a different quantization schemes" (compressed-tensors)
+    or "Detected some but not all shards ... are quantized" (FP8) at startup. The usual cause is an
+    over-reaching regex (`re:.*mlp.gate` also hits `gate_proj` but not `up_proj`)."""
+    qa = _quantized(ctx)
+    if qa is None or qa.inventory is None:
+        return
+    for consumer in _engine_view(qa):
+        partial: list[str] = []
+        for fused, shards in sorted(fused_groups(qa.inventory.modules).items()):
+            flags = {qa.is_ignored(consumer, qa.inventory.modules[s]) for s in shards}
+            if len(flags) == 2:
+                partial.append(fused)
+        if partial:
+            ctx.report(
+                f"{consumer.label}: {len(partial)} fused module(s) have some shards ignored and others not "
+                f"(startup ValueError): {summarize(partial)}",
+                file=CONFIG_FILE,
+                tensor=summarize(partial, limit=3),
+                count=len(partial),
+            )
+
+
+@rule(
+    "WC312",
+    "shard-ignore-needs-fused-name",
+    Severity.ERROR,
+    summary="q/k/v (or gate/up) ignored by shard name for an SGLang class without packed_modules_mapping.",
+    bad='Qwen3ForCausalLM, "ignore": ["model.layers.0.self_attn.q_proj", "...k_proj", "...v_proj"]',
+    good='"ignore": ["model.layers.0.self_attn.qkv_proj"]   or   "re:model\\\\.layers\\\\.0\\\\.self_attn\\\\..*"',
+    needs=("config",),
+)
+def shard_ignore_needs_fused_name(ctx: LintContext) -> None:
+    """SGLang's compressed-tensors path expands a fused module into its shards only when the model class
+    declares `packed_modules_mapping` (Qwen3-MoE does; Qwen2, Qwen3, Llama and GLM4-MoE do not in 0.5.23).
+    For those classes, ignoring q/k/v by shard name still builds `qkv_proj` quantized, and loading the bf16
+    `q_proj.weight` raises `KeyError: '...qkv_proj.weight'` (observed with sglang 0.5.23)."""
+    qa = _quantized(ctx)
+    if qa is None or qa.inventory is None or qa.pattern is None or qa.spec.method != "compressed-tensors":
+        return
+    if qa.pattern.engines.get("sglang_packed_modules_mapping", True):
+        return
+    sglang = get_consumer("sglang")
+    hits: list[str] = []
+    for fused, shards in sorted(fused_groups(qa.inventory.modules).items()):
+        shard_modules = [qa.inventory.modules[s] for s in shards]
+        if all(qa.is_ignored(sglang, m) for m in shard_modules) and not any(
+            sglang.match(fused, e) for e in qa.spec.ignore
+        ):
+            hits.append(fused)
+    if hits:
+        cls = qa.pattern.engines.get("sglang_class", qa.pattern.name)
+        ctx.report(
+            f"SGLang {cls} has no packed_modules_mapping: {len(hits)} fused module(s) whose shards are ignored "
+            f"by shard name are still built quantized (KeyError at load): {summarize(hits)}",
+            file=CONFIG_FILE,
+            tensor=summarize(hits, limit=3),
+            count=len(hits),
+        )
+
+
+@rule(
+    "WC313",
+    "quant-companion-missing",
+    Severity.ERROR,
+    summary="A quantized module lacks a companion its format requires (scale, shape, zero point...).",
+    bad="q_proj.weight_packed without q_proj.weight_scale; FP8 q_proj.weight without weight_scale(_inv)",
+    good="q_proj.weight_packed + weight_scale + weight_shape (+ weight_zero_point when asymmetric)",
+)
+def quant_companion_missing(ctx: LintContext) -> None:
+    """pack-quantized needs `weight_packed`, `weight_scale`, `weight_shape` (+ `weight_zero_point` for
+    asymmetric schemes, `weight_g_idx` with group actorder); float-quantized FP8 needs `weight_scale` (CT) or
+    `weight_scale_inv` (HF block FP8); NVFP4 needs `weight_global_scale`. A missing companion is a KeyError
+    or silent garbage at load."""
+    qa = _quantized(ctx)
+    if qa is None or qa.inventory is None or qa.inventory.from_config_only:
+        return
+    scheme = next((s for s in qa.spec.schemes if s.quantizes_weights), None)
+    groups: dict[str, list[str]] = defaultdict(list)
+    for module in qa.inventory.modules.values():
+        if not module.quantized:
+            continue
+        params = module.params.keys()
+        needed: list[str] = []
+        if "weight_packed" in params:
+            needed = ["weight_scale"]
+            fmt = (scheme.format if scheme else None) or qa.spec.format or ""
+            if "nvfp4" in fmt:
+                needed.append("weight_global_scale")
+            elif "mxfp4" not in fmt:
+                needed.append("weight_shape")
+                if scheme is not None and not scheme.symmetric:
+                    needed.append("weight_zero_point")
+                if scheme is not None and scheme.actorder in ("group", True):
+                    needed.append("weight_g_idx")
+        elif (
+            "weight" in params
+            and module.params["weight"] is not None
+            and module.params["weight"].dtype.startswith("F8")
+        ):
+            if not ({"weight_scale", "weight_scale_inv"} & params):
+                needed = ["weight_scale or weight_scale_inv"]
+        elif "weight_scale" in params and "weight" not in params:
+            needed = ["weight or weight_packed"]
+        for need in needed:
+            if not any(n in params for n in need.split(" or ")):
+                groups[need].append(module.name)
+    for need, names in sorted(groups.items()):
+        ctx.report(f"{len(names)} quantized module(s) lack {need}: {summarize(names)}",
+                   tensor=summarize(names, limit=3), count=len(names))  # fmt: skip
+
+
+@rule(
+    "WC314",
+    "quant-companion-shape",
+    Severity.ERROR,
+    summary="Quantized companions disagree in shape (packed width vs scale groups, block-FP8 scale grid).",
+    bad="weight_packed I32[256, 16] with weight_scale [256, 4] under group_size 128 (16 words = 128 inputs)",
+    good="weight_packed I32[256, 32] (256 inputs) with weight_scale [256, 2] (2 groups of 128)",
+)
+def quant_companion_shape(ctx: LintContext) -> None:
+    """The input width implied by `weight_packed` (32/bits values per int32 word; CT >= 0.18 packs densely)
+    must agree with the scale's group count (`ceil(in / group_size)` columns), rows must match, and for
+    block FP8 the scale grid must be `[ceil(out/b0), ceil(in/b1)]`. Where the architecture pattern gives
+    the expected `[out, in]`, that is checked too. Header-only: `weight_shape` values are not read."""
+    qa = _quantized(ctx)
+    if qa is None or qa.inventory is None or qa.inventory.from_config_only:
+        return
+    scheme = next((s for s in qa.spec.schemes if s.quantizes_weights), None)
+    bad: dict[str, list[str]] = defaultdict(list)
+    for module in qa.inventory.modules.values():
+        msg = _shape_problem(qa, module, scheme)
+        if msg:
+            bad[msg].append(module.name)
+    for msg, names in sorted(bad.items()):
+        ctx.report(f"{msg}: {summarize(names)}", tensor=summarize(names, limit=3), count=len(names))
+
+
+def _shape_problem(qa: QuantAnalysis, module: ModuleInfo, scheme: WeightScheme | None) -> str | None:
+    p = module.params
+    expected = module.expected.shape if module.expected is not None else None
+    packed, scale = p.get("weight_packed"), p.get("weight_scale")
+    if packed is not None and scale is not None and scheme is not None and scheme.num_bits:
+        if len(packed.shape) != 2 or len(scale.shape) != 2:
+            return None
+        out, words = packed.shape
+        if scale.shape[0] != out:
+            return f"weight_scale rows {scale.shape[0]} != weight_packed rows {out}"
+        if expected and len(expected) == 2:
+            if out != expected[0]:
+                return f"weight_packed rows {out} != expected out_features {expected[0]}"
+            want = packed_width(expected[1], scheme.num_bits, qa.spec.version)
+            if packed.dtype == "I32" and words != want:
+                return f"weight_packed has {words} int32 columns, {want} expected for {expected[1]} inputs"
+            if scheme.group_size and scheme.group_size > 0:
+                groups = -(-expected[1] // scheme.group_size)
+                if scale.shape[1] != groups:
+                    return f"weight_scale has {scale.shape[1]} groups, {groups} expected (G={scheme.group_size})"
+        elif scheme.group_size and scheme.group_size > 0 and packed.dtype == "I32":
+            max_in = words * 32 // scheme.num_bits
+            min_in = (words - 1) * 32 // scheme.num_bits + 1
+            lo, hi = -(-min_in // scheme.group_size), -(-max_in // scheme.group_size)
+            if not lo <= scale.shape[1] <= hi:
+                return (
+                    f"weight_scale groups {scale.shape[1]} inconsistent with {words} packed words "
+                    f"(G={scheme.group_size})"
+                )
+        return None
+    weight, inv = p.get("weight"), p.get("weight_scale_inv")
+    block = qa.spec.weight_block_size or (scheme.block_structure if scheme is not None else None)
+    if weight is not None and inv is not None and block and len(weight.shape) == 2 and len(inv.shape) == 2:
+        grid = (-(-weight.shape[0] // block[0]), -(-weight.shape[1] // block[1]))
+        if tuple(inv.shape) != grid:
+            return f"weight_scale_inv {list(inv.shape)} is not the {list(grid)} grid of {block} blocks"
+    if weight is not None and expected and tuple(weight.shape) != tuple(expected) and module.quantized:
+        return f"quantized weight shape {list(weight.shape)} != expected {list(expected)}"
+    return None
+
+
+@rule(
+    "WC315",
+    "experts-mixed-schemes",
+    Severity.ERROR,
+    summary="Experts of one MoE layer are stored with different schemes (some quantized, some not).",
+    bad="model.layers.3.mlp.experts.{0..126}.*.weight_packed, but experts.127.*.weight in bf16",
+    good="all experts of a layer quantized, or all ignored",
+)
+def experts_mixed_schemes(ctx: LintContext) -> None:
+    """vLLM (`get_moe_method`) and SGLang (`get_moe_scheme`) pick one scheme for a whole fused MoE layer by
+    probing expert 0 only; experts stored differently are then loaded with the wrong method — bf16 experts
+    skipped silently (garbage), or quantized ones dropped (bugs.md B24)."""
+    qa = _quantized(ctx)
+    if qa is None or qa.inventory is None or qa.inventory.from_config_only:
+        return
+    per_layer: dict[int, dict[bool, list[str]]] = defaultdict(lambda: defaultdict(list))
+    for module in qa.inventory.modules.values():
+        if module.expert is not None and module.layer is not None and module.quantized is not None:
+            per_layer[module.layer][module.quantized].append(module.name)
+    for layer, split in sorted(per_layer.items()):
+        if len(split) == 2:
+            minority = min(split.values(), key=len)
+            state = "unquantized" if minority is split[False] else "quantized"
+            ctx.report(
+                f"layer {layer}: {len(minority)} expert module(s) are {state} while their siblings are not "
+                f"(engines probe expert 0 for the whole layer): {summarize(minority)}",
+                tensor=summarize(minority, limit=3),
+                count=len(minority),
+            )
+
+
+@rule(
+    "WC316",
+    "ignore-lists-disagree",
+    Severity.WARNING,
+    summary="config.json's ignore list and hf_quant_config.json's exclude_modules differ.",
+    bad='config.json "ignore": ["lm_head"]; hf_quant_config.json "exclude_modules": ["lm_head", "*mlp.gate"]',
+    good="both files carry the same list",
+    needs=("config",),
+)
+def ignore_lists_disagree(ctx: LintContext) -> None:
+    """ModelOpt writes the exclusion list twice under two names; engines read one or the other (miles
+    merges them), so a difference means different consumers skip different modules."""
+    hf = ctx.ckpt.extra_json.get("hf_quant_config.json")
+    if hf is None or not isinstance(hf.data, dict):
+        return
+    exclude = (hf.data.get("quantization") or {}).get("exclude_modules")
+    qc = ctx.ckpt.config_data.get("quantization_config")
+    if not isinstance(exclude, list) or not isinstance(qc, dict):
+        return
+    ignore = qc.get("ignore", qc.get("exclude_modules"))
+    if not isinstance(ignore, list):
+        return
+    only_cfg, only_hf = sorted(set(ignore) - set(exclude)), sorted(set(exclude) - set(ignore))
+    if only_cfg or only_hf:
+        ctx.report(
+            f"ignore lists differ: only in config.json {only_cfg[:6]}, only in hf_quant_config.json {only_hf[:6]}",
+            file="hf_quant_config.json",
+        )
+
+
+@rule(
+    "WC317",
+    "packed-name-not-weight",
+    Severity.ERROR,
+    summary="A `*_packed` tensor whose base is not `weight` (fused 3-D experts quantized as a whole).",
+    bad="model.layers.0.mlp.experts.gate_up_proj_packed",
+    good="model.layers.0.mlp.experts.0.gate_proj.weight_packed",
+)
+def packed_name_not_weight(ctx: LintContext) -> None:
+    """llm-compressor 0.12 quantized transformers-v5 fused 3-D expert tensors without linearizing them,
+    writing `experts.gate_up_proj_packed`; no engine loads these names and vLLM served garbage
+    (vllm-project/llm-compressor#2939, #1914)."""
+    odd = sorted(n for n in ctx.ckpt.tensor_names() if n.endswith("_packed") and not n.endswith(".weight_packed"))
+    if odd:
+        ctx.report(f"{len(odd)} packed tensors are not `<module>.weight_packed`: {summarize(odd)}",
+                   tensor=summarize(odd, limit=3), count=len(odd))  # fmt: skip
+
+
+@rule(
+    "WC318",
+    "ignore-class-name",
+    Severity.INFO,
+    summary="An ignore entry is a class name, honoured by compressed-tensors only.",
+    bad='"ignore": ["Qwen3MoeSparseMoeBlock"]',
+    good='"ignore": ["re:.*mlp$"]   (module names, read by every consumer)',
+    needs=("config",),
+)
+def ignore_class_name(ctx: LintContext) -> None:
+    """compressed-tensors matches ignore entries against module class names too; vLLM and SGLang do not, so
+    the engines will still quantize (or expect quantized) those modules."""
+    qa = _quantized(ctx)
+    if qa is None:
+        return
+    for entry in qa.spec.ignore:
+        if is_class_entry(entry) and entry != "Linear":
+            ctx.report(f"ignore entry {entry!r} is a class name: vLLM and SGLang ignore it", file=CONFIG_FILE,
+                       tensor=entry)  # fmt: skip
