@@ -23,6 +23,8 @@ from collections.abc import Hashable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from functools import lru_cache
 
+from weightcheck.collapse import format_ranges
+
 StageKey = tuple[int, int]
 """A Megatron pipeline stage: `(pp_rank, vp_stage)`; `vp_stage` is 0 without virtual pipelining."""
 
@@ -86,7 +88,7 @@ def _validate_layout(stages: Sequence[str], pp_size: int, num_layers: int, mtp_n
     if flat.count("t") != num_layers:
         raise ValueError(f"pipeline layout holds {flat.count('t')} decoder layers 't' but num_layers is {num_layers}")
     n_mtp = flat.count("m")
-    if mtp_num_layers is not None and n_mtp != mtp_num_layers:
+    if n_mtp != (mtp_num_layers or 0):
         raise ValueError(f"pipeline layout holds {n_mtp} MTP layers 'm' but mtp_num_layers is {mtp_num_layers}")
     if n_mtp and "t" in flat[flat.index("m") :]:
         raise ValueError("pipeline layout places decoder layers after MTP layers")
@@ -112,8 +114,8 @@ class MegatronPipeline:
     otherwise. It is also refused when megatron-core would accept it but build overlapping or missing layers
     (virtual stages with `pp_size == 1`, negative middle stages): a verifier must not trust such a map.
 
-    `vp_size` is detected from `layout` when that is given (as megatron-core does); `mtp_num_layers=None`
-    with a layout means "whatever the layout holds".
+    `vp_size` is detected from `layout` when that is given (as megatron-core does); a layout's `m` count must
+    equal `mtp_num_layers` (None counts as 0, as in megatron-core).
     """
 
     num_layers: int
@@ -143,8 +145,6 @@ class MegatronPipeline:
             if detected > 1:  # megatron-core adopts the detected size only when it is > 1
                 object.__setattr__(self, "vp_size", detected)
             _validate_layout(stages, self.pp_size, self.num_layers, self.mtp_num_layers)
-            if self.mtp_num_layers is None and "m" in "".join(stages):
-                object.__setattr__(self, "mtp_num_layers", "".join(stages).count("m"))
             object.__setattr__(self, "_stages", tuple(stages))
         elif self.uneven:
             self._check_uneven()
@@ -192,10 +192,16 @@ class MegatronPipeline:
                 f"(num_layers {self.num_layers}, pp_size {self.pp_size}, first {self.first_stage_layers}, "
                 f"last {self.last_stage_layers})"
             )
-        if middle_layers < 0:  # megatron-core lets this through when middle stages exist; nothing sane follows
+        if middle_layers < 0 and middle_stages > 0:  # megatron-core lets this through: negative layer counts
             raise ValueError(
                 f"first + last stage layers exceed num_layers {self.num_layers} "
                 f"({self.first_stage_layers} + {self.last_stage_layers})"
+            )
+        if vp is not None and middle_stages == 0 and self.pp_size > 1:
+            # get_transformer_layer_offset divides by the middle stage count here (every release checked).
+            raise ValueError(
+                "megatron-core cannot build virtual pipeline stages with first and last stage counts and no "
+                "middle stage (its offset divides by zero on pp_rank 1); use a pipeline layout instead"
             )
         if middle_stages > 0 and middle_layers % middle_stages:
             raise ValueError(f"{middle_layers} middle layers do not divide over {middle_stages} middle pipeline stages")
@@ -219,24 +225,23 @@ class MegatronPipeline:
 
     def _check_partition(self) -> None:
         """Every decoder layer on exactly one stage: catches what megatron-core accepts but builds wrong."""
-        if self.pp_size == 1 and (self.vp_size or 1) > 1:
-            raise ValueError(
-                "virtual pipeline stages need pp_size > 1 (with pp_size 1 megatron-core gives every chunk "
-                "offset 0, so chunks would overlap)"
-            )
+        # megatron-core skips the offset entirely when pp_size == 1, so virtual chunks there all start at 0.
+        why = " (with pp_size 1 megatron-core gives every virtual stage offset 0)" if self.pp_size == 1 else ""
         seen: dict[int, StageKey] = {}
         for key in self.stage_keys():
             count = self.num_layers_to_build(*key)
             if count < 0:
-                raise ValueError(f"stage {key} would build {count} layers")
+                raise ValueError(f"megatron-core would build {count} layers on stage {key}")
             offset = self.offset(*key)
             for layer in range(offset, offset + count):
-                if layer in seen or not 0 <= layer < self.num_layers:
-                    raise ValueError(f"stage {key} would build layer {layer} (also on {seen.get(layer)})")
+                if layer in seen:
+                    raise ValueError(f"megatron-core would build layer {layer} on stages {seen[layer]} and {key}{why}")
+                if not 0 <= layer < self.num_layers:
+                    raise ValueError(f"megatron-core would build layer {layer} (beyond the model) on stage {key}")
                 seen[layer] = key
         if len(seen) != self.num_layers:
-            missing = sorted(set(range(self.num_layers)) - set(seen))
-            raise ValueError(f"no stage builds layers {missing}")
+            missing = format_ranges(set(range(self.num_layers)) - set(seen))
+            raise ValueError(f"megatron-core would build no stage for layers {missing}{why}")
 
     # -- queries ----------------------------------------------------------------------------------------------
 
@@ -510,6 +515,7 @@ def megatron_owner_stage(
     layout: str | None = None,
     account_for_embedding: bool = False,
     account_for_loss: bool = False,
+    mtp_num_layers: int | None = None,
 ) -> StageKey:
     """The `(pp_rank, vp_stage)` building global decoder layer `global_layer` (not MTP: see `mtp_hf_layer`)."""
     pipe = _pipeline(
@@ -521,7 +527,7 @@ def megatron_owner_stage(
         layout,
         account_for_embedding,
         account_for_loss,
-        None,
+        mtp_num_layers,
     )
     return pipe.owner(global_layer)
 

@@ -27,6 +27,7 @@ Megatron stages are listed rank-major (`(pp_rank, vp_stage)` sorted); `ranges` i
 from __future__ import annotations
 
 import json
+import re
 import sys
 from typing import Any
 
@@ -227,7 +228,8 @@ def render_text(doc: dict[str, Any], *, rich: bool) -> str | None:
 
         console = Console(highlight=False)
         for title, header, rows in tables:
-            table = Table(title=title, title_justify="left")
+            console.print(title, style="bold", soft_wrap=True)  # a table title would wrap to the table width
+            table = Table()
             for col in header:
                 table.add_column(col)
             for row in rows:
@@ -257,6 +259,9 @@ def _usage_error(exc: ValueError, pipe_kwargs: dict[str, Any]) -> click.UsageErr
         hint = suggest_uneven_split(pipe_kwargs["num_layers"], pipe_kwargs["pp_size"], pipe_kwargs["vp_size"])
         if hint:
             message += f" (e.g. --first-stage-layers {hint[0]} --last-stage-layers {hint[1]})"
+    mtp = re.search(r"holds (\d+) MTP layers", message)
+    if pipe_kwargs["layout"] and mtp:
+        message += f" (pass --mtp {mtp.group(1)})"
     return click.UsageError(message)
 
 
