@@ -43,5 +43,22 @@ def broken_moe_export() -> None:
     index_path.write_text(json.dumps(index, indent=2) + "\n")
 
 
+def glm_router_packed() -> None:
+    """bugs.md B1: a GLM-style MoE quantized to W4A16 by llm-compressor, then the routers packed the way an
+    online INT4 quantizer with ignore = ["lm_head"] packs every 2-D weight (compressed-tensors' own
+    `pack_to_int32`). SGLang drops the router's quantized names silently: routing on garbage."""
+    import sys
+
+    sys.path.insert(0, str(ROOT.parent / "tests"))
+    from quantized import build_quantized, quantize_modules_in_place, set_ignore
+
+    out = ROOT / "tiny-glm4-moe-w4a16-router-packed"
+    shutil.rmtree(out, ignore_errors=True)
+    build_quantized("glm4_moe", "W4A16", out)
+    quantize_modules_in_place(out, ["model.layers.1.mlp.gate", "model.layers.2.mlp.gate"])
+    set_ignore(out, ["lm_head"])
+
+
 if __name__ == "__main__":
     broken_moe_export()
+    glm_router_packed()

@@ -99,3 +99,31 @@ def write_index(path: Path, index: dict) -> None:
 
 def shards(path: Path) -> list[Path]:
     return sorted(path.glob("model-*.safetensors"))
+
+
+@pytest.fixture(scope="session")
+def _built_quantized(tmp_path_factory: pytest.TempPathFactory) -> Callable[..., Path]:
+    from quantized import build_quantized
+
+    cache: dict[tuple, Path] = {}
+
+    def get(family: str, scheme: str, ignore: tuple[str, ...] | None = None) -> Path:
+        key = (family, scheme, ignore)
+        if key not in cache:
+            out = tmp_path_factory.mktemp(f"q-{family}-{scheme}") / f"{family}-{scheme}"
+            cache[key] = build_quantized(family, scheme, out, list(ignore) if ignore else None)
+        return cache[key]
+
+    return get
+
+
+@pytest.fixture
+def make_quant(_built_quantized: Callable[..., Path], tmp_path: Path) -> Callable[..., Path]:
+    """`make_quant("qwen3_moe", "W4A16")` → a private copy of a real llm-compressor checkpoint."""
+
+    def make(family: str, scheme: str, ignore: tuple[str, ...] | None = None) -> Path:
+        dest = tmp_path / f"{family}-{scheme}-{len(list(tmp_path.iterdir()))}"
+        shutil.copytree(_built_quantized(family, scheme, ignore), dest)
+        return dest
+
+    return make

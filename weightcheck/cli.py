@@ -97,9 +97,28 @@ def cli() -> None:
 
 @cli.command()
 @click.argument("target", type=click.Path(path_type=Path))
+@click.option("--pattern", default=None, help="Architecture pattern name or TOML file (default: detected).")
+@click.option("--content", is_flag=True, help="Also read tensor data: NaN/Inf, zeros, bad scales, tied weights.")
+@click.option(
+    "--hash",
+    "hash_out",
+    type=click.Path(dir_okay=False, path_type=Path),
+    default=None,
+    help="With --content: write a per-tensor digest manifest (JSON) to this file.",
+)
+@click.option(
+    "--against-manifest",
+    type=click.Path(dir_okay=False, path_type=Path),
+    default=None,
+    help="With --content: compare per-tensor digests with this manifest.",
+)
 @output_options
 def lint(
     target: Path,
+    pattern: str | None,
+    content: bool,
+    hash_out: Path | None,
+    against_manifest: Path | None,
     fmt: str | None,
     select: tuple[str, ...],
     ignore: tuple[str, ...],
@@ -110,11 +129,25 @@ def lint(
     color: bool | None,
     verbose: bool,
 ) -> None:
-    """Lint a checkpoint directory (or a config.json) without reading tensor data."""
+    """Lint a checkpoint directory (or a config.json). Header-only unless --content is given."""
     from weightcheck.lint import lint as run_lint
+    from weightcheck.patterns import PatternError
 
     settings = resolve_settings(target, config_path, select=select, ignore=ignore, fail_on=fail_on, fmt=fmt)
-    result = run_lint(target, select=settings.select, ignore=settings.ignore)
+    if (hash_out or against_manifest) and not content:
+        raise click.UsageError("--hash and --against-manifest need --content")
+    options = {
+        "pattern": pattern or settings.pattern,
+        "content": content,
+        "hash_out": hash_out,
+        "against_manifest": against_manifest,
+        # Progress bars only for a human watching text output.
+        "progress": settings.format == "text" and bool(getattr(output, "isatty", lambda: False)()),
+    }
+    try:
+        result = run_lint(target, select=settings.select, ignore=settings.ignore, options=options)
+    except PatternError as exc:
+        raise click.UsageError(str(exc)) from None
     finish(result, settings, output, exit_zero=exit_zero, color=color, verbose=verbose)
 
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from collections import defaultdict
 
-from weightcheck.collapse import summarize
+from weightcheck.collapse import ids_pattern, summarize
 from weightcheck.findings import Severity
 from weightcheck.quant.analysis import PARAM_SUFFIXES, QuantAnalysis, analyze_checkpoint, is_class_entry, regex_error
 from weightcheck.quant.config import WeightScheme, packed_width, validate_ct_mirror, validate_with_compressed_tensors
@@ -188,9 +188,11 @@ def ignore_regex_overreach(ctx: LintContext) -> None:
             continue
         hits = [m for m in modules if regex_match(entry[3:], m) and overreach(entry[3:], m)]
         if hits:
+            layers = sorted({qa.inventory.modules[m].layer for m in hits} - {None})
+            where = f"layers {ids_pattern(layers)}: " if layers else ""
             ctx.report(
                 f"ignore entry {entry!r} also captures {len(hits)} module(s) whose names only extend the "
-                f"intended one: {summarize(hits, limit=4)}",
+                f"intended one ({where}{summarize(hits, limit=3)})",
                 file=CONFIG_FILE,
                 tensor=entry,
                 count=len(hits),
@@ -337,6 +339,8 @@ def non_linear_not_ignored(ctx: LintContext) -> None:
             continue
         if module.weight_ndim() not in (None, 2) or module.quantized:
             continue  # stored quantized is WC308/WC310's business
+        if qa.inventory.from_config_only and module.expected is not None and module.expected.spec.optional:
+            continue  # config-only: optional modules (MTP head copies) may not exist at all
         affected: list[Consumer] = []
         for consumer in qa.consumers:
             builds_quantized = consumer.quantizes_online or (
@@ -568,12 +572,14 @@ def _shape_problem(qa: QuantAnalysis, module: ModuleInfo, scheme: WeightScheme |
                     f"(G={scheme.group_size})"
                 )
         return None
-    weight, inv = p.get("weight"), p.get("weight_scale_inv")
+    weight = p.get("weight")
+    # HF block FP8 stores `weight_scale_inv`; compressed-tensors FP8_BLOCK stores `weight_scale`.
+    inv = p.get("weight_scale_inv", p.get("weight_scale"))
     block = qa.spec.weight_block_size or (scheme.block_structure if scheme is not None else None)
     if weight is not None and inv is not None and block and len(weight.shape) == 2 and len(inv.shape) == 2:
         grid = (-(-weight.shape[0] // block[0]), -(-weight.shape[1] // block[1]))
         if tuple(inv.shape) != grid:
-            return f"weight_scale_inv {list(inv.shape)} is not the {list(grid)} grid of {block} blocks"
+            return f"block scale {list(inv.shape)} is not the {list(grid)} grid of {block} blocks"
     if weight is not None and expected and tuple(weight.shape) != tuple(expected) and module.quantized:
         return f"quantized weight shape {list(weight.shape)} != expected {list(expected)}"
     return None

@@ -1,0 +1,86 @@
+"""`weightcheck explain-ignore`: per ignore entry, what each consumer matches, and where they disagree."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import click
+
+from weightcheck.cli import cli
+from weightcheck.collapse import summarize
+from weightcheck.findings import EXIT_NOTHING_CHECKED
+
+
+def explain(path: Path, pattern: str | None = None) -> dict[str, Any]:
+    """The explanation as a document (also what --format json prints)."""
+    from weightcheck.checkpoint import load_checkpoint
+    from weightcheck.quant.analysis import analyze_checkpoint
+
+    qa = analyze_checkpoint(load_checkpoint(path), pattern)
+    doc: dict[str, Any] = {"target": str(path), "notes": qa.notes, "entries": []}
+    if qa.spec is None:
+        doc["error"] = "no quantization config found"
+        return doc
+    doc.update(method=qa.spec.method, source=qa.spec.source, field=qa.spec.ignore_field)
+    if qa.inventory is None:
+        doc["error"] = "no modules to match against (no tensors and no architecture pattern)"
+        return doc
+    modules = sorted(qa.inventory.modules)
+    params = qa.inventory.params
+    for entry in qa.spec.ignore:
+        per: dict[str, Any] = {}
+        module_sets: dict[str, frozenset[str]] = {}
+        for consumer in qa.consumers:
+            if consumer.level == "param":
+                hits = [p for p in params if consumer.match(p, entry)]
+                covered = frozenset(p.rsplit(".", 1)[0] for p in hits if p.endswith(".weight"))
+            else:
+                hits = [m for m in modules if consumer.match(m, entry)]
+                covered = frozenset(hits)
+            module_sets[consumer.key] = covered
+            per[consumer.key] = {"label": consumer.label, "level": consumer.level, "count": len(hits),
+                                 "matches": summarize(hits, limit=4) if hits else ""}  # fmt: skip
+        distinct = {s for s in module_sets.values()}
+        doc["entries"].append({"entry": entry, "consumers": per, "agree": len(distinct) <= 1})
+    return doc
+
+
+@cli.command("explain-ignore")
+@click.argument("target", type=click.Path(path_type=Path))
+@click.option("--pattern", default=None, help="Architecture pattern (default: detected from config.json).")
+@click.option("--format", "fmt", type=click.Choice(["text", "json"]), default="text")
+def explain_ignore(target: Path, pattern: str | None, fmt: str) -> None:
+    """Show, per ignore entry, which modules each consumer (compressed-tensors, vLLM, SGLang by version,
+    transformers, slime/miles online quantizers) matches, and where they disagree."""
+    from weightcheck.patterns import PatternError
+
+    if not target.exists():
+        click.echo(f"{target}: no such file or directory", err=True)
+        raise SystemExit(EXIT_NOTHING_CHECKED)
+    try:
+        doc = explain(target, pattern)
+    except PatternError as exc:
+        raise click.UsageError(str(exc)) from None
+    if fmt == "json":
+        click.echo(json.dumps(doc, indent=2))
+    else:
+        _print_text(doc)
+    if "error" in doc:
+        raise SystemExit(EXIT_NOTHING_CHECKED)
+
+
+def _print_text(doc: dict[str, Any]) -> None:
+    if "error" in doc:
+        click.echo(f"{doc['target']}: {doc['error']}")
+        return
+    click.echo(f"{doc['method']} ignore list ({doc['source']} → {doc['field']}), {len(doc['entries'])} entries")
+    for item in doc["entries"]:
+        flag = "" if item["agree"] else "   ← consumers disagree"
+        click.echo(f"\n{item['entry']!r}{flag}")
+        for info in item["consumers"].values():
+            what = f"{info['count']:>5} {info['level']}s  {info['matches']}" if info["count"] else "    — nothing"
+            click.echo(f"  {info['label']:<52} {what}")
+    for note in doc["notes"]:
+        click.echo(f"\nnote: {note}")
