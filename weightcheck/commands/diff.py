@@ -1,0 +1,85 @@
+"""`weightcheck diff A B`: registered on the CLI group when weightcheck.cli loads its command modules."""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+from typing import Any
+
+import click
+
+from weightcheck.cli import cli, finish, output_options, resolve_settings
+
+
+@cli.command()
+@click.argument("reference", type=click.Path(path_type=Path))
+@click.argument("candidate", type=click.Path(path_type=Path))
+@click.option(
+    "--map",
+    "maps",
+    multiple=True,
+    help="Name map: a file of `pattern_a -> pattern_b` lines (`*` wildcards), or one inline rule. Repeatable.",
+)
+@click.option(
+    "--policy",
+    "policy_path",
+    type=click.Path(dir_okay=False, path_type=Path),
+    default=None,
+    help="Comparison policy file: `<regex> <tier> [key=value]` lines, tried before the built-in rules.",
+)
+@click.option(
+    "--allow-skip",
+    multiple=True,
+    help="Tensors (glob with `*`, or `re:REGEX`) that may be skipped or missing without failing. Repeatable.",
+)
+@click.option("--progress/--no-progress", default=None, help="Progress bar on stderr (default: on a terminal).")
+@output_options
+def diff(
+    reference: Path,
+    candidate: Path,
+    maps: tuple[str, ...],
+    policy_path: Path | None,
+    allow_skip: tuple[str, ...],
+    progress: bool | None,
+    fmt: str | None,
+    select: tuple[str, ...],
+    ignore: tuple[str, ...],
+    fail_on: str | None,
+    exit_zero: bool,
+    config_path: Path | None,
+    output: Any,
+    color: bool | None,
+    verbose: bool,
+) -> None:
+    """Compare checkpoint CANDIDATE against REFERENCE tensor by tensor (either may be quantized).
+
+    Lossless paths must be bit-exact; quantized tensors are dequantized and compared within one ULP of
+    their format per element; every mismatch is classified (shifted, transposed, never written...).
+    """
+    from weightcheck.compare.policy import PolicyError, load_policy
+    from weightcheck.diff import DiffOptions, NameMapError, internal_error, load_name_map
+    from weightcheck.diff import diff as run_diff
+
+    settings = resolve_settings(reference, config_path, select=select, ignore=ignore, fail_on=fail_on, fmt=fmt)
+    base_dir = Path(settings.source).parent if settings.source else None
+    try:
+        name_maps = [rule for spec in (*settings.map, *maps) for rule in load_name_map(spec, base_dir)]
+        policy_rules = load_policy(policy_path) if policy_path else []
+    except (NameMapError, PolicyError) as exc:
+        raise click.UsageError(str(exc)) from None
+    if progress is None:
+        # Machine formats and redirected output stay silent.
+        progress = settings.format == "text" and sys.stderr.isatty()
+    options = DiffOptions(
+        maps=name_maps,
+        policy_rules=policy_rules,
+        allow_skip=[*settings.allow_skip, *allow_skip],
+        select=settings.select,
+        ignore=settings.ignore,
+        progress=progress,
+    )
+    try:
+        result = run_diff(reference, candidate, options)
+    except Exception as exc:  # a bug must surface as exit 2 with the usual report, not a traceback
+        result = internal_error(f"{reference} vs {candidate}", exc)
+    finish(result, settings, output, exit_zero=exit_zero, color=color, verbose=verbose)

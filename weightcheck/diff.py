@@ -1,0 +1,592 @@
+"""`weightcheck diff A B`: compare two checkpoints tensor by tensor, and explain every mismatch.
+
+A is the reference, B the candidate; either may be quantized (a quantized module's stored parts are
+folded into one logical `P.weight`, dequantized on the fly). Tensors are paired by name after an
+optional name map, compared under the policy (weightcheck.compare.policy), and failures classified
+(weightcheck.compare.classify). Everything is streamed: two tensors' pages and a few row blocks are
+resident at a time.
+
+Coverage is first-class (`Result.checked`): compared = equal + within tolerance + failed; skipped
+(with a reason) and tensors only in A or only in B are counted apart. A skip must be allowed
+(`--allow-skip PATTERN`); an unexpected one is an error.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import sys
+import traceback
+from collections import defaultdict
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from weightcheck.checkpoint import load_checkpoint
+from weightcheck.collapse import format_ranges, summarize
+from weightcheck.findings import INTERNAL_ERROR_CODE, Finding, Location, Result, Severity
+
+if TYPE_CHECKING:
+    from weightcheck.compare.classify import Classification, ReferenceIndex
+    from weightcheck.compare.engine import Verdict
+    from weightcheck.compare.operands import Operand
+    from weightcheck.compare.policy import Policy, PolicyRule
+    from weightcheck.dequant import QuantizedTensor
+    from weightcheck.tensors import TensorStore
+
+# Parameters that exist only on a quantized side (activation / KV-cache quantization): a tensor of A
+# cannot correspond to them, so being only in one checkpoint is expected (reported as info).
+_ACTIVATION_PARAM = re.compile(r"(^|\.)(input|output|q|k|v)_(scale|zero_point|global_scale)$")
+_LAYER_WORDS = ("layers", "layer", "h", "blocks", "block")
+_ACTIVATION_NOTE = "activation/KV-cache quantization parameter: expected on a quantized side only"
+# Per finding, at most this many tensors carry their own evidence in `details`.
+_EVIDENCE_LIMIT = 50
+
+
+class NameMapError(ValueError):
+    """A name map that cannot be parsed (usage error)."""
+
+
+# ---- name maps ----------------------------------------------------------------------------------
+@dataclass(frozen=True)
+class NameMapRule:
+    """`pattern_a -> pattern_b`: each `*` in pattern_a captures a non-empty run (dots included), and
+    the captures fill pattern_b's `*` in order."""
+
+    pattern_a: str
+    pattern_b: str
+    source: str = "built-in"
+
+    @property
+    def regex(self) -> re.Pattern[str]:
+        return _glob_regex(self.pattern_a, capture=True)
+
+    def apply(self, name: str) -> str | None:
+        match = self.regex.fullmatch(name)
+        if match is None:
+            return None
+        pieces = self.pattern_b.split("*")
+        out = pieces[0]
+        for group, piece in zip(match.groups(), pieces[1:], strict=True):
+            out += group + piece
+        return out
+
+
+_REGEX_CACHE: dict[tuple[str, bool], re.Pattern[str]] = {}
+
+
+def _glob_regex(pattern: str, *, capture: bool) -> re.Pattern[str]:
+    key = (pattern, capture)
+    if key not in _REGEX_CACHE:
+        if pattern.startswith("re:"):
+            _REGEX_CACHE[key] = re.compile(pattern[3:])
+        else:
+            star = "(.+?)" if capture else ".*"
+            _REGEX_CACHE[key] = re.compile("".join(star if c == "*" else re.escape(c) for c in pattern))
+    return _REGEX_CACHE[key]
+
+
+def parse_name_map(text: str, source: str = "map") -> list[NameMapRule]:
+    """Lines `pattern_a -> pattern_b` (`#` comments). Raises NameMapError naming the line."""
+    rules: list[NameMapRule] = []
+    for number, raw in enumerate(text.splitlines(), start=1):
+        line = raw.split("#", 1)[0].strip()
+        if not line:
+            continue
+        left, arrow, right = line.partition("->")
+        left, right = left.strip(), right.strip()
+        where = f"{source}:{number}"
+        if not arrow or not left or not right or " " in left or " " in right:
+            raise NameMapError(f"{where}: expected `pattern_a -> pattern_b`, got {raw.strip()!r}")
+        if left.count("*") != right.count("*"):
+            raise NameMapError(f"{where}: both sides need the same number of `*` ({left!r} -> {right!r})")
+        rules.append(NameMapRule(left, right, where))
+    return rules
+
+
+def load_name_map(spec: str, base_dir: Path | None = None) -> list[NameMapRule]:
+    """A map file path, or one inline `a -> b` rule (as written in [tool.weightcheck] map)."""
+    if "->" in spec:
+        return parse_name_map(spec, source="inline map")
+    path = Path(spec)
+    if not path.is_absolute() and base_dir is not None and not path.exists():
+        path = base_dir / path
+    try:
+        text = path.read_text(encoding="utf-8")
+    except (OSError, UnicodeDecodeError) as exc:
+        raise NameMapError(f"cannot read name map {spec}: {exc}") from None
+    return parse_name_map(text, source=str(path))
+
+
+def builtin_name_maps(config: Mapping[str, Any]) -> list[NameMapRule]:
+    """Name maps known for a model family (hook for the patterns package; none yet)."""
+    return []
+
+
+def map_name(name: str, rules: Iterable[NameMapRule]) -> str:
+    for rule in rules:
+        mapped = rule.apply(name)
+        if mapped is not None:
+            return mapped
+    return name
+
+
+def skip_allowed(name: str, patterns: Iterable[str]) -> str | None:
+    """The first `--allow-skip` pattern (glob with `*`, or `re:` regex) matching the whole name."""
+    for pattern in patterns:
+        if _glob_regex(pattern, capture=False).fullmatch(name):
+            return pattern
+    return None
+
+
+# ---- logical view of a checkpoint ---------------------------------------------------------------
+@dataclass
+class LogicalCheckpoint:
+    """A checkpoint's logical tensors: stored tensors, plus quantized modules folded into `P.weight`."""
+
+    path: Path
+    store: TensorStore
+    plain: dict[str, str] = field(default_factory=dict)  # logical name → stored name
+    quantized: dict[str, QuantizedTensor] = field(default_factory=dict)
+    unavailable: dict[str, tuple[str, str]] = field(default_factory=dict)  # name → (code, reason)
+    order: list[str] = field(default_factory=list)
+
+    def names(self) -> list[str]:
+        return self.order
+
+    def operand(self, name: str) -> Operand | None:
+        from weightcheck.compare.operands import PlainOperand, QuantOperand
+
+        if name in self.quantized:
+            return QuantOperand(self.store, self.quantized[name])
+        if name in self.plain:
+            return PlainOperand(self.store, self.plain[name], name)
+        return None
+
+    def nbytes(self, name: str) -> int:
+        if name in self.quantized:
+            return sum(self.store.info(s).nbytes for s in self.quantized[name].parts.values())
+        if name in self.plain:
+            return self.store.info(self.plain[name]).nbytes
+        return 0
+
+    def close(self) -> None:
+        self.store.close()
+
+
+def load_logical(path: Path) -> LogicalCheckpoint:
+    from weightcheck.dequant import COMPANION_SUFFIXES, find_quantized
+    from weightcheck.tensors import TensorReadError, TensorStore
+
+    ckpt = load_checkpoint(path)
+    store = TensorStore(ckpt)
+    view = LogicalCheckpoint(path=path, store=store)
+    readable = store.names()
+    infos = {n: store.info(n) for n in readable}
+
+    def read_small(stored: str) -> Any:
+        try:
+            return store.get(stored)
+        except TensorReadError as exc:
+            from weightcheck.dequant import QuantFormatError
+
+            raise QuantFormatError(f"cannot read {stored}: {exc}") from None
+
+    quantized, malformed = find_quantized(infos, ckpt.config_data, read_small)
+    consumed = {stored for qt in quantized.values() for stored in qt.parts.values()}
+    for module, reason in malformed.items():
+        name = f"{module}.weight" if module else "weight"
+        view.unavailable[name] = ("WC717", reason)
+        prefix = f"{module}." if module else ""
+        consumed.update(n for n in infos if n.startswith(prefix) and n[len(prefix) :].startswith("weight"))
+    for stored, reason in store.unreadable().items():
+        module, _, leaf = stored.rpartition(".")
+        if leaf in COMPANION_SUFFIXES:  # a lost quantization part: the module's weight is what is lost
+            logical = f"{module}.weight" if module else "weight"
+            quantized.pop(logical, None)
+            view.unavailable.setdefault(logical, ("WC715", reason))
+        else:
+            view.unavailable.setdefault(stored, ("WC715", reason))
+    view.quantized = quantized
+    position = {stored: i for i, stored in enumerate(readable)}
+    order: list[tuple[int, str]] = []
+    for stored in readable:
+        if stored not in consumed and stored not in quantized and stored not in view.unavailable:
+            view.plain[stored] = stored
+            order.append((position[stored], stored))
+    for name, qt in quantized.items():
+        order.append((min(position[s] for s in qt.parts.values()), name))
+    view.order = [n for _, n in sorted(order)] + sorted(n for n in view.unavailable if n not in view.plain)
+    return view
+
+
+# ---- the diff -----------------------------------------------------------------------------------
+@dataclass
+class _Outcome:
+    name_a: str
+    name_b: str
+    status: str
+    verdict: Verdict | None = None
+    klass: str | None = None
+    message: str = ""
+    evidence: dict[str, Any] = field(default_factory=dict)
+    reason: str = ""
+    code: str | None = None
+    allowed_by: str | None = None
+    shape: tuple[int, ...] = ()
+
+
+@dataclass
+class DiffOptions:
+    maps: list[NameMapRule] = field(default_factory=list)
+    policy_rules: list[PolicyRule] = field(default_factory=list)
+    allow_skip: list[str] = field(default_factory=list)
+    select: list[str] = field(default_factory=lambda: ["ALL"])
+    ignore: list[str] = field(default_factory=list)
+    progress: bool = False
+
+
+def diff(path_a: str | os.PathLike[str], path_b: str | os.PathLike[str], options: DiffOptions | None = None) -> Result:
+    """Compare checkpoint B against reference A. Never raises for bad input: problems are findings."""
+    opts = options or DiffOptions()
+    a_path, b_path = Path(path_a), Path(path_b)
+    result = Result(target=f"{a_path} vs {b_path}", command="diff")
+    for label, path in (("A", a_path), ("B", b_path)):
+        if not path.exists():
+            result.nothing_checked = True
+            result.notes.append(f"checkpoint {label} {path}: no such file or directory")
+    if result.nothing_checked:
+        return result
+    view_a = load_logical(a_path)
+    view_b = load_logical(b_path)
+    try:
+        for label, view in (("A", view_a), ("B", view_b)):
+            if not view.order:
+                result.nothing_checked = True
+                result.notes.append(f"checkpoint {label} {view.path}: no tensors to compare")
+        if result.nothing_checked:
+            return result
+        return _run(view_a, view_b, opts, result)
+    finally:
+        view_a.close()
+        view_b.close()
+
+
+def _run(view_a: LogicalCheckpoint, view_b: LogicalCheckpoint, opts: DiffOptions, result: Result) -> Result:
+    from weightcheck.compare.classify import ReferenceIndex
+    from weightcheck.compare.policy import Policy
+
+    policy = Policy.with_user_rules(opts.policy_rules)
+    maps = [*opts.maps, *builtin_name_maps(view_a.store.ckpt.config_data)]
+    b_names = set(view_b.names())
+    pairs: list[tuple[str, str]] = []
+    only_a: list[str] = []
+    paired_b: set[str] = set()
+    for name in view_a.names():
+        target = map_name(name, maps)
+        if target in b_names and target not in paired_b:
+            pairs.append((name, target))
+            paired_b.add(target)
+        else:
+            only_a.append(name)
+    only_b = [n for n in view_b.names() if n not in paired_b]
+    reference = ReferenceIndex([n for n in view_a.names() if n not in view_a.unavailable], view_a.operand)
+
+    outcomes: list[_Outcome] = []
+    progress = _Progress(sum(view_a.nbytes(a) + view_b.nbytes(b) for a, b in pairs)) if opts.progress else None
+    try:
+        for name_a, name_b in pairs:
+            outcomes.append(_compare_one(view_a, view_b, name_a, name_b, policy, reference, opts))
+            if progress is not None:
+                progress.advance(view_a.nbytes(name_a) + view_b.nbytes(name_b), name_a)
+    finally:
+        if progress is not None:
+            progress.close()
+
+    result.findings = _findings(outcomes, only_a, only_b, opts)
+    counts = defaultdict(int)
+    for outcome in outcomes:
+        counts[outcome.status] += 1
+    compared = counts["equal"] + counts["within_tolerance"] + counts["failed"]
+    result.checked = {
+        "tensors": len(pairs) + len(only_a) + len(only_b),
+        "compared": compared,
+        "equal": counts["equal"],
+        "within_tolerance": counts["within_tolerance"],
+        "failed": counts["failed"],
+        "skipped": counts["skipped"],
+        "only_in_a": len(only_a),
+        "only_in_b": len(only_b),
+        "tensors_a": len(view_a.names()),
+        "tensors_b": len(view_b.names()),
+        "bytes_read": view_a.store.bytes_read + view_b.store.bytes_read,
+    }
+    result.notes.append(
+        "coverage: "
+        + ", ".join(
+            f"{v} {k.replace('_', ' ')}" for k, v in result.checked.items() if k not in ("tensors", "bytes_read")
+        )
+    )
+    return result
+
+
+def _compare_one(
+    view_a: LogicalCheckpoint,
+    view_b: LogicalCheckpoint,
+    name_a: str,
+    name_b: str,
+    policy: Policy,
+    reference: ReferenceIndex,
+    opts: DiffOptions,
+) -> _Outcome:
+    from weightcheck.compare.classify import classify
+    from weightcheck.compare.engine import FAILED, compare_pair
+    from weightcheck.dequant import QuantFormatError
+    from weightcheck.tensors import TensorReadError
+
+    outcome = _Outcome(name_a, name_b, "skipped")
+    for view, name in ((view_a, name_a), (view_b, name_b)):
+        if name in view.unavailable:
+            code, reason = view.unavailable[name]
+            side = "A" if view is view_a else "B"
+            return _skip(outcome, f"{side}: {reason}", code, opts)
+    rule = policy.rule_for(name_a)
+    if rule is None:
+        return _skip(outcome, "no comparison policy rule matches this name", "WC716", opts)
+    a, b = view_a.operand(name_a), view_b.operand(name_b)
+    assert a is not None and b is not None
+    outcome.shape = a.shape
+    try:
+        verdict = compare_pair(a, b, rule)
+        outcome.verdict = verdict
+        outcome.status = verdict.status
+        outcome.klass = verdict.klass
+        outcome.message = verdict.message
+        outcome.evidence = dict(verdict.evidence)
+        if verdict.status == FAILED:
+            found: Classification = classify(a, b, verdict, rule, reference)
+            outcome.klass, outcome.message, outcome.evidence = found.klass, found.message, found.evidence
+    except (TensorReadError, QuantFormatError) as exc:
+        code = "WC717" if isinstance(exc, QuantFormatError) else "WC715"
+        return _skip(outcome, str(exc), code, opts)
+    finally:
+        a.release()
+        b.release()
+    return outcome
+
+
+def _skip(outcome: _Outcome, reason: str, code: str, opts: DiffOptions) -> _Outcome:
+    outcome.status = "skipped"
+    outcome.reason = reason
+    outcome.code = code
+    outcome.allowed_by = skip_allowed(outcome.name_a, opts.allow_skip) or skip_allowed(outcome.name_b, opts.allow_skip)
+    return outcome
+
+
+# ---- findings -----------------------------------------------------------------------------------
+def _layer_of(name: str) -> int | None:
+    parts = name.split(".")
+    for i, part in enumerate(parts[:-1]):
+        if part in _LAYER_WORDS and parts[i + 1].isdigit():
+            return int(parts[i + 1])
+    return None
+
+
+def _finding(code: str, severity: Severity | None, message: str, names: list[str], details: dict[str, Any]) -> Finding:
+    from weightcheck.rules import get_rule
+
+    rule = get_rule(code)
+    assert rule is not None, code
+    return Finding(
+        code=code,
+        name=rule.name,
+        severity=severity or rule.severity,
+        message=message,
+        location=Location(tensor=summarize(names, limit=4)),
+        count=len(names),
+        details=details,
+    )
+
+
+def _tensor_evidence(outcome: _Outcome) -> dict[str, Any]:
+    item: dict[str, Any] = {"tensor": outcome.name_a}
+    if outcome.name_b != outcome.name_a:
+        item["tensor_b"] = outcome.name_b
+    if outcome.message:
+        item["message"] = outcome.message
+    if outcome.evidence:
+        item["evidence"] = outcome.evidence
+    verdict = outcome.verdict
+    if verdict is not None:
+        item["tier"] = verdict.tier
+        if verdict.metrics is not None:
+            item["metrics"] = verdict.metrics.as_dict(outcome.shape)
+    return item
+
+
+def _findings(outcomes: list[_Outcome], only_a: list[str], only_b: list[str], opts: DiffOptions) -> list[Finding]:
+    from weightcheck.lint import selected_rules
+    from weightcheck.rules.content import DIFF_CLASS_CODES
+
+    findings: list[Finding] = []
+    by_class: dict[str, list[_Outcome]] = defaultdict(list)
+    skips: dict[tuple[str, str, bool], list[_Outcome]] = defaultdict(list)
+    for outcome in outcomes:
+        if outcome.status == "skipped":
+            skips[(outcome.code or "WC715", outcome.reason, outcome.allowed_by is not None)].append(outcome)
+        elif outcome.status in ("failed", "within_tolerance") and outcome.klass:
+            by_class[outcome.klass].append(outcome)
+    for klass, items in sorted(by_class.items()):
+        code = DIFF_CLASS_CODES.get(klass, "WC701")
+        groups: dict[tuple[int, ...], list[_Outcome]] = defaultdict(list)
+        if items[0].status == "failed":
+            # One finding per class and layer set, so a swap of layers 0 and 1 reads as one finding.
+            layers_by_tensor = defaultdict(set)
+            for o in items:
+                layers_by_tensor[_strip_layer(o.name_a)].add(_layer_of(o.name_a))
+            for o in items:
+                key = tuple(sorted(x for x in layers_by_tensor[_strip_layer(o.name_a)] if x is not None))
+                groups[key].append(o)
+        else:
+            groups[()] = items
+        for layers, group in sorted(groups.items()):
+            findings.append(_class_finding(code, klass, layers, group))
+    for (code, reason, allowed), items in sorted(skips.items()):
+        names = [o.name_a for o in items]
+        severity = Severity.INFO if allowed else None
+        how = f"allowed by --allow-skip {items[0].allowed_by}" if allowed else "not allowed by --allow-skip"
+        message = f"not compared: {reason} ({how})"
+        if code == "WC717":
+            message = f"quantized tensor cannot be dequantized: {reason}"
+            if allowed:
+                message += f" (allowed by --allow-skip {items[0].allowed_by})"
+        findings.append(_finding(code, severity, message, names, {"reason": reason, "allowed": allowed}))
+    findings.extend(_only_findings("WC713", "A", only_a, opts))
+    findings.extend(_only_findings("WC714", "B", only_b, opts))
+    codes = {r.code for r in selected_rules(opts.select, opts.ignore, command="diff")}
+    return [f for f in findings if f.code in codes or f.code == INTERNAL_ERROR_CODE]
+
+
+def _strip_layer(name: str) -> str:
+    parts = name.split(".")
+    for i, part in enumerate(parts[:-1]):
+        if part in _LAYER_WORDS and parts[i + 1].isdigit():
+            parts[i + 1] = "*"
+            break
+    return ".".join(parts)
+
+
+def _class_finding(code: str, klass: str, layers: tuple[int, ...], group: list[_Outcome]) -> Finding:
+    names = [o.name_a for o in group]
+    details: dict[str, Any] = {"class": klass, "tensors": [_tensor_evidence(o) for o in group[:_EVIDENCE_LIMIT]]}
+    if layers:
+        details["layers"] = format_ranges(layers)
+    if len(group) > _EVIDENCE_LIMIT:
+        details["tensors_omitted"] = len(group) - _EVIDENCE_LIMIT
+    where = f"layers {format_ranges(layers)}: " if len(layers) > 1 else f"layer {layers[0]}: " if layers else ""
+    if klass == "shifted/swapped":
+        message = where + _shift_message(group)
+    elif klass in ("within-quantization-error", "within-tolerance"):
+        worst = max(
+            (o for o in group if o.verdict and o.verdict.metrics),
+            key=lambda o: o.verdict.metrics.rel_l2 if o.verdict and o.verdict.metrics else 0.0,
+            default=None,
+        )
+        tail = ""
+        if worst is not None and worst.verdict is not None and worst.verdict.metrics is not None:
+            m = worst.verdict.metrics
+            tail = f"; worst rel-L2 {m.rel_l2:.4g} (SQNR {m.sqnr_db:.1f} dB) in {worst.name_a}"
+        message = f"{len(group)} tensor(s) {group[0].message}{tail}"
+    else:
+        distinct = sorted({o.message for o in group})
+        message = where + distinct[0] + (f" (and {len(distinct) - 1} other variants)" if len(distinct) > 1 else "")
+    return _finding(code, None, message, names, details)
+
+
+def _shift_message(group: list[_Outcome]) -> str:
+    moves: dict[tuple[str, int, int], int] = {}
+    for o in group:
+        ev = o.evidence
+        own = _index_at(o.name_a, ev.get("reference", ""))
+        if own is None:
+            continue
+        moves[(ev.get("index", "index"), own, own + int(ev.get("offset", 0)))] = int(ev.get("offset", 0))
+    parts = []
+    for (kind, own, ref), offset in sorted(moves.items(), key=lambda kv: kv[0][1]):
+        swapped = (kind, ref, own) in moves
+        parts.append(
+            f"{kind} {own} holds the reference's {kind} {ref} (offset {offset:+d}{', swapped' if swapped else ''})"
+        )
+    return "; ".join(parts) if parts else group[0].message
+
+
+def _index_at(name: str, reference: str) -> int | None:
+    """The number in `name` at the first position where `reference` has a different number."""
+    a, b = name.split("."), reference.split(".")
+    if len(a) != len(b):
+        return None
+    for x, y in zip(a, b, strict=True):
+        if x != y and x.isdigit() and y.isdigit():
+            return int(x)
+    return None
+
+
+def _only_findings(code: str, side: str, names: list[str], opts: DiffOptions) -> list[Finding]:
+    other = "B" if side == "A" else "A"
+    groups: dict[tuple[str, Severity | None], list[str]] = defaultdict(list)
+    for name in names:
+        if skip_allowed(name, opts.allow_skip):
+            groups[("allowed by --allow-skip", Severity.INFO)].append(name)
+        elif _ACTIVATION_PARAM.search(name):
+            groups[(_ACTIVATION_NOTE, Severity.INFO)].append(name)
+        else:
+            groups[("", None)].append(name)
+    out = []
+    for (why, severity), group in sorted(groups.items(), key=lambda kv: kv[0][0]):
+        message = f"{len(group)} tensor(s) in {side} have no counterpart in {other}"
+        if why:
+            message += f" ({why})"
+        out.append(_finding(code, severity, message, group, {"side": side}))
+    return out
+
+
+def internal_error(target: str, exc: BaseException) -> Result:
+    """A crash inside diff, as a result (exit 2) rather than a traceback."""
+    result = Result(target=target, command="diff")
+    result.findings.append(
+        Finding(
+            code=INTERNAL_ERROR_CODE,
+            name="internal-error",
+            severity=Severity.ERROR,
+            message=f"diff crashed: {type(exc).__name__}: {exc}",
+            details={"traceback": "".join(traceback.format_exception(exc))},
+        )
+    )
+    return result
+
+
+class _Progress:
+    """A rich progress bar on stderr (only constructed for a terminal and text output)."""
+
+    def __init__(self, total: int) -> None:
+        from rich.console import Console
+        from rich.progress import BarColumn, DownloadColumn, Progress, TextColumn, TimeRemainingColumn
+
+        self._progress = Progress(
+            TextColumn("[bold]diff"),
+            BarColumn(),
+            DownloadColumn(),
+            TimeRemainingColumn(),
+            TextColumn("{task.description}"),
+            console=Console(file=sys.stderr),
+            transient=True,
+        )
+        self._task = self._progress.add_task("", total=max(total, 1))
+        self._progress.start()
+
+    def advance(self, nbytes: int, name: str) -> None:
+        self._progress.update(self._task, advance=nbytes, description=name[-60:])
+
+    def close(self) -> None:
+        self._progress.stop()

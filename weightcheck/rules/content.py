@@ -1,0 +1,634 @@
+"""WC6xx: checks that read tensor data (`lint --content`), and the WC7xx codes that `diff` reports.
+
+The WC6xx rules share one streaming pass (`content_scan`): every readable tensor is viewed through its
+shard's memory mapping, reduced once with a min/max (NaN propagates through it, ±Inf shows in the
+extremes, all-zero and constant tensors have min == max), optionally hashed for a manifest, and its pages
+are given back before the next tensor. Rules then read the scan's summaries; only a tensor already found
+bad is read again (to count its NaNs, zeros...).
+
+torch is imported inside the scan only: lint without `--content` never imports it.
+"""
+
+from __future__ import annotations
+
+import re
+import sys
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+from weightcheck.collapse import summarize
+from weightcheck.findings import Severity
+from weightcheck.rules import LintContext, Rule, register, rule
+
+if TYPE_CHECKING:
+    from weightcheck.compare.metrics import ValueRange
+    from weightcheck.digest import TensorDigest
+
+CONTENT_NEEDS = ("tensors", "data")
+# Names whose values are quantization scales: they must be positive.
+_SCALE_NAME = re.compile(r"(_scale|_scale_inv|_scale_2|_global_scale|(^|\.)[kvq]_scale)$")
+# Tensors that may legitimately be zero or constant: zero points, shapes, indices, biases, norms.
+_MAY_BE_CONSTANT = re.compile(r"(zero_point|weight_shape|g_idx|_shape|bias|norm\.weight|layernorm\.weight)$")
+_EMBEDDING = re.compile(r"(^|\.)(embed_tokens|wte|word_embeddings|tok_embeddings|embeddings)\.weight$")
+# Dtypes whose values cannot be reduced (F4 is packed, F6 has no torch type): hashed, not range-checked.
+_NO_RANGE_DTYPES = frozenset({"F4", "F6_E2M3", "F6_E3M2"})
+
+
+@dataclass
+class TensorScan:
+    name: str
+    shard: str
+    dtype: str
+    shape: tuple[int, ...]
+    value_range: ValueRange | None = None
+    digest: TensorDigest | None = None
+    error: str | None = None
+
+
+def _wants_digest(ctx: LintContext) -> bool:
+    return bool(ctx.options.get("hash_out") or ctx.options.get("against_manifest"))
+
+
+def content_scan(ctx: LintContext) -> list[TensorScan]:
+    """One pass over every readable tensor (memoized for all WC6xx rules)."""
+    return ctx.memo("content_scan", lambda: _scan(ctx))
+
+
+def _store(ctx: LintContext) -> Any:
+    from weightcheck.tensors import TensorStore
+
+    return ctx.memo("tensor_store", lambda: TensorStore(ctx.ckpt))
+
+
+def _scan(ctx: LintContext) -> list[TensorScan]:
+    from weightcheck.compare.metrics import value_range
+    from weightcheck.digest import digest_bytes
+    from weightcheck.tensors import TensorReadError
+
+    store = _store(ctx)
+    want_digest = _wants_digest(ctx)
+    names = store.names()
+    out: list[TensorScan] = []
+    progress = _progress(sum(store.info(n).nbytes for n in names)) if _show_progress(ctx) else None
+    try:
+        for name in names:
+            stored = store.location(name)
+            scan = TensorScan(name, stored.shard, stored.dtype, stored.shape)
+            try:
+                if stored.dtype not in _NO_RANGE_DTYPES:
+                    tensor = store.get(name)
+                    scan.value_range = value_range(tensor)
+                    del tensor
+                if want_digest:
+                    scan.digest = digest_bytes(store.raw(name), stored.dtype, stored.shape)
+            except TensorReadError as exc:
+                scan.error = str(exc)
+            finally:
+                store.release(name)
+            out.append(scan)
+            if progress is not None:
+                progress[0].update(progress[1], advance=stored.nbytes)
+    finally:
+        if progress is not None:
+            progress[0].stop()
+    for name, reason in sorted(store.unreadable().items()):
+        info = ctx.ckpt.all_tensors().get(name)
+        out.append(TensorScan(name, "", info.dtype if info else "", info.shape if info else (), error=reason))
+    return out
+
+
+def _show_progress(ctx: LintContext) -> bool:
+    return bool(ctx.options.get("progress")) and sys.stderr.isatty()
+
+
+def _progress(total: int) -> tuple[Any, Any]:
+    from rich.console import Console
+    from rich.progress import BarColumn, DownloadColumn, Progress, TextColumn, TimeRemainingColumn
+
+    progress = Progress(
+        TextColumn("[bold]content"),
+        BarColumn(),
+        DownloadColumn(),
+        TimeRemainingColumn(),
+        console=Console(file=sys.stderr),
+        transient=True,
+    )
+    task = progress.add_task("", total=max(total, 1))
+    progress.start()
+    return progress, task
+
+
+def _count(ctx: LintContext, name: str, predicate: str) -> int:
+    """Count elements of one (already flagged) tensor: "nan", "inf", "zero" or "negative"."""
+    import torch
+
+    from weightcheck.compare.metrics import CHUNK_ELEMENTS
+
+    store = _store(ctx)
+    flat = store.get(name).reshape(-1)
+    total = 0
+    try:
+        for start in range(0, flat.numel(), CHUNK_ELEMENTS):
+            piece = flat[start : start + CHUNK_ELEMENTS]
+            if not piece.dtype.is_floating_point and predicate in ("nan", "inf"):
+                return 0
+            piece = piece.to(torch.float32) if piece.dtype.is_floating_point else piece.to(torch.int64)
+            mask = {
+                "nan": torch.isnan,
+                "inf": torch.isinf,
+                "zero": lambda t: t == 0,
+                "negative": lambda t: t < 0,
+            }[predicate](piece)
+            total += int(mask.sum())
+    finally:
+        del flat
+        store.release(name)
+    return total
+
+
+def _is_weight_matrix(scan: TensorScan) -> bool:
+    return (
+        len(scan.shape) >= 2
+        and scan.value_range is not None
+        and not _SCALE_NAME.search(scan.name)
+        and not _MAY_BE_CONSTANT.search(scan.name)
+    )
+
+
+@rule(
+    "WC601",
+    "tensor-nan-inf",
+    Severity.ERROR,
+    summary="A tensor holds NaN or Inf values.",
+    bad="model.layers.3.mlp.down_proj.weight: 12 NaN values (an overflow during conversion)",
+    good="every stored value is finite",
+    needs=CONTENT_NEEDS,
+)
+def tensor_nan_inf(ctx: LintContext) -> None:
+    """A single NaN in a weight poisons every activation downstream; Inf does the same after the first
+    multiply. Checkpoints get them from fp16 overflow during conversion, a division by a zero scale, or a
+    reset buffer that was never written. Checked on every float tensor, scales included (an E8M0 scale of
+    0xFF is NaN)."""
+    for scan in content_scan(ctx):
+        found = scan.value_range
+        if found is None or not (found.has_nan or found.has_inf):
+            continue
+        nans = _count(ctx, scan.name, "nan") if found.has_nan else 0
+        infs = _count(ctx, scan.name, "inf") if found.has_inf else 0
+        ctx.report(
+            f"{nans} NaN and {infs} Inf values",
+            file=scan.shard,
+            tensor=scan.name,
+            details={"nan": nans, "inf": infs},
+        )
+
+
+@rule(
+    "WC602",
+    "weight-all-zero",
+    Severity.ERROR,
+    summary="A weight matrix is all zeros.",
+    bad="model.layers.0.mlp.gate.weight: every element is 0 (router never loaded)",
+    good="weight matrices hold trained (non-zero) values; zero biases and zero points are fine",
+    needs=CONTENT_NEEDS,
+)
+def weight_all_zero(ctx: LintContext) -> None:
+    """A weight matrix of zeros is a tensor that was allocated and never filled: an export that wrote
+    the buffer before the copy, a shard written from the wrong rank, a zeroed router (vllm-omni#5573).
+    Only matrices are checked (2-D and up); biases, zero points, and 1-D norms may legitimately be
+    zero."""
+    names = [s for s in content_scan(ctx) if _is_weight_matrix(s) and s.value_range and s.value_range.all_zero]
+    for scan in names:
+        ctx.report(f"all {_numel(scan.shape)} elements are zero", file=scan.shard, tensor=scan.name)
+
+
+@rule(
+    "WC603",
+    "scale-not-positive",
+    Severity.ERROR,
+    summary="A quantization scale is zero or negative.",
+    bad="model.layers.2.self_attn.q_proj.weight_scale: 3 zero values (those groups dequantize to 0)",
+    good="every weight_scale / weight_scale_inv / input_scale element is > 0",
+    needs=CONTENT_NEEDS,
+)
+def scale_not_positive(ctx: LintContext) -> None:
+    """A zero scale dequantizes its whole group to zero (or to Inf/NaN for `weight_scale_inv`
+    consumers that divide); a negative one flips the sign of every weight in the group. Real
+    quantizers never produce either: observers take absolute maxima and clamp away from zero. E8M0
+    exponent scales (stored as U8) are always positive except 0xFF, which encodes NaN."""
+    for scan in content_scan(ctx):
+        found = scan.value_range
+        if found is None or not _SCALE_NAME.search(scan.name) or found.has_nan:
+            continue
+        if scan.dtype == "U8":  # E8M0 exponents: only 0xFF is invalid (NaN)
+            if found.maximum >= 255:
+                count = _count_value(ctx, scan.name, 255)
+                ctx.report(f"{count} E8M0 exponent(s) are 0xFF (NaN)", file=scan.shard, tensor=scan.name)
+            continue
+        if found.minimum > 0:
+            continue
+        zeros = _count(ctx, scan.name, "zero")
+        negatives = _count(ctx, scan.name, "negative")
+        ctx.report(
+            f"{zeros} zero and {negatives} negative scale values",
+            file=scan.shard,
+            tensor=scan.name,
+            details={"zero": zeros, "negative": negatives},
+        )
+
+
+def _count_value(ctx: LintContext, name: str, value: int) -> int:
+    store = _store(ctx)
+    try:
+        return int((store.get(name) == value).sum())
+    finally:
+        store.release(name)
+
+
+@rule(
+    "WC604",
+    "constant-tensor",
+    Severity.WARNING,
+    summary="A weight matrix holds one value repeated.",
+    bad="model.layers.5.self_attn.o_proj.weight_packed: every element is -2004318072 (all codes -8)",
+    good="weight matrices vary; norms initialized to 1.0 and zero biases are not checked",
+    needs=CONTENT_NEEDS,
+)
+def constant_tensor(ctx: LintContext) -> None:
+    """A matrix filled with one value carries no information: typically a `torch.full`/`fill_`
+    placeholder, an all-minimum packed tensor (every INT4 code -8 packs to one repeated word), or a
+    broadcast that was saved instead of the real weight. All-zero matrices are WC602; vectors (norms,
+    biases) are skipped because constant initial values are legitimate there."""
+    for scan in content_scan(ctx):
+        found = scan.value_range
+        if not _is_weight_matrix(scan) or found is None or found.all_zero or not found.constant:
+            continue
+        if _numel(scan.shape) < 2:
+            continue
+        value = int(found.minimum) if found.minimum.is_integer() else found.minimum
+        ctx.report(f"every element is {value}", file=scan.shard, tensor=scan.name, details={"value": found.minimum})
+
+
+@rule(
+    "WC605",
+    "tied-weights-differ",
+    Severity.ERROR,
+    summary="tie_word_embeddings is true but the stored lm_head and embedding differ.",
+    bad='"tie_word_embeddings": true, lm_head.weight stored and != model.embed_tokens.weight',
+    good='"tie_word_embeddings": true with lm_head.weight absent, or stored and bit-identical',
+    needs=CONTENT_NEEDS,
+)
+def tied_weights_differ(ctx: LintContext) -> None:
+    """With tied embeddings the engine uses one matrix for both ends of the model. When a checkpoint
+    stores both and they differ, which one wins depends on the loader (transformers ties after loading,
+    some engines read lm_head.weight): the served model depends on the engine. Compared bit for bit."""
+    import torch
+
+    from weightcheck.tensors import TensorReadError
+
+    tie = ctx.ckpt.text_config().get("tie_word_embeddings")
+    if tie is not True:
+        return
+    store = _store(ctx)
+    names = store.names()
+    heads = [n for n in names if n == "lm_head.weight" or n.endswith(".lm_head.weight")]
+    embeds = [n for n in names if _EMBEDDING.search(n)]
+    if not heads or not embeds:
+        return
+    head, embed = heads[0], embeds[0]
+    hi, ei = store.info(head), store.info(embed)
+    if (hi.dtype, hi.shape) != (ei.dtype, ei.shape):
+        ctx.report(
+            f"{head} is {hi.dtype}{list(hi.shape)} but {embed} is {ei.dtype}{list(ei.shape)}",
+            tensor=head,
+        )
+        return
+    try:
+        same = torch.equal(store.get_words(head), store.get_words(embed))
+    except TensorReadError:
+        return
+    finally:
+        store.release(head)
+        store.release(embed)
+    if not same:
+        ctx.report(f"{head} differs from {embed} although tie_word_embeddings is true", tensor=head)
+
+
+@rule(
+    "WC606",
+    "manifest-mismatch",
+    Severity.ERROR,
+    summary="A tensor's digest differs from the manifest given with --against-manifest.",
+    bad="model.layers.7.mlp.up_proj.weight: bytes differ (sha256) from manifest.json",
+    good="every tensor's dtype, shape and sha256 match the manifest; no tensor missing or extra",
+    needs=CONTENT_NEEDS,
+)
+def manifest_mismatch(ctx: LintContext) -> None:
+    """`lint --content --against-manifest FILE` re-hashes every tensor (sha256 of its bytes as stored,
+    with dtype and shape) and compares with a manifest written earlier by `--hash`: after a copy, an
+    upload, or a conversion that should have been lossless. Bytes, not values: -0.0 vs 0.0 and NaN
+    payloads count as differences."""
+    from weightcheck.digest import ManifestError, compare_digests, read_manifest
+
+    path = ctx.options.get("against_manifest")
+    if not path:
+        return
+    try:
+        expected = read_manifest(path)
+    except ManifestError:
+        return  # WC607 reports it
+    actual = {s.name: s.digest for s in content_scan(ctx) if s.digest is not None}
+    unreadable = {s.name for s in content_scan(ctx) if s.digest is None}
+    result = compare_digests(expected, actual)
+    missing = [n for n in result.missing if n not in unreadable]
+    if missing:
+        ctx.report(
+            f"{len(missing)} tensor(s) in the manifest are not in the checkpoint",
+            tensor=summarize(missing),
+            count=len(missing),
+            details={"missing": missing[:100]},
+        )
+    if result.extra:
+        ctx.report(
+            f"{len(result.extra)} tensor(s) are not in the manifest",
+            tensor=summarize(result.extra),
+            count=len(result.extra),
+            details={"extra": result.extra[:100]},
+        )
+    for name, why in sorted(result.changed.items()):
+        ctx.report(f"{why} from {path}", tensor=name)
+
+
+@rule(
+    "WC607",
+    "manifest-invalid",
+    Severity.ERROR,
+    summary="The manifest given with --against-manifest cannot be read, or --hash cannot write one.",
+    bad="--against-manifest m.json where m.json is truncated JSON or not a weightcheck manifest",
+    good='a manifest written by `lint --content --hash`: {"kind": "weightcheck-manifest", ...}',
+    needs=CONTENT_NEEDS,
+)
+def manifest_invalid(ctx: LintContext) -> None:
+    """A manifest that cannot be parsed must fail the run: silently skipping the comparison would report
+    a verified checkpoint that was never verified. Also reported when the `--hash` output cannot be
+    written."""
+    from weightcheck.digest import ManifestError, read_manifest, write_manifest
+
+    path = ctx.options.get("against_manifest")
+    if path:
+        try:
+            read_manifest(path)
+        except ManifestError as exc:
+            ctx.report(str(exc), file=str(path))
+    out = ctx.options.get("hash_out")
+    if out:
+        digests = {s.name: s.digest for s in content_scan(ctx) if s.digest is not None}
+        try:
+            write_manifest(out, digests)
+        except ManifestError as exc:
+            ctx.report(str(exc), file=str(out))
+
+
+@rule(
+    "WC608",
+    "content-not-checked",
+    Severity.WARNING,
+    summary="Some tensors' data could not be read, so their content was not checked.",
+    bad="model-00003-of-00004.safetensors is truncated: its 310 tensors were not content-checked",
+    good="every tensor's bytes were read",
+    needs=CONTENT_NEEDS,
+)
+def content_not_checked(ctx: LintContext) -> None:
+    """`lint --content` must say what it did not look at: tensors in a shard that is missing, truncated
+    or malformed (the WC1xx/WC2xx findings say why) have no bytes to check, and F4/F6 tensors are hashed
+    but not range-checked."""
+    by_reason: dict[str, list[str]] = {}
+    for scan in content_scan(ctx):
+        if scan.error:
+            by_reason.setdefault(scan.error, []).append(scan.name)
+        elif scan.dtype in _NO_RANGE_DTYPES:
+            by_reason.setdefault(f"{scan.dtype} values are packed: not range-checked", []).append(scan.name)
+    for reason, names in sorted(by_reason.items()):
+        ctx.report(
+            f"{len(names)} tensor(s) not content-checked: {reason}",
+            tensor=summarize(names),
+            count=len(names),
+        )
+
+
+def _numel(shape: tuple[int, ...]) -> int:
+    total = 1
+    for dim in shape:
+        total *= dim
+    return total
+
+
+# ---- diff codes (reported by `weightcheck diff`; registered here so `weightcheck rules` documents them) --
+# Mismatch class → code. The classes are defined in weightcheck.compare.engine.
+DIFF_CLASS_CODES: dict[str, str] = {
+    "value-mismatch": "WC701",
+    "never-written": "WC702",
+    "all-zero": "WC703",
+    "nan-inf": "WC704",
+    "shifted/swapped": "WC705",
+    "transposed": "WC706",
+    "scaled": "WC707",
+    "partially-written": "WC708",
+    "dtype-mismatch": "WC709",
+    "shape-mismatch": "WC710",
+    "within-quantization-error": "WC711",
+    "within-tolerance": "WC712",
+}
+
+_DIFF_RULES: list[tuple[str, str, Severity, str, str, str, str]] = [
+    (
+        "WC701",
+        "diff-value-mismatch",
+        Severity.ERROR,
+        "A tensor differs from the reference beyond its tier's tolerance, in no recognised pattern.",
+        "Values differ and none of the specific classes (shifted, transposed, scaled, zero, NaN, never "
+        "written, partial) explains it. The evidence gives the count of elements outside tolerance, the "
+        "first and the worst, rel-L2, SQNR and cosine.",
+        "B.layers.3.mlp.down_proj.weight: 41123 of 5767168 elements outside 1 ULP (worst 37× the tolerance)",
+        "bit-identical, or within one ULP of each side's format",
+    ),
+    (
+        "WC702",
+        "diff-never-written",
+        Severity.ERROR,
+        "The tensor still holds an engine's reset values (uniform [0, 1) floats, flat full-range ints).",
+        "A weight-sync or export path that skipped a tensor leaves whatever the buffer was initialised "
+        "with: `torch.rand`-style uniform values, or integer codes spread evenly over the whole range. "
+        "Real weights are roughly Gaussian around zero.",
+        "B's q_proj.weight has mean 0.500 and std 0.289 with every value in [0, 1)",
+        "values distributed like the reference's",
+    ),
+    (
+        "WC703",
+        "diff-all-zero",
+        Severity.ERROR,
+        "The tensor is all zeros where the reference is not.",
+        "Zeroed buffers are what a failed or skipped copy looks like after `zero_()`/`torch.zeros` "
+        "allocation (a zero router silently routes every token to expert 0).",
+        "B.layers.0.mlp.gate.weight: every element is zero",
+        "the reference's values",
+    ),
+    (
+        "WC704",
+        "diff-nan-inf",
+        Severity.ERROR,
+        "One side holds NaN or Inf values.",
+        "NaN never equals anything, not even an identical NaN: a tensor with NaN fails every tier. The "
+        "evidence counts NaN and Inf on each side.",
+        "B's down_proj.weight holds 12 NaN values",
+        "finite values on both sides",
+    ),
+    (
+        "WC705",
+        "diff-shifted-or-swapped",
+        Severity.ERROR,
+        "The tensor equals the reference's tensor at another layer or expert index (offset reported).",
+        "Off-by-k layer numbering (pipeline-parallel offsets, MTP layers), swapped layers or experts, and "
+        "expert permutations all show as a tensor that matches a neighbour of the reference. Two tensors "
+        "holding each other's data are reported as swapped.",
+        "layer 0 holds the reference's layer 1 (offset +1, swapped); layer 1 holds layer 0 (offset -1, swapped)",
+        "every tensor matches the reference at its own index",
+    ),
+    (
+        "WC706",
+        "diff-transposed",
+        Severity.ERROR,
+        "The tensor is the reference transposed.",
+        "Conversions between [in, out] (Megatron, JAX, AWQ qweight) and [out, in] (PyTorch Linear) layouts "
+        "that forget the transpose; square matrices keep their shape, so only values show it.",
+        "B.layers.2.self_attn.o_proj.weight equals reference.T",
+        "same layout as the reference",
+    ),
+    (
+        "WC707",
+        "diff-scaled",
+        Severity.ERROR,
+        "The tensor is the reference times a constant factor.",
+        "A scale applied twice or not at all (quantization scale, muP/embedding multipliers, norm "
+        "offsets). Cosine similarity is blind to it (1.0), so the factor is fitted by least squares.",
+        "B ≈ 1.05 × reference (residual 2e-3)",
+        "factor 1",
+    ),
+    (
+        "WC708",
+        "diff-partially-written",
+        Severity.ERROR,
+        "Only part of the tensor matches: one TP shard, or a block of rows/columns.",
+        "Tensor-parallel gathers that wrote a single rank's shard, or a copy that stopped early. The "
+        "evidence gives the matching range and, when it is a 1/n fraction, the shard index.",
+        "only rows 0..1023 of 4096 match: TP shard 0 of 4 along dim 0 was written",
+        "every row and column matches",
+    ),
+    (
+        "WC709",
+        "diff-dtype-mismatch",
+        Severity.ERROR,
+        "The dtypes cannot be compared under the tier (no lossless conversion between them).",
+        "bf16 ↔ f32 is compared exactly after widening; an integer tensor against a float one, or an exact "
+        "rule on a lossy pair, is a dtype mismatch (use a `ulp` policy rule for a declared cast).",
+        "reference BF16, candidate I8 without a scale",
+        "same dtype, a lossless widening, or a quantized format with its scales",
+    ),
+    (
+        "WC710",
+        "diff-shape-mismatch",
+        Severity.ERROR,
+        "The shapes differ (and B is neither a TP shard nor the transpose of A).",
+        "Shapes are compared on logical tensors: a quantized module's shape is its dequantized weight's.",
+        "reference [4096, 4096], candidate [4096, 2048] that matches no shard",
+        "equal shapes",
+    ),
+    (
+        "WC711",
+        "diff-within-quantization-error",
+        Severity.INFO,
+        "The tensors differ, but every element within one quantization step of each side.",
+        "Expected when one side is quantized: each element of the dequantized weight is within one ULP of "
+        "its format (INT step × scale, FP8/FP4 ULP × scale) plus the other side's ULP. The evidence "
+        "gives rel-L2 and SQNR for the record.",
+        "(informational) 14 tensors within 1 ULP; worst rel-L2 0.11 (SQNR 19 dB)",
+        "(informational)",
+    ),
+    (
+        "WC712",
+        "diff-within-tolerance",
+        Severity.INFO,
+        "The tensors differ within the declared tolerance of a lossy, non-quantized path.",
+        "A float cast (f32 → bf16) within one ULP, a `stat` rule's thresholds, or equal values whose bytes "
+        "differ (signed zeros).",
+        "(informational) values equal but bytes differ (signed zeros)",
+        "(informational)",
+    ),
+    (
+        "WC713",
+        "diff-only-in-a",
+        Severity.ERROR,
+        "A tensor of the reference has no counterpart in the candidate.",
+        "After the name map, nothing in B carries this name: a dropped layer, expert or head. Allowed "
+        "with `--allow-skip PATTERN` (then reported as info).",
+        "model.layers.47.mlp.experts.127.down_proj.weight only in A",
+        "every reference tensor present in B (or an explicit --allow-skip)",
+    ),
+    (
+        "WC714",
+        "diff-only-in-b",
+        Severity.ERROR,
+        "A tensor of the candidate has no counterpart in the reference.",
+        "An extra tensor in B: a doubled prefix, a stray copy, a renamed weight missing a map entry. "
+        "Activation/KV-cache quantization parameters (input_scale, k_scale...) are expected on a quantized "
+        "side only and are reported as info.",
+        "model.model.layers.0.mlp.down_proj.weight only in B",
+        "every B tensor paired (activation scales excepted)",
+    ),
+    (
+        "WC715",
+        "diff-skipped",
+        Severity.ERROR,
+        "A tensor pair was not compared (unreadable data, no policy rule, ...) and no --allow-skip covers it.",
+        "A diff that silently skips is a diff that silently passes: every skip carries its reason, and "
+        "fails the run unless `--allow-skip PATTERN` names the tensor (then it is info).",
+        "not compared: B: shard model-00002-of-00003.safetensors is missing",
+        "every pair compared, or the skip allowed explicitly",
+    ),
+    (
+        "WC716",
+        "diff-no-policy-rule",
+        Severity.ERROR,
+        "No comparison policy rule matches the tensor's name.",
+        "Every tensor must be matched by a policy rule (built-in rules cover weights, biases, norms and "
+        "quantization parameters); an unknown kind of tensor is an error rather than a silent pass. Add "
+        "a rule with `--policy` or allow the skip.",
+        "model.rotary_emb.inv_freq: no comparison policy rule matches this name",
+        "a `--policy` line such as `inv_freq$ exact`",
+    ),
+    (
+        "WC717",
+        "diff-quantized-tensor-malformed",
+        Severity.ERROR,
+        "A quantized module's stored tensors are inconsistent and cannot be dequantized.",
+        "Scale shape that tiles no strategy, weight_shape disagreeing with weight_packed, a packed zero "
+        "point of the wrong shape: the engine would fail to load it or load garbage.",
+        "weight_scale [256, 3] does not divide 256 columns",
+        "scales, zero points and shapes consistent with the packed weight",
+    ),
+]
+
+for _code, _name, _severity, _summary, _doc, _bad, _good in _DIFF_RULES:
+    register(
+        Rule(
+            code=_code,
+            name=_name,
+            severity=_severity,
+            summary=_summary,
+            doc=_doc,
+            bad=_bad,
+            good=_good,
+            needs=frozenset({"tensors", "data"}),
+            command="diff",
+        )
+    )
