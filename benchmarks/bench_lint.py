@@ -62,11 +62,59 @@ def layer_names(layer: int) -> list[str]:
     return names
 
 
+# Tiny dimensions that make every shape consistent with the config (so the run is clean and times the
+# normal path, not error formatting), at DeepSeek-V3's count of layers, experts and shards.
+DIMS = dict(
+    hidden_size=16,
+    num_attention_heads=2,
+    q_lora_rank=8,
+    kv_lora_rank=8,
+    qk_nope_head_dim=4,
+    qk_rope_head_dim=4,
+    v_head_dim=4,
+    intermediate_size=32,
+    moe_intermediate_size=8,
+    vocab_size=64,
+)
+
+
+def shape_of(name: str) -> tuple[int, ...]:
+    d = DIMS
+    h, heads = d["hidden_size"], d["num_attention_heads"]
+    table = {
+        "q_a_proj": (d["q_lora_rank"], h),
+        "q_b_proj": (heads * (d["qk_nope_head_dim"] + d["qk_rope_head_dim"]), d["q_lora_rank"]),
+        "kv_a_proj_with_mqa": (d["kv_lora_rank"] + d["qk_rope_head_dim"], h),
+        "kv_b_proj": (heads * (d["qk_nope_head_dim"] + d["v_head_dim"]), d["kv_lora_rank"]),
+        "o_proj": (h, heads * d["v_head_dim"]),
+        "eh_proj": (h, 2 * h),
+        "q_a_layernorm": (d["q_lora_rank"],),
+        "kv_a_layernorm": (d["kv_lora_rank"],),
+    }
+    parts = name.split(".")
+    module = parts[-2]
+    if module in table:
+        return table[module]
+    if ("experts" in parts and "shared_experts" not in parts) or "shared_experts" in parts:
+        inter = d["moe_intermediate_size"]
+    else:
+        inter = d["intermediate_size"]
+    if module in ("gate_proj", "up_proj"):
+        return (inter, h)
+    if module == "down_proj":
+        return (h, inter)
+    if module == "gate":
+        return (256,) if parts[-1] == "e_score_correction_bias" else (256, h)
+    if module in ("embed_tokens", "head", "lm_head"):
+        return (d["vocab_size"], h)
+    return (h,)
+
+
 def generate(root: Path) -> Path:
     import torch
     from safetensors.torch import save_file
 
-    ckpt = root / "deepseek-v3-names"
+    ckpt = root / "deepseek-v3-names-v2"
     if (ckpt / "model.safetensors.index.json").exists():
         return ckpt
     ckpt.mkdir(parents=True, exist_ok=True)
@@ -81,15 +129,19 @@ def generate(root: Path) -> Path:
         fname = f"model-{s + 1:05d}-of-{N_SHARDS:06d}.safetensors"
         tensors = {}
         for n in chunk:
-            t = (
-                torch.zeros(2, 2, dtype=torch.float8_e4m3fn)
-                if n.endswith(".weight") and "proj" in n
-                else (
-                    torch.ones(2, 2, dtype=torch.float32)
-                    if n.endswith("scale_inv")
-                    else torch.ones(2, dtype=torch.bfloat16)
-                )
-            )
+            if n.endswith("weight_scale_inv"):
+                t = torch.ones(1, 1, dtype=torch.float32)  # one 128x128 block covers a tiny weight
+            elif (
+                n.endswith(".weight")
+                and len(shape_of(n)) == 2
+                and "embed" not in n
+                and "gate.weight" not in n
+                and "lm_head" not in n
+                and "shared_head.head" not in n
+            ):
+                t = torch.zeros(shape_of(n), dtype=torch.float8_e4m3fn)
+            else:
+                t = torch.ones(shape_of(n), dtype=torch.float32 if "bias" in n else torch.bfloat16)
             tensors[n] = t
             total += t.numel() * t.element_size()
             weight_map[n] = fname
@@ -97,26 +149,14 @@ def generate(root: Path) -> Path:
     (ckpt / "model.safetensors.index.json").write_text(
         json.dumps({"metadata": {"total_size": total}, "weight_map": weight_map})
     )
-    (ckpt / "config.json").write_text(
-        json.dumps(
-            {
-                "architectures": ["DeepseekV3ForCausalLM"],
-                "model_type": "deepseek_v3",
-                "num_hidden_layers": N_LAYERS,
-                "num_nextn_predict_layers": 1,
-                "n_routed_experts": N_EXPERTS,
-                "first_k_dense_replace": N_DENSE,
-                "hidden_size": 7168,
-                "tie_word_embeddings": False,
-                "quantization_config": {
-                    "activation_scheme": "dynamic",
-                    "fmt": "e4m3",
-                    "quant_method": "fp8",
-                    "weight_block_size": [128, 128],
-                },
-            }
-        )
-    )
+    config = {
+        "architectures": ["DeepseekV3ForCausalLM"], "model_type": "deepseek_v3", "num_hidden_layers": N_LAYERS,
+        "num_nextn_predict_layers": 1, "n_routed_experts": N_EXPERTS, "first_k_dense_replace": N_DENSE,
+        "moe_layer_freq": 1, "n_shared_experts": 1, "tie_word_embeddings": False, **DIMS,
+        "quantization_config": {"activation_scheme": "dynamic", "fmt": "e4m3", "quant_method": "fp8",
+                                "weight_block_size": [128, 128]},
+    }  # fmt: skip
+    (ckpt / "config.json").write_text(json.dumps(config))
     return ckpt
 
 

@@ -18,7 +18,7 @@ from dataclasses import dataclass, field
 from functools import lru_cache
 from importlib import resources
 from pathlib import Path
-from typing import Any
+from typing import Any, NamedTuple
 
 if sys.version_info >= (3, 11):
     import tomllib
@@ -304,8 +304,8 @@ def resolve_pattern(choice: str | None, config: dict[str, Any]) -> Pattern | Non
 # ---- expansion against a config --------------------------------------------------------------------
 
 
-@dataclass(frozen=True)
-class ExpectedModule:
+class ExpectedModule(NamedTuple):
+    # A NamedTuple: DeepSeek-V3 expands to ~47k of these.
     name: str  # full module name, e.g. model.layers.3.mlp.experts.7.down_proj
     spec: ModuleSpec
     layer: int | None
@@ -347,11 +347,16 @@ def expand(pattern: Pattern, config: dict[str, Any]) -> tuple[list[ExpectedModul
     n_experts = _count(pattern.experts, env)
     out: list[ExpectedModule] = []
 
-    def add(spec: ModuleSpec, full: str, layer_env: dict[str, Any], layer: int | None, expert: int | None) -> None:
+    # Shapes, params and `when` rarely depend on the layer: evaluate them once per spec unless they do.
+    resolved: dict[int, tuple[bool, tuple[int, ...] | None, tuple[str, ...], tuple[str, ...]] | None] = {}
+
+    def resolve(
+        spec: ModuleSpec, layer_env: dict[str, Any]
+    ) -> tuple[bool, tuple[int, ...] | None, tuple[str, ...], tuple[str, ...]]:
         if spec.when:
             try:
                 if not evaluate(spec.when, layer_env):
-                    return
+                    return False, None, (), ()
             except KeyError as exc:
                 notes.append(f"{spec.name}: config lacks {exc.args[0]!r}; assumed present")
         shape: tuple[int, ...] | None = None
@@ -371,7 +376,19 @@ def expand(pattern: Pattern, config: dict[str, Any]) -> tuple[list[ExpectedModul
                 params.append("bias")
             elif has_bias is None:
                 optional.append("bias")
-        out.append(ExpectedModule(full, spec, layer, expert, shape, tuple(params), tuple(optional)))
+        return True, shape, tuple(params), tuple(optional)
+
+    def add(spec: ModuleSpec, full: str, layer_env: dict[str, Any], layer: int | None, expert: int | None) -> None:
+        key = id(spec)
+        got = resolved.get(key)
+        if got is None:
+            got = resolve(spec, layer_env)
+            exprs = (spec.when or "", str(spec.bias), *spec.shape)
+            if not any("layer" in e for e in exprs):
+                resolved[key] = got
+        included, shape, params, optional = got
+        if included:
+            out.append(ExpectedModule(full, spec, layer, expert, shape, params, optional))
 
     for spec in pattern.globals:
         add(spec, spec.name, env, None, None)

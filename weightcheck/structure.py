@@ -33,7 +33,6 @@ QUANT_COMPANIONS = (
     "g_idx",
     "SCB",
 )
-_COMPANION_RE = re.compile(r"\.(?:" + "|".join(QUANT_COMPANIONS) + r")$")
 
 # Container names under which decoder blocks live (`model.layers.N`, GPT-2 `transformer.h.N`, ...).
 _LAYER_RE = re.compile(r"^(?P<prefix>(?:[^.]+\.)*?(?:layers|h|blocks|layer))\.(?P<idx>\d+)\.(?P<rest>.+)$")
@@ -44,11 +43,15 @@ EXPERT_COUNT_KEYS = ("n_routed_experts", "num_experts", "num_local_experts", "mo
 MTP_COUNT_KEYS = ("num_nextn_predict_layers", "mtp_num_hidden_layers", "num_mtp_layers")
 
 
+_COMPANION_SET = frozenset(QUANT_COMPANIONS)
+
+
 def normalize_param(rest: str) -> str:
     """Fold quantization companions and `.weight.absmax`-style bitsandbytes blobs onto `.weight`."""
     if ".weight." in rest:  # bitsandbytes: q_proj.weight.absmax, q_proj.weight.quant_map, ...
-        rest = rest.split(".weight.", 1)[0] + ".weight"
-    return _COMPANION_RE.sub(".weight", rest)
+        return rest.split(".weight.", 1)[0] + ".weight"
+    head, dot, leaf = rest.rpartition(".")
+    return head + ".weight" if dot and leaf in _COMPANION_SET else rest
 
 
 def config_int(cfg: dict[str, Any], keys: Iterable[str]) -> int | None:

@@ -10,10 +10,10 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from weightcheck.checkpoint import Checkpoint
-from weightcheck.patterns import Pattern, PatternError, resolve_pattern
+from weightcheck.patterns import ExpectedModule, Pattern, PatternError, expand, resolve_pattern
 from weightcheck.quant.config import QuantSpec, parse_quant_spec
 from weightcheck.quant.inventory import Inventory, ModuleInfo, from_checkpoint, from_config
-from weightcheck.quant.matchers import Consumer, _compiled, consumers_for, ct_match
+from weightcheck.quant.matchers import Consumer, IgnoreIndex, _compiled, consumers_for, ct_match, fused_groups
 
 _CLASS_NAME = re.compile(r"^[A-Z][A-Za-z0-9_]*$")
 PARAM_SUFFIXES = (".weight", ".bias", "_scale", "_packed", ".qweight", ".qzeros", ".scales", "_shape", ".g_idx")
@@ -31,6 +31,10 @@ class QuantAnalysis:
     pattern_error: str | None = None
     notes: list[str] = field(default_factory=list)
     _ignored: dict[tuple[str, str], list[str]] = field(default_factory=dict)
+    _indexes: dict[str, IgnoreIndex] = field(default_factory=dict)
+    _fused: dict[str, list[str]] | None = None
+    _expected: list[ExpectedModule] | None = None
+    _hits: dict[str, set[str]] = field(default_factory=dict)
 
     @property
     def consumers(self) -> list[Consumer]:
@@ -41,13 +45,49 @@ class QuantAnalysis:
 
     def ignoring_entries(self, consumer: Consumer, module: ModuleInfo) -> list[str]:
         """Entries of the ignore list that make `consumer` skip `module` (its weight, for param-level)."""
+        assert self.spec is not None
+        if not self.spec.ignore:
+            return []
         key = (consumer.key, module.name)
         if key not in self._ignored:
-            assert self.spec is not None
             # Online quantizers see the parameter; everyone else the module.
-            names = [f"{module.name}.weight"] if consumer.level == "param" else [module.name]
-            self._ignored[key] = [e for e in self.spec.ignore for n in names if consumer.match(n, e)]
+            name = f"{module.name}.weight" if consumer.level == "param" else module.name
+            self._ignored[key] = self.index(consumer).matching(name)
         return self._ignored[key]
+
+    def expected(self, config: dict[str, Any]) -> list[ExpectedModule]:
+        """The pattern's expansion against the config (computed once)."""
+        if self._expected is None:
+            assert self.pattern is not None
+            if self.inventory is not None and self.inventory.expected:
+                self._expected = self.inventory.expected
+            else:
+                self._expected, _ = expand(self.pattern, config)
+        return self._expected
+
+    def index(self, consumer: Consumer) -> IgnoreIndex:
+        if consumer.key not in self._indexes:
+            assert self.spec is not None
+            self._indexes[consumer.key] = consumer.index(self.spec.ignore)
+        return self._indexes[consumer.key]
+
+    def entries_hit(self, consumer: Consumer) -> set[str]:
+        """Ignore entries that match at least one module (or parameter, for parameter-level consumers)."""
+        if consumer.key not in self._hits:
+            assert self.inventory is not None
+            names = self.inventory.params if consumer.level == "param" else self.inventory.modules
+            index = self.index(consumer)
+            hit: set[str] = set()
+            for name in names:
+                hit.update(index.matching(name))
+            self._hits[consumer.key] = hit
+        return self._hits[consumer.key]
+
+    def fused(self) -> dict[str, list[str]]:
+        if self._fused is None:
+            assert self.inventory is not None
+            self._fused = fused_groups(self.inventory.modules)
+        return self._fused
 
     def is_ignored(self, consumer: Consumer, module: ModuleInfo) -> bool:
         return bool(self.ignoring_entries(consumer, module))

@@ -28,7 +28,7 @@ _EXPERT_RE = re.compile(r"\.experts\.(\d+)\.")
 _LAYER_RE = re.compile(r"\.(?:layers|h|blocks)\.(\d+)\.")
 
 
-@dataclass
+@dataclass(slots=True)
 class ModuleInfo:
     name: str
     kind: str
@@ -36,16 +36,17 @@ class ModuleInfo:
     expected: ExpectedModule | None = None
     layer: int | None = None
     expert: int | None = None
+    # True/False from the stored tensors; None when only a config is known. Set by `finalize()`.
+    quantized: bool | None = None
 
-    @property
-    def quantized(self) -> bool | None:
-        """True/False from the stored tensors; None when only a config is known."""
+    def finalize(self) -> None:
         if not self.params:
-            return None
-        if QUANTIZED_MARKERS & self.params.keys():
-            return True
+            self.quantized = None
+            return
         weight = self.params.get("weight")
-        return weight is not None and weight.dtype in LOW_PRECISION_DTYPES
+        self.quantized = bool(QUANTIZED_MARKERS & self.params.keys()) or (
+            weight is not None and weight.dtype in LOW_PRECISION_DTYPES
+        )
 
     @property
     def companions(self) -> list[str]:
@@ -69,6 +70,7 @@ class Inventory:
     from_config_only: bool
     pattern: Pattern | None
     notes: list[str] = field(default_factory=list)
+    expected: list[ExpectedModule] = field(default_factory=list)
 
     def of_kind(self, *kinds: str) -> list[ModuleInfo]:
         return [m for m in self.modules.values() if m.kind in kinds]
@@ -127,7 +129,11 @@ def from_checkpoint(
         entry.expected = exp
         entry.kind = exp.spec.kind if exp is not None else heuristic_kind(module, entry.params)
         entry.layer, entry.expert = (exp.layer, exp.expert) if exp is not None else _positions(module)
-    return Inventory(modules=modules, params=sorted(tensors), from_config_only=False, pattern=pattern, notes=notes)
+        entry.finalize()
+    return Inventory(
+        modules=modules, params=sorted(tensors), from_config_only=False, pattern=pattern, notes=notes,
+        expected=list(expected.values()),
+    )  # fmt: skip
 
 
 def from_config(pattern: Pattern, config: dict[str, Any]) -> Inventory:
@@ -137,4 +143,5 @@ def from_config(pattern: Pattern, config: dict[str, Any]) -> Inventory:
         m.name: ModuleInfo(name=m.name, kind=m.spec.kind, expected=m, layer=m.layer, expert=m.expert) for m in mods
     }
     params = sorted(f"{m.name}.{p}" for m in mods for p in m.params)
-    return Inventory(modules=modules, params=params, from_config_only=True, pattern=pattern, notes=notes)
+    return Inventory(modules=modules, params=params, from_config_only=True, pattern=pattern, notes=notes,
+                     expected=mods)  # fmt: skip

@@ -6,7 +6,7 @@ from collections import defaultdict
 
 from weightcheck.collapse import summarize
 from weightcheck.findings import Severity
-from weightcheck.patterns import Pattern, expand
+from weightcheck.patterns import Pattern
 from weightcheck.rules import LintContext, rule
 from weightcheck.rules.quant import analysis_of
 from weightcheck.structure import normalize_param
@@ -37,7 +37,7 @@ def expected_key_missing(ctx: LintContext) -> None:
         return
     present = {normalize_param(n) for n in ctx.ckpt.tensor_names()}
     groups: dict[str, list[str]] = defaultdict(list)
-    expected, _ = expand(pattern, ctx.ckpt.text_config())
+    expected = qa.expected(ctx.ckpt.text_config())
     for exp in expected:
         if exp.spec.optional:
             continue

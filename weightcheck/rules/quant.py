@@ -9,13 +9,7 @@ from weightcheck.findings import Severity
 from weightcheck.quant.analysis import PARAM_SUFFIXES, QuantAnalysis, analyze_checkpoint, is_class_entry, regex_error
 from weightcheck.quant.config import WeightScheme, packed_width, validate_ct_mirror, validate_with_compressed_tensors
 from weightcheck.quant.inventory import ModuleInfo
-from weightcheck.quant.matchers import (
-    Consumer,
-    fused_groups,
-    get_consumer,
-    overreach,
-    regex_match,
-)
+from weightcheck.quant.matchers import Consumer, get_consumer, overreach, regex_match
 from weightcheck.rules import LintContext, rule
 
 CONFIG_FILE = "config.json"
@@ -221,10 +215,13 @@ def ignored_module_quantized(ctx: LintContext) -> None:
     if qa is None or qa.inventory is None or qa.inventory.from_config_only:
         return
     groups: dict[tuple[str, ...], list[str]] = defaultdict(list)
+    engines = _engine_view(qa)
+    if not qa.spec.ignore:
+        return
     for module in qa.inventory.modules.values():
         if not module.quantized:
             continue
-        by = [c for c in _engine_view(qa) if qa.is_ignored(c, module)]
+        by = [c for c in engines if qa.is_ignored(c, module)]
         if by:
             groups[tuple(c.label for c in by)].append(module.name)
     for labels, names in groups.items():
@@ -255,12 +252,13 @@ def targeted_module_unquantized(ctx: LintContext) -> None:
     if qa.spec.method == "fp8" and not qa.spec.ignore:
         return
     groups: dict[tuple[str, ...], list[str]] = defaultdict(list)
+    engines = _engine_view(qa)
     for module in qa.inventory.modules.values():
         if module.kind != "linear" or module.quantized is not False or module.name.endswith("lm_head"):
             continue
         if module.weight_ndim() != 2 or not qa.targeted_by_ct(module):
             continue
-        affected = [c for c in _engine_view(qa) if not qa.is_ignored(c, module)]
+        affected = [c for c in engines if not qa.is_ignored(c, module)]
         if affected:
             groups[tuple(c.label for c in affected)].append(module.name)
     for labels, names in groups.items():
@@ -409,11 +407,11 @@ def fused_group_partially_ignored(ctx: LintContext) -> None:
     or "Detected some but not all shards ... are quantized" (FP8) at startup. The usual cause is an
     over-reaching regex (`re:.*mlp.gate` also hits `gate_proj` but not `up_proj`)."""
     qa = _quantized(ctx)
-    if qa is None or qa.inventory is None:
-        return
+    if qa is None or qa.inventory is None or not qa.spec.ignore:
+        return  # with nothing ignored, no group can be partially ignored
     for consumer in _engine_view(qa):
         partial: list[str] = []
-        for fused, shards in sorted(fused_groups(qa.inventory.modules).items()):
+        for fused, shards in sorted(qa.fused().items()):
             flags = {qa.is_ignored(consumer, qa.inventory.modules[s]) for s in shards}
             if len(flags) == 2:
                 partial.append(fused)
@@ -444,11 +442,13 @@ def shard_ignore_needs_fused_name(ctx: LintContext) -> None:
     qa = _quantized(ctx)
     if qa is None or qa.inventory is None or qa.pattern is None or qa.spec.method != "compressed-tensors":
         return
+    if not qa.spec.ignore:
+        return
     if qa.pattern.engines.get("sglang_packed_modules_mapping", True):
         return
     sglang = get_consumer("sglang")
     hits: list[str] = []
-    for fused, shards in sorted(fused_groups(qa.inventory.modules).items()):
+    for fused, shards in sorted(qa.fused().items()):
         shard_modules = [qa.inventory.modules[s] for s in shards]
         if all(qa.is_ignored(sglang, m) for m in shard_modules) and not any(
             sglang.match(fused, e) for e in qa.spec.ignore
