@@ -121,14 +121,32 @@ def vllm_bnb_match(name: str, entry: str) -> bool:
     return entry in components or name.startswith(entry + ".") or name == entry
 
 
+_MLA_FUSED_TAILS = frozenset({"q_a_proj", "q_b_proj", "kv_a_proj_with_mqa", "kv_b_proj"})
+
+
+@lru_cache(maxsize=4096)
+def _modelopt_glob(entry: str) -> re.Pattern[str] | None:
+    # SGLang escapes only "." and turns "*" into ".*"; other regex characters pass through.
+    try:
+        return re.compile(entry.replace(".", r"\.").replace("*", ".*"))
+    except re.error:
+        return None
+
+
 def sglang_modelopt_match(name: str, entry: str) -> bool:
     """SGLang 0.5.23 ModelOpt `is_layer_excluded`: glob (`*`) full match on the whole prefix or on any single
-    dotted component, also with `language_model.` stripped."""
-    candidates = {name, name.replace("language_model.", "", 1)}
-    for cand in candidates:
-        if fnmatch.fnmatchcase(cand, entry) or any(fnmatch.fnmatchcase(c, entry) for c in cand.split(".")):
-            return True
-    return False
+    dotted component, also with a leading `language_model.` stripped; an entry whose last component is an
+    MLA projection also matches the fused `fused_qkv_a_proj_with_mqa` (substring of the last component)."""
+    candidates = [name]
+    if name.startswith("language_model."):
+        candidates.append(name.removeprefix("language_model."))
+    pattern = _modelopt_glob(entry)
+    if pattern is not None:
+        for cand in candidates:
+            if pattern.fullmatch(cand) or any(pattern.fullmatch(part) for part in cand.split(".")):
+                return True
+    tail = entry.rsplit(".", 1)[-1]
+    return tail in _MLA_FUSED_TAILS and any(tail in cand.rsplit(".", 1)[-1] for cand in candidates)
 
 
 def vllm_modelopt_match(name: str, entry: str) -> bool:
