@@ -255,9 +255,10 @@ class _Reshaped(Operand):
 def _never_written(a: Operand, b: Operand, verdict: Verdict) -> Classification | None:
     m = verdict.metrics
     assert m is not None
-    if m.count >= 256 and m.min_b >= 0 and m.max_b < 1:
+    # <= 1, not < 1: uniform [0, 1) values rounded to bf16 can reach 1.0.
+    if m.count >= 256 and m.min_b >= 0 and m.max_b <= 1:
         uniform = abs(m.mean_b - 0.5) < 0.05 and abs(m.std_b - _UNIFORM_STD) < 0.03
-        if uniform and not (m.min_a >= 0 and m.max_a < 1):
+        if uniform and not (m.min_a >= 0 and m.max_a <= 1):
             return Classification(
                 NEVER_WRITTEN,
                 f"values look like an uninitialised buffer: uniform [0, 1) (mean {m.mean_b:.3f}, std {m.std_b:.3f})",

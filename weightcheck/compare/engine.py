@@ -38,15 +38,17 @@ WITHIN_QUANT = "within-quantization-error"
 WITHIN_TOLERANCE = "within-tolerance"
 VALUE_MISMATCH = "value-mismatch"
 
-# Widening casts that change no value: comparing after them is still an exact comparison.
+# Widening casts that change no value: comparing after them is still an exact comparison. Integers and
+# floats are kept apart: a float weight against an integer one is a dtype mismatch even where the
+# values happen to convert exactly.
 _WIDER: dict[str, tuple[str, ...]] = {
     "BOOL": ("U8", "I8", "I16", "I32", "I64", "U16", "U32", "U64"),
-    "U8": ("I16", "I32", "I64", "U16", "U32", "U64", "F16", "BF16", "F32", "F64"),
-    "I8": ("I16", "I32", "I64", "F16", "BF16", "F32", "F64"),
-    "U16": ("I32", "I64", "U32", "U64", "F32", "F64"),
-    "I16": ("I32", "I64", "F32", "F64"),
-    "U32": ("I64", "U64", "F64"),
-    "I32": ("I64", "F64"),
+    "U8": ("I16", "I32", "I64", "U16", "U32", "U64"),
+    "I8": ("I16", "I32", "I64"),
+    "U16": ("I32", "I64", "U32", "U64"),
+    "I16": ("I32", "I64"),
+    "U32": ("I64", "U64"),
+    "I32": ("I64",),
     "F8_E4M3": ("F16", "BF16", "F32", "F64"),
     "F8_E5M2": ("F16", "F32", "F64"),
     "F16": ("F32", "F64"),
@@ -56,9 +58,14 @@ _WIDER: dict[str, tuple[str, ...]] = {
 _WIDE_VALUE_DTYPES = {"F32", "F64", "I32", "I64", "U32", "U64"}
 
 
+def widens(source: str, target: str) -> bool:
+    """True when every `source` value is exactly representable in `target` (or they are equal)."""
+    return source == target or target in _WIDER.get(source, ())
+
+
 def lossless(a: str, b: str) -> bool:
-    """True when one dtype converts to the other without changing any value."""
-    return a == b or b in _WIDER.get(a, ()) or a in _WIDER.get(b, ())
+    """True when one of the two dtypes widens to the other: values compare exactly in the wider one."""
+    return widens(a, b) or widens(b, a)
 
 
 @dataclass
@@ -161,7 +168,8 @@ def compare_pair(a: Operand, b: Operand, rule: PolicyRule) -> Verdict:
     if tier == "auto":
         if quantized:
             tier = "parts" if _same_layout(a, b) else "ulp"
-        elif a.value_dtype == b.value_dtype or lossless(a.value_dtype, b.value_dtype):
+        elif widens(a.value_dtype, b.value_dtype):
+            # B is the reference widened (bf16 → f32): exact. The other way round B is a rounding of A.
             tier = "exact"
         elif a.value_dtype in FLOAT_FORMATS and b.value_dtype in FLOAT_FORMATS:
             tier = "ulp"
