@@ -76,15 +76,17 @@ def test_kimi_k2_detected_as_deepseek_v3() -> None:
     assert detect_pattern({"model_type": "kimi_k2", "architectures": ["DeepseekV3ForCausalLM"]}).name == "deepseek_v3"
 
 
+HEAD = '[family]\nname = "x"\nlayer_prefix = "m"\nmodel_types = ["x"]\n'
+
+
 @pytest.mark.parametrize(
     ("text", "message"),
     [
         ('[family]\nname = "x"\n', "layer_prefix is required"),
         ('[family]\nname = "x"\nlayer_prefix = "model.layers"\nmodel_types = ["x"]\n[layer]\n"q" = { kind = "lin" }\n',
          "kind 'lin'"),
-        ('[family]\nname = "x"\nlayer_prefix = "m"\nmodel_types = ["x"]\n[layer]\n"q" = { kind = "linear", shape = ["__import__(1)"] }\n',
-         "Call"),
-        ('[family]\nname = "x"\nlayer_prefix = "m"\nmodel_types = ["x"]\n[wat]\n', "unknown sections"),
+        (HEAD + '[layer]\n"q" = { kind = "linear", shape = ["__import__(1)"] }\n', "Call"),
+        (HEAD + "[wat]\n", "unknown sections"),
         ("not toml =", "pattern"),
     ],
 )  # fmt: skip

@@ -146,7 +146,8 @@ def test_packed_name_not_weight(make_quant) -> None:
 
 def test_config_entry_kinds(make_quant) -> None:
     path = make_quant("llama", "W4A16")
-    set_ignore(path, ["lm_head", "re:visual.*", "model.embed_tokens.weight", "re:.*mlp\\.gate(", "LlamaRotaryEmbedding"])
+    entries = ["lm_head", "re:visual.*", "model.embed_tokens.weight", "re:.*mlp\\.gate(", "LlamaRotaryEmbedding"]
+    set_ignore(path, entries)
     result = run(path)
     unmatched = by_code(result, "WC302")
     assert any("re:visual.*" in f.message and "re:.*visual.*" in f.message for f in unmatched)
