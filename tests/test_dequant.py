@@ -11,6 +11,7 @@ import json
 from pathlib import Path
 
 import pytest
+import quant_fixtures
 import torch
 from quant_fixtures import EXPECTED_SPEC, edit_tensors
 
@@ -25,8 +26,9 @@ from weightcheck.dequant import (
 )
 from weightcheck.tensors import TensorStore
 
-# Fixtures (quant_suite, copy_ckpt) come from the quant_fixtures plugin.
-pytest_plugins = ("quant_fixtures",)
+# Shared fixtures: the session-wide quantized suite and private copies of checkpoints.
+quant_suite = quant_fixtures.quant_suite
+copy_ckpt = quant_fixtures.copy_ckpt
 
 CT_SCHEMES = sorted(set(EXPECTED_SPEC))
 

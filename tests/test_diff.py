@@ -9,14 +9,16 @@ import sys
 from pathlib import Path
 
 import pytest
+import quant_fixtures
 import torch
 from quant_fixtures import edit_tensors
 
 from weightcheck.diff import DiffOptions, NameMapError, diff, parse_name_map
 from weightcheck.findings import Result
 
-# Fixtures (quant_suite, copy_ckpt) come from the quant_fixtures plugin.
-pytest_plugins = ("quant_fixtures",)
+# Shared fixtures: the session-wide quantized suite and private copies of checkpoints.
+quant_suite = quant_fixtures.quant_suite
+copy_ckpt = quant_fixtures.copy_ckpt
 
 LLAMA_TENSORS = 4 * 9 + 3  # 4 layers x 9 tensors, embed, norm, lm_head
 

@@ -29,6 +29,7 @@ CONTENT_NEEDS = ("tensors", "data")
 _SCALE_NAME = re.compile(r"(_scale|_scale_inv|_scale_2|_global_scale|(^|\.)[kvq]_scale)$")
 # Tensors that may legitimately be zero or constant: zero points, shapes, indices, biases, norms.
 _MAY_BE_CONSTANT = re.compile(r"(zero_point|weight_shape|g_idx|_shape|bias|norm\.weight|layernorm\.weight)$")
+_PACKED = re.compile(r"_packed$")
 _EMBEDDING = re.compile(r"(^|\.)(embed_tokens|wte|word_embeddings|tok_embeddings|embeddings)\.weight$")
 # Dtypes whose values cannot be reduced (F4 is packed, F6 has no torch type): hashed, not range-checked.
 _NO_RANGE_DTYPES = frozenset({"F4", "F6_E2M3", "F6_E3M2"})
@@ -91,8 +92,9 @@ def _scan(ctx: LintContext) -> list[TensorScan]:
     finally:
         if progress is not None:
             progress[0].stop()
+    known = ctx.ckpt.all_tensors()
     for name, reason in sorted(store.unreadable().items()):
-        info = ctx.ckpt.all_tensors().get(name)
+        info = known.get(name)
         out.append(TensorScan(name, "", info.dtype if info else "", info.shape if info else (), error=reason))
     return out
 
@@ -199,6 +201,8 @@ def weight_all_zero(ctx: LintContext) -> None:
     zero."""
     names = [s for s in content_scan(ctx) if _is_weight_matrix(s) and s.value_range and s.value_range.all_zero]
     for scan in names:
+        if _PACKED.search(scan.name):
+            continue  # zero words are codes at the minimum, not zero weights: WC604 reports them
         ctx.report(f"all {_numel(scan.shape)} elements are zero", file=scan.shard, tensor=scan.name)
 
 
@@ -261,8 +265,10 @@ def constant_tensor(ctx: LintContext) -> None:
     biases) are skipped because constant initial values are legitimate there."""
     for scan in content_scan(ctx):
         found = scan.value_range
-        if not _is_weight_matrix(scan) or found is None or found.all_zero or not found.constant:
+        if not _is_weight_matrix(scan) or found is None or not found.constant:
             continue
+        if found.all_zero and not _PACKED.search(scan.name):
+            continue  # WC602
         if _numel(scan.shape) < 2:
             continue
         value = int(found.minimum) if found.minimum.is_integer() else found.minimum
