@@ -58,7 +58,24 @@ def build_qwen3_tied(path: Path) -> Path:
     return path
 
 
+def build_qwen2_5_vl(path: Path) -> Path:
+    """A VLM: transformers writes the Hub layout (`model.layers.*`, `visual.*`), not its in-memory
+    `model.language_model.*` names."""
+    import torch
+    from transformers import Qwen2_5_VLConfig, Qwen2_5_VLForConditionalGeneration
+
+    torch.manual_seed(0)
+    text = dict(intermediate_size=128, num_hidden_layers=2, tie_word_embeddings=False, **TINY)
+    text.pop("head_dim")
+    vision = dict(
+        depth=1, hidden_size=32, intermediate_size=64, num_heads=2, out_hidden_size=64, fullatt_block_indexes=[0]
+    )
+    cfg = Qwen2_5_VLConfig(text_config=text, vision_config=vision, tie_word_embeddings=False)
+    return _save(Qwen2_5_VLForConditionalGeneration(cfg), path, "100KB")
+
+
 BUILDERS: dict[str, Callable[[Path], Path]] = {
+    "qwen2_5_vl": build_qwen2_5_vl,
     "llama": build_llama,
     "qwen3_moe": build_qwen3_moe,
     "qwen3_tied": build_qwen3_tied,

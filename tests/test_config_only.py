@@ -128,3 +128,17 @@ def test_new_architecture_by_one_pattern_file(tmp_path: Path, make_ckpt) -> None
     (ckpt / "model.safetensors.index.json").write_text(json.dumps(index))
     assert any("model.layers.1.input_layernorm.weight" in f.message
                for f in by_code(run(ckpt, options={"pattern": str(new)}), "WC410"))  # fmt: skip
+
+
+def test_vlm_hub_layout_uses_the_root_alias(make_ckpt) -> None:
+    path = make_ckpt("qwen2_5_vl")
+    result = run(path)
+    assert result.findings == [], [f.message for f in result.findings]
+    index = json.loads((path / "model.safetensors.index.json").read_text())
+    victim = "model.layers.1.self_attn.k_proj.bias"
+    shard = index["weight_map"].pop(victim)
+    from helpers import rewrite_shard
+
+    rewrite_shard(path / shard, drop={victim})
+    (path / "model.safetensors.index.json").write_text(json.dumps(index))
+    assert any(victim in f.message for f in by_code(run(path), "WC410"))

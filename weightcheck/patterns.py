@@ -14,6 +14,7 @@ from __future__ import annotations
 import ast
 import operator
 import sys
+from collections.abc import Iterable
 from dataclasses import dataclass, field
 from functools import lru_cache
 from importlib import resources
@@ -29,7 +30,7 @@ KINDS = {"linear", "router", "embedding", "norm", "conv", "other"}
 _MODULE_KEYS = {"kind", "shape", "bias", "params", "optional", "when", "quantized_by", "fused", "dtype"}
 _FAMILY_KEYS = {
     "name", "description", "model_types", "architectures", "layer_prefix", "num_layers", "mtp_layers",
-    "experts", "moe_layers", "allowed_prefixes",
+    "experts", "moe_layers", "allowed_prefixes", "root_aliases",
 }  # fmt: skip
 _ENGINE_KEYS = {"sglang_class", "sglang_packed_modules_mapping", "sglang_separate_lm_head", "vllm_class"}
 _SECTIONS = {"family", "defaults", "engines", "globals", "layer", "dense_layer", "moe_layer", "mtp_layer"}
@@ -147,6 +148,9 @@ class Pattern:
     experts: str | None = None
     moe_layers: str | None = None
     allowed_prefixes: list[str] = field(default_factory=list)
+    # Other spellings of the language-model root in checkpoints (Qwen2.5-VL on the Hub: `model.` where
+    # transformers >= 4.52 says `model.language_model.`); the one the checkpoint uses is picked.
+    root_aliases: list[str] = field(default_factory=list)
     description: str = ""
     defaults: dict[str, Any] = field(default_factory=dict)
     engines: dict[str, Any] = field(default_factory=dict)
@@ -222,6 +226,7 @@ def parse_pattern(doc: dict[str, Any], where: str) -> Pattern:
         experts=fam.get("experts"),
         moe_layers=fam.get("moe_layers"),
         allowed_prefixes=list(fam.get("allowed_prefixes", [])),
+        root_aliases=list(fam.get("root_aliases", [])),
         description=fam.get("description", ""),
         defaults=dict(doc.get("defaults", {})),
         engines=dict(engines),
@@ -337,9 +342,26 @@ def _count(expr: str | None, env: dict[str, Any]) -> int:
     return value if isinstance(value, int) and not isinstance(value, bool) else 0
 
 
-def expand(pattern: Pattern, config: dict[str, Any]) -> tuple[list[ExpectedModule], list[str]]:
+def layer_root(pattern: Pattern, names: Iterable[str] | None) -> str:
+    """The language-model root (`model` in `model.layers`) as this checkpoint spells it."""
+    canonical = pattern.layer_prefix.rsplit(".", 1)[0]
+    if names is None or not pattern.root_aliases:
+        return canonical
+    leaf = pattern.layer_prefix.rsplit(".", 1)[-1]
+    present = {canonical: 0, **dict.fromkeys(pattern.root_aliases, 0)}
+    for name in names:
+        for root in present:
+            if name.startswith(f"{root}.{leaf}."):
+                present[root] += 1
+    best = max(present, key=lambda r: present[r])
+    return best if present[best] else canonical
+
+
+def expand(
+    pattern: Pattern, config: dict[str, Any], names: Iterable[str] | None = None
+) -> tuple[list[ExpectedModule], list[str]]:
     """All modules the config implies, with expected shapes. Also returns notes on what could not be
-    evaluated (a missing config key)."""
+    evaluated (a missing config key). `names` (the checkpoint's tensors) picks a root alias."""
     env = config_env(pattern, config)
     notes: list[str] = []
     n_layers = _count(pattern.num_layers, env)
@@ -411,4 +433,9 @@ def expand(pattern: Pattern, config: dict[str, Any]) -> tuple[list[ExpectedModul
                         add(spec, f"{prefix}.{spec.name.replace('*', str(e))}", lenv, layer, e)
                 else:
                     add(spec, f"{prefix}.{spec.name}", lenv, layer, None)
+    canonical = pattern.layer_prefix.rsplit(".", 1)[0]
+    root = layer_root(pattern, names)
+    if root != canonical:
+        out = [m._replace(name=root + m.name[len(canonical) :]) if m.name.startswith(canonical + ".") else m
+               for m in out]  # fmt: skip
     return out, sorted(set(notes))

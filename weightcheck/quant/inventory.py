@@ -115,7 +115,7 @@ def from_checkpoint(
     expected: dict[str, ExpectedModule] = {}
     notes: list[str] = []
     if pattern is not None:
-        mods, notes = expand(pattern, config)
+        mods, notes = expand(pattern, config, tensors)
         expected = {m.name: m for m in mods}
     modules: dict[str, ModuleInfo] = {}
     for name, info in tensors.items():
