@@ -1,0 +1,211 @@
+"""Harness for the real-SGLang test group: SGLang model classes built on CPU, the tap installed through
+SGLang's own plugin loader, HF checkpoints written by transformers as the reference.
+
+Stubs, and why (nothing else is faked):
+
+* `vllm._custom_ops.rotary_embedding`: off CUDA, SGLang's `RotaryEmbedding.__init__` imports it (the CPU
+  path needs the Xeon build of sgl-kernel). It is used only by the forward pass, which these tests never run.
+* The process group is a real single-process gloo group (`sglang.test.layer_ut_utils.init_single_process_dist`),
+  not a stub; the two-process PP test spawns real gloo ranks and only disables pynccl/custom all-reduce,
+  which need a CUDA device.
+
+Run: `pytest -m sglang tests/sglang` in an environment with sglang installed (scripts/test-sglang.sh).
+
+This is not a `conftest.py`: pytest imports every conftest as the module `conftest`, and the last one
+imported owns that name, so a second conftest would break the root tests' `from conftest import ...`.
+Test modules import the fixtures from here instead.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+import types
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+__all__ = ["checkpoints", "harness", "plugin_tap", "records_dir", "sglang_dist"]
+MASTER_PORT = 29632
+
+# The four classes the issue names; the plugin taps them up front (WEIGHTCHECK_SGLANG_TARGETS).
+TARGETS = {
+    "qwen2": ("sglang.srt.models.qwen2", "Qwen2ForCausalLM"),
+    "qwen3": ("sglang.srt.models.qwen3", "Qwen3ForCausalLM"),
+    "qwen3_moe": ("sglang.srt.models.qwen3_moe", "Qwen3MoeForCausalLM"),
+    "deepseek_v3": ("sglang.srt.models.deepseek_v2", "DeepseekV3ForCausalLM"),
+}
+
+
+def install_cpu_stubs() -> None:
+    if "vllm._custom_ops" in sys.modules:
+        return
+    vllm = types.ModuleType("vllm")
+    ops = types.ModuleType("vllm._custom_ops")
+
+    def rotary_embedding(*args: Any, **kwargs: Any) -> None:
+        raise RuntimeError("CPU test stub: rotary_embedding is forward-only and must not be called")
+
+    ops.rotary_embedding = rotary_embedding  # type: ignore[attr-defined]
+    vllm._custom_ops = ops  # type: ignore[attr-defined]
+    sys.modules["vllm"] = vllm
+    sys.modules["vllm._custom_ops"] = ops
+
+
+def tiny_config(kind: str, **overrides: Any) -> Any:
+    """Tiny transformers configs (the classes `AutoConfig` returns), shared by SGLang and the checkpoint."""
+    from transformers import DeepseekV3Config, Qwen2Config, Qwen3Config, Qwen3MoeConfig
+
+    common: dict[str, Any] = dict(
+        hidden_size=64,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        intermediate_size=128,
+        vocab_size=128,
+        max_position_embeddings=256,
+        tie_word_embeddings=False,
+    )
+    if kind == "qwen2":
+        return Qwen2Config(**{**common, **overrides})
+    if kind == "qwen3":
+        return Qwen3Config(head_dim=16, **{**common, **overrides})
+    if kind == "qwen3_moe":
+        return Qwen3MoeConfig(
+            head_dim=16,
+            num_experts=4,
+            num_experts_per_tok=2,
+            moe_intermediate_size=32,
+            decoder_sparse_step=1,
+            **{**common, **overrides},
+        )
+    if kind == "deepseek_v3":
+        values = dict(
+            common,
+            num_hidden_layers=3,
+            num_key_value_heads=4,
+            moe_intermediate_size=32,
+            n_routed_experts=4,
+            n_shared_experts=1,
+            num_experts_per_tok=2,
+            n_group=1,
+            topk_group=1,
+            first_k_dense_replace=1,
+            q_lora_rank=32,
+            kv_lora_rank=16,
+            qk_rope_head_dim=8,
+            qk_nope_head_dim=16,
+            v_head_dim=16,
+            # In every real DeepSeek-V3 config.json, not defaults of transformers 5.19's DeepseekV3Config;
+            # SGLang reads them directly.
+            moe_layer_freq=1,
+            topk_method="noaux_tc",
+            scoring_func="sigmoid",
+            num_nextn_predict_layers=0,
+        )
+        return DeepseekV3Config(**{**values, **overrides})
+    raise KeyError(kind)
+
+
+@pytest.fixture(scope="session")
+def sglang_dist() -> None:
+    """One real world-size-1 gloo group for the whole session (SGLang's init is once per process)."""
+    install_cpu_stubs()
+    os.environ.setdefault("MASTER_ADDR", "127.0.0.1")
+    from sglang.test.layer_ut_utils import init_single_process_dist
+
+    init_single_process_dist(master_port=MASTER_PORT, backend="gloo")
+
+
+@pytest.fixture(scope="session")
+def plugin_tap(sglang_dist: None, tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """Install the tap the way production does: SGLang's `load_plugins()` finds the `weightcheck` entry point."""
+    root = tmp_path_factory.mktemp("weightcheck-dir")
+    os.environ["WEIGHTCHECK_DIR"] = str(root)
+    os.environ["WEIGHTCHECK_SGLANG_TARGETS"] = ",".join(f"{m}.{c}" for m, c in TARGETS.values())
+    from sglang.srt.plugins import load_plugins
+
+    load_plugins()
+    return root
+
+
+@pytest.fixture
+def records_dir(plugin_tap: Path, tmp_path: Path) -> Iterator[Path]:
+    """A fresh records directory per test (the plugin's configuration, redirected)."""
+    from weightcheck import tap
+
+    base = tap.current_config()
+    assert base is not None, "the weightcheck plugin did not configure the tap"
+    target = tmp_path / "records"
+    tap.configure(tap.TapConfig(directory=target, keep_tensors=base.keep_tensors, digest_threads=base.digest_threads))
+    yield target
+    tap.configure(base)
+
+
+def build_model(kind: str, config: Any) -> Any:
+    import importlib
+
+    module, name = TARGETS[kind]
+    return getattr(importlib.import_module(module), name)(config)
+
+
+def fill_pattern(model: Any, seed: int = 1234) -> None:
+    """What SGLang's checker `reset_tensors` does: overwrite every parameter with uniform [0, 1) values, so
+    whatever a sync does not write keeps a pattern no checkpoint tensor has."""
+    import torch
+
+    generator = torch.Generator().manual_seed(seed)
+    with torch.no_grad():
+        for _, param in model.named_parameters():
+            param.copy_(torch.rand(param.shape, generator=generator, dtype=torch.float32).to(param.dtype))
+
+
+@pytest.fixture(scope="session")
+def checkpoints(tmp_path_factory: pytest.TempPathFactory) -> Callable[..., Path]:
+    """`checkpoints(kind, **config_overrides)` → a safetensors checkpoint written by transformers
+    `save_pretrained` (per-expert checkpoint names), cached per configuration."""
+    cache: dict[tuple[str, tuple[tuple[str, Any], ...]], Path] = {}
+
+    def get(kind: str, **overrides: Any) -> Path:
+        key = (kind, tuple(sorted(overrides.items())))
+        if key not in cache:
+            import torch
+            from transformers import AutoModelForCausalLM
+
+            torch.manual_seed(len(cache) + 7)
+            model = AutoModelForCausalLM.from_config(tiny_config(kind, **overrides))
+            path = tmp_path_factory.mktemp(f"ckpt-{kind}") / kind
+            model.save_pretrained(path)
+            cache[key] = path
+        return cache[key]
+
+    return get
+
+
+def checkpoint_stream(path: Path) -> list[tuple[str, Any]]:
+    """Every tensor of a checkpoint, in file order, as the trainer would send it (the exact stored bytes)."""
+    from safetensors import safe_open
+
+    out: list[tuple[str, Any]] = []
+    for shard in sorted(path.glob("*.safetensors")):
+        with safe_open(str(shard), framework="pt") as fh:
+            for key in fh.keys():
+                out.append((key, fh.get_tensor(key)))
+    return out
+
+
+class Harness:
+    """The helpers above, as one fixture."""
+
+    targets = TARGETS
+    tiny_config = staticmethod(tiny_config)
+    build_model = staticmethod(build_model)
+    fill_pattern = staticmethod(fill_pattern)
+    checkpoint_stream = staticmethod(checkpoint_stream)
+
+
+@pytest.fixture(scope="session")
+def harness() -> type[Harness]:
+    return Harness

@@ -1,0 +1,257 @@
+"""WC720–WC749: live weight-sync verification (`weightcheck verify`). Fired by `weightcheck.verify`, not by lint."""
+
+from __future__ import annotations
+
+import inspect
+import textwrap
+
+from weightcheck.findings import Severity
+from weightcheck.rules import Rule, register
+
+
+def _verify_rule(code: str, name: str, severity: Severity, summary: str, doc: str, bad: str, good: str) -> None:
+    register(
+        Rule(
+            code=code,
+            name=name,
+            severity=severity,
+            summary=summary,
+            doc=inspect.cleandoc(doc),
+            bad=textwrap.dedent(bad),
+            good=textwrap.dedent(good),
+            check=None,
+            needs=frozenset(),
+            command="verify",
+        )
+    )
+
+
+_verify_rule(
+    "WC720",
+    "sync-record-invalid",
+    Severity.ERROR,
+    "A tap record file cannot be read (truncated, not JSON, wrong schema).",
+    """
+    Records are written atomically, so a damaged file means something other than the tap wrote or cut it.
+    The file is skipped; the other ranks are still checked.
+    """,
+    "sync-00003/tp0-pp0-ep0.host.123.jsonl  # no 'end' line",
+    'every record ends with {"t": "end", ...} carrying the counts',
+)
+_verify_rule(
+    "WC721",
+    "sync-reference-invalid",
+    Severity.ERROR,
+    "The reference (checkpoint or trainer manifest) cannot be read, or its parts disagree.",
+    """
+    Without a readable reference only the engine-side checks (dropped names, parameters never written) run.
+    Manifest parts written by several trainer ranks must agree on every name they share.
+    """,
+    "weightcheck verify rec/ --against broken-manifest.json",
+    "weightcheck verify rec/ --against manifests/step-7/",
+)
+_verify_rule(
+    "WC722",
+    "sync-tensor-missing",
+    Severity.ERROR,
+    "The reference has a tensor that no rank received in this sync.",
+    """
+    A tensor the trainer should have pushed never arrived: the engine keeps its old (or, after
+    `release_memory_occupation`, garbage) value. When the missing names are the true names of a shifted
+    stage or expert group, the message points at WC725/WC726.
+    """,
+    "reference: model.layers.3.mlp.down_proj.weight; sync: (absent)",
+    "every reference tensor is sent once per sync",
+)
+_verify_rule(
+    "WC723",
+    "sync-tensor-unexpected",
+    Severity.WARNING,
+    "A tensor was sent that the reference does not have.",
+    """
+    Often a quantized companion (`weight_packed`, `weight_scale`) of a tensor the reference holds unquantized,
+    a layer id beyond the model, or a name in another naming scheme.
+    """,
+    "sync: model.layers.0.mlp.gate.weight_packed; reference: model.layers.0.mlp.gate.weight",
+    "sync and reference use the same names",
+)
+_verify_rule(
+    "WC724",
+    "sync-tensor-duplicated",
+    Severity.ERROR,
+    "A name was sent more than once in one sync (or by several trainer ranks).",
+    """
+    With different contents the engine keeps whichever arrived last: typically two pipeline stages sending
+    the same layer ids (see WC725). Identical repeats are a warning (wasted bandwidth).
+    """,
+    "pp_rank 0 and pp_rank 1 both send model.layers.0.*",
+    "each stage sends its own global layer ids",
+)
+_verify_rule(
+    "WC725",
+    "sync-layer-shifted",
+    Severity.ERROR,
+    "Layers carry the data of other layers: a pipeline stage sent its layers without (or with a wrong) offset.",
+    """
+    The digest of a sent tensor equals the reference digest of the same tensor in another layer. The shift
+    and the trainer stage that sent the layers are inferred with `weightcheck.layout` (Megatron offsets; pass
+    `--trainer-pp` and friends, or record them in the trainer manifest, to make the stage exact).
+    """,
+    "pp_rank 1 sends layers 2..3 as model.layers.0..1 (local ids, offset forgotten)",
+    "pp_rank 1 adds its offset 2: model.layers.2..3",
+)
+_verify_rule(
+    "WC726",
+    "sync-expert-shifted",
+    Severity.ERROR,
+    "Experts carry the data of other experts: an expert-parallel rank sent local expert ids.",
+    """
+    The digest of a sent expert tensor equals the reference digest of another expert of the same layer; the
+    EP rank is inferred from the shift and the expert count (`--trainer-ep` makes it exact).
+    """,
+    "ep_rank 1 sends experts 2..3 as mlp.experts.0..1",
+    "ep_rank 1 offsets its local expert ids by 2",
+)
+_verify_rule(
+    "WC727",
+    "sync-tensor-mismatch",
+    Severity.ERROR,
+    "A sent tensor differs from the reference (dtype, shape, bytes or values).",
+    """
+    Classified when possible: another tensor's data, dtype or shape changed, bytes differ; with
+    `WEIGHTCHECK_TAP_TENSORS=1` and a checkpoint reference the values are compared too (max abs, rel-L2).
+    """,
+    "sync: q_proj.weight sha256 3f2a…; reference: 9c1d…",
+    "digests equal on both sides",
+)
+_verify_rule(
+    "WC728",
+    "sync-tensor-zeros",
+    Severity.ERROR,
+    "A sent tensor is all zeros where the reference is not.",
+    """
+    A zero router or head makes the rollout garbage without any error (a common symptom of a converter that
+    allocated but never filled a buffer).
+    """,
+    "sync: model.layers.0.mlp.gate.weight == 0",
+    "the router carries trained values",
+)
+_verify_rule(
+    "WC729",
+    "sync-tensor-nonfinite",
+    Severity.ERROR,
+    "A sent tensor holds NaN or Inf values.",
+    "Counted by the tap on the incoming tensor; reported whether or not a reference is given.",
+    "sync: model.norm.weight has 64 NaN",
+    "all values finite",
+)
+_verify_rule(
+    "WC730",
+    "sync-within-tolerance",
+    Severity.WARNING,
+    "A sent tensor differs from the reference only within the rounding of its lower-precision dtype.",
+    """
+    Needs the tensors themselves (`WEIGHTCHECK_TAP_TENSORS=1`) and a checkpoint reference. Bound: rel-L2 of
+    the difference below the rounding error of the coarser dtype (BF16 2^-8, F16 2^-11, FP8 E4M3 2^-4).
+    """,
+    "sync sends F32 values of a BF16 checkpoint tensor",
+    "sync sends the BF16 bytes",
+)
+_verify_rule(
+    "WC731",
+    "engine-dropped-tensor",
+    Severity.ERROR,
+    "The engine received a tensor and wrote it into no parameter on any rank.",
+    """
+    SGLang drops names it cannot place, often silently (Qwen3-MoE and GLM4-MoE never log it): a quantized
+    router (`mlp.gate.weight_packed`) for an unquantized router, transformers-5 fused expert names, a layer id
+    beyond the model. Names skipped because another rank owns them (pipeline stage, expert) are not reported.
+    """,
+    "sync: model.layers.0.mlp.gate.weight_packed → no parameter written",
+    "sync: model.layers.0.mlp.gate.weight → mlp.gate.weight written",
+)
+_verify_rule(
+    "WC732",
+    "engine-param-never-written",
+    Severity.ERROR,
+    "An engine parameter received no data in this sync.",
+    """
+    It keeps its previous value (or garbage after a memory release, or the pattern a checker filled in).
+    In update syncs, parameters never written in the first recorded sync (derived buffers) are not expected.
+    """,
+    "model.layers.1.self_attn.fused_qkv_a_proj_with_mqa.weight: never written",
+    "every parameter is written by the sync",
+)
+_verify_rule(
+    "WC733",
+    "engine-param-partially-written",
+    Severity.ERROR,
+    "A stacked or expert parameter got only some of its shards or experts.",
+    """
+    `qkv_proj` needs q, k and v; `gate_up_proj` gate and up; a fused-MoE `w13` every local expert's w1 and w3.
+    A part never written keeps its old values while the parameter looks "written".
+    """,
+    "model.layers.0.self_attn.qkv_proj.weight: shard k never written",
+    "all shards written",
+)
+_verify_rule(
+    "WC734",
+    "sync-ranks-incomplete",
+    Severity.WARNING,
+    "Records of some engine ranks are missing (or duplicated), so cross-rank checks are partial.",
+    """
+    Each rank writes its own record. Without all pipeline stages, a name owned by a missing stage cannot be
+    told apart from a dropped one, so WC731 is not reported for it.
+    """,
+    "pp_size 2, records only for pp_rank 0",
+    "one record per (tp_rank, pp_rank)",
+)
+_verify_rule(
+    "WC735",
+    "sync-ranks-disagree",
+    Severity.ERROR,
+    "Engine ranks received different bytes for the same name.",
+    "Every rank of an engine gets the same full tensor; a difference means a corrupted or stale transfer.",
+    "tp_rank 0 and tp_rank 1 got different model.embed_tokens.weight",
+    "identical digests on every rank",
+)
+_verify_rule(
+    "WC736",
+    "sync-fused-pair-split",
+    Severity.ERROR,
+    "A pair the engine fuses within one load_weights call arrived in different calls.",
+    """
+    SGLang's DeepSeek loader caches `q_a_proj` and `kv_a_proj_with_mqa` per call and writes
+    `fused_qkv_a_proj_with_mqa` only when both arrive in the same call; split across buckets, both are dropped
+    silently (sgl-project/sglang#14178). Keep the pair in one bucket.
+    """,
+    "bucket 3: layers.5.self_attn.q_a_proj.weight; bucket 4: layers.5.self_attn.kv_a_proj_with_mqa.weight",
+    "one bucket holds both",
+)
+_verify_rule(
+    "WC737",
+    "engine-checker-failed",
+    Severity.ERROR,
+    "SGLang's own /weights_checker compare reported a mismatch (interop mode).",
+    "Reported next to weightcheck's localised findings for the same sync.",
+    "/weights_checker compare: check tensor equality failed",
+    "/weights_checker compare: success",
+)
+_verify_rule(
+    "WC738",
+    "sync-not-found",
+    Severity.ERROR,
+    "No records for the requested sync or weight version.",
+    "The tap was off, the engine wrote elsewhere, or the version string differs from the one pushed.",
+    "weightcheck verify rec/ --weight-version step-9  # only step-1..8 recorded",
+    "the version that was pushed",
+)
+_verify_rule(
+    "WC739",
+    "sync-load-failed",
+    Severity.ERROR,
+    "load_weights raised during the sync, or the sync never ended.",
+    "The engine holds a partial update; SGLang's tensor path does not roll back.",
+    "call 2 raised KeyError: 'model.layers.0.self_attn.qkv_proj.weight_packed'",
+    "every call completes",
+)

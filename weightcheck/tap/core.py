@@ -1,0 +1,554 @@
+"""The load_weights tap: record every (name, tensor) a model receives, per sync, per rank.
+
+`tap_load_weights(original_fn, model, *args, **kwargs)` has the signature of an SGLang `HookRegistry`
+AROUND hook and works as well around any `load_weights(weights, ...)`: it wraps the weights iterable
+lazily (a one-shot generator stays one-shot; a list is recorded up front and passed on unchanged), digests
+each tensor as it passes, and installs recording loaders on the model's parameters for the duration of the
+call (see `weightcheck.tap.coverage`).
+
+Syncs group calls. A sync is opened by `begin_sync` (the SGLang plugin does so on `begin_weight_update`), or
+implicitly around one update request or one bare `load_weights` call, and its record is written when it
+closes: one JSON-lines file per rank (`weightcheck.tap.records`), atomically.
+
+Off unless configured (`WEIGHTCHECK_DIR` or `configure(...)`): a disabled hook only checks one attribute.
+Never raises into the engine unless `strict` is set: a failure of the tap is logged and the load goes on.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import os
+import socket
+import threading
+import time
+from collections.abc import Callable, Iterable, Iterator, Mapping
+from concurrent.futures import Future, ThreadPoolExecutor
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from weightcheck.tap.coverage import CallCoverage, ParamCoverage
+from weightcheck.tap.records import (
+    RECORD_KIND,
+    RECORD_SCHEMA_VERSION,
+    encode_line,
+    rank_file_stem,
+    sync_dir_name,
+    write_atomic_text,
+)
+
+log = logging.getLogger("weightcheck.tap")
+
+ENV_DIR = "WEIGHTCHECK_DIR"
+ENV_TENSORS = "WEIGHTCHECK_TAP_TENSORS"
+ENV_STRICT = "WEIGHTCHECK_STRICT"
+ENV_SYNC_DIGEST = "WEIGHTCHECK_TAP_SYNC_DIGEST"
+ENV_THREADS = "WEIGHTCHECK_DIGEST_THREADS"
+ENV_ENGINE = "WEIGHTCHECK_ENGINE"
+# Loggers whose warnings during a call are kept in the record ("Parameter X not found in params_dict").
+ENGINE_LOGGERS = ("sglang.srt",)
+_MAX_WARNINGS_PER_CALL = 50
+
+
+def _truthy(value: str | None) -> bool:
+    return (value or "").strip().lower() in ("1", "true", "yes", "on")
+
+
+@dataclass(frozen=True)
+class TapConfig:
+    """How the tap records. `directory` is where `sync-*/` folders are written."""
+
+    directory: Path
+    keep_tensors: bool = False  # also save every incoming tensor (CPU copy) next to the record
+    strict: bool = False  # let tap failures raise into the engine
+    synchronous_digest: bool = False  # digest before handing each tensor on (senders that reuse buffers)
+    digest_threads: int = 2
+    engine: str | None = None  # engine id in the record; default host:port from SGLang, else the host name
+
+
+def config_from_env(environ: Mapping[str, str] | None = None) -> TapConfig | None:
+    """The tap configuration from `WEIGHTCHECK_*` variables, or None when `WEIGHTCHECK_DIR` is unset."""
+    env = os.environ if environ is None else environ
+    directory = env.get(ENV_DIR, "").strip()
+    if not directory:
+        return None
+    try:
+        threads = int(env.get(ENV_THREADS, "") or min(4, os.cpu_count() or 1))
+    except ValueError:
+        threads = 2
+    return TapConfig(
+        directory=Path(directory),
+        keep_tensors=_truthy(env.get(ENV_TENSORS)),
+        strict=_truthy(env.get(ENV_STRICT)),
+        synchronous_digest=_truthy(env.get(ENV_SYNC_DIGEST)),
+        digest_threads=max(1, threads),
+        engine=env.get(ENV_ENGINE) or None,
+    )
+
+
+@dataclass
+class EngineHooks:
+    """What an engine integration tells the tap (all optional)."""
+
+    rank_info: Callable[[], dict[str, Any]] | None = None
+    default_loader: Callable[..., Any] | None = None
+    current_weight_version: Callable[[], str | None] | None = None
+    engine_id: Callable[[], str | None] | None = None
+    engine_version: Callable[[], str | None] | None = None
+
+
+@dataclass
+class _Sync:
+    seq: int
+    source: str
+    weight_version: str | None
+    started: float
+    calls: list[dict[str, Any]] = field(default_factory=list)
+    entries: dict[int, dict[str, Any]] = field(default_factory=dict)
+    params: dict[str, ParamCoverage] = field(default_factory=dict)
+    kept: dict[str, Any] = field(default_factory=dict)
+    model: dict[str, Any] = field(default_factory=dict)
+    rank: dict[str, Any] | None = None
+    next_tensor: int = 0
+
+
+class _State:
+    def __init__(self) -> None:
+        self.lock = threading.RLock()
+        self.config: TapConfig | None = None
+        self.hooks = EngineHooks()
+        self.current: _Sync | None = None
+        self.next_seq = 0
+        self.pool: ThreadPoolExecutor | None = None
+        self.local = threading.local()
+        self.last_written: Path | None = None
+        self.warned: set[str] = set()
+
+
+_STATE = _State()
+
+
+# ---- configuration ---------------------------------------------------------------------------------------
+
+
+def configure(
+    directory: str | os.PathLike[str] | TapConfig | None,
+    *,
+    keep_tensors: bool = False,
+    strict: bool = False,
+    synchronous_digest: bool = False,
+    digest_threads: int | None = None,
+    engine: str | None = None,
+) -> TapConfig | None:
+    """Turn the tap on (records under `directory`) or off (`None`). Closes a sync left open."""
+    if isinstance(directory, TapConfig) or directory is None:
+        config = directory
+    else:
+        config = TapConfig(
+            directory=Path(directory),
+            keep_tensors=keep_tensors,
+            strict=strict,
+            synchronous_digest=synchronous_digest,
+            digest_threads=max(1, digest_threads or min(4, os.cpu_count() or 1)),
+            engine=engine,
+        )
+    with _STATE.lock:
+        if _STATE.current is not None:
+            _close_sync(incomplete=True)
+        previous = _STATE.config
+        if config is None or previous is None or previous.directory != config.directory:
+            _STATE.next_seq = 0  # sync numbers are per records directory
+        _STATE.config = config
+    return config
+
+
+def configure_from_env(environ: Mapping[str, str] | None = None) -> TapConfig | None:
+    return configure(config_from_env(environ))
+
+
+def set_engine_hooks(hooks: EngineHooks) -> None:
+    _STATE.hooks = hooks
+
+
+def current_config() -> TapConfig | None:
+    return _STATE.config
+
+
+def last_record_path() -> Path | None:
+    """The record file this process wrote last (None before the first)."""
+    return _STATE.last_written
+
+
+def _fail(what: str, exc: BaseException) -> None:
+    """A tap failure: raise in strict mode, else log it once per kind and carry on."""
+    config = _STATE.config
+    if config is not None and config.strict:
+        raise exc
+    if what not in _STATE.warned:
+        _STATE.warned.add(what)
+        log.warning("weightcheck tap: %s failed (%s: %s); the load continues unrecorded", what, type(exc).__name__, exc)
+
+
+# ---- syncs -----------------------------------------------------------------------------------------------
+
+
+def begin_sync(*, source: str = "manual", weight_version: str | None = None) -> int | None:
+    """Open a sync (no-op returning the open one's seq if one is open, None when the tap is off)."""
+    with _STATE.lock:
+        if _STATE.config is None:
+            return None
+        if _STATE.current is not None:
+            if weight_version is not None:
+                _STATE.current.weight_version = weight_version
+            return _STATE.current.seq
+        _STATE.current = _Sync(seq=_STATE.next_seq, source=source, weight_version=weight_version, started=time.time())
+        _STATE.next_seq += 1
+        return _STATE.current.seq
+
+
+def note_weight_version(weight_version: str | None) -> None:
+    """The weight version an update request carries (SGLang gives it to the scheduler, not to load_weights)."""
+    with _STATE.lock:
+        if _STATE.current is not None and weight_version is not None:
+            _STATE.current.weight_version = str(weight_version)
+
+
+def end_sync() -> Path | None:
+    """Close the open sync and write its records; returns the record path (None if nothing was open)."""
+    with _STATE.lock:
+        if _STATE.current is None:
+            return None
+        return _close_sync(incomplete=False)
+
+
+@contextlib.contextmanager
+def sync(weight_version: str | None = None, *, source: str = "manual") -> Iterator[int | None]:
+    """Group the load_weights calls inside the block into one sync (like SGLang's begin/end weight update)."""
+    opened = _STATE.current is None
+    seq = begin_sync(source=source, weight_version=weight_version)
+    try:
+        yield seq
+    finally:
+        if opened:
+            end_sync()
+
+
+@contextlib.contextmanager
+def request_scope(weight_version: str | None = None, *, source: str = "request") -> Iterator[None]:
+    """One update request: joins the open sync (a session) or is a sync of its own."""
+    try:
+        opened = _STATE.config is not None and _STATE.current is None
+        begin_sync(source=source, weight_version=weight_version)
+        note_weight_version(weight_version)
+    except Exception as exc:
+        _fail("opening a sync", exc)
+        opened = False
+    try:
+        yield
+    finally:
+        if opened:
+            try:
+                end_sync()
+            except Exception as exc:
+                _fail("writing a sync record", exc)
+
+
+def flush() -> Path | None:
+    """Write a sync left open (marked incomplete): for shutdown."""
+    with _STATE.lock:
+        if _STATE.current is None:
+            return None
+        return _close_sync(incomplete=True)
+
+
+def _engine_value(getter: Callable[[], Any] | None) -> Any:
+    if getter is None:
+        return None
+    try:
+        return getter()
+    except Exception:
+        return None
+
+
+def _close_sync(*, incomplete: bool) -> Path | None:
+    current, config = _STATE.current, _STATE.config
+    _STATE.current = None
+    if current is None or config is None:
+        return None
+    if current.source.startswith("request") and not current.calls:
+        # A request the engine refused before loading anything (e.g. outside a session): no sync happened.
+        if _STATE.next_seq == current.seq + 1:
+            _STATE.next_seq = current.seq
+        return None
+    hooks = _STATE.hooks
+    if current.weight_version is None:
+        version = _engine_value(hooks.current_weight_version)
+        current.weight_version = None if version is None else str(version)
+    rank = current.rank if current.rank is not None else (_engine_value(hooks.rank_info) or {})
+    host = socket.gethostname()
+    pid = os.getpid()
+    engine = config.engine or _engine_value(hooks.engine_id) or host
+    from weightcheck import __version__
+
+    folder = config.directory / sync_dir_name(current.seq)
+    stem = rank_file_stem(rank, host, pid)
+    tensors_file: str | None = None
+    if config.keep_tensors and current.kept:
+        tensors_file = f"{stem}.safetensors"
+        _write_tensors(folder / tensors_file, current.kept)
+    header = {
+        "t": "header",
+        "kind": RECORD_KIND,
+        "schema_version": RECORD_SCHEMA_VERSION,
+        "sync": {
+            "seq": current.seq,
+            "source": current.source,
+            "weight_version": current.weight_version,
+            "started": current.started,
+            "ended": None if incomplete else time.time(),
+            "incomplete": incomplete,
+        },
+        "rank": rank,
+        "engine": str(engine),
+        "host": host,
+        "pid": pid,
+        "model": current.model,
+        "sglang_version": _engine_value(hooks.engine_version),
+        "weightcheck_version": __version__,
+        "digest": "sha256",
+        "tensors_file": tensors_file,
+    }
+    entries = [current.entries[seq] for seq in sorted(current.entries)]
+    params = [coverage.as_line(name) for name, coverage in current.params.items()]
+
+    def lines() -> Iterator[str]:
+        yield encode_line(header)
+        for call in current.calls:
+            yield encode_line(call)
+        for entry in entries:
+            yield encode_line(entry)
+        for param in params:
+            yield encode_line(param)
+        yield encode_line({"t": "end", "calls": len(current.calls), "tensors": len(entries), "params": len(params)})
+
+    path = folder / f"{stem}.jsonl"
+    write_atomic_text(path, lines())
+    _STATE.last_written = path
+    return path
+
+
+def _write_tensors(path: Path, tensors: dict[str, Any]) -> None:
+    from safetensors.torch import save_file
+
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+    try:
+        save_file(tensors, str(tmp))
+        os.replace(tmp, path)
+    except BaseException:
+        with contextlib.suppress(OSError):
+            tmp.unlink()
+        raise
+
+
+# ---- the hook --------------------------------------------------------------------------------------------
+
+
+class _WarningCapture(logging.Handler):
+    def __init__(self) -> None:
+        super().__init__(logging.WARNING)
+        self.messages: list[str] = []
+
+    def emit(self, record: logging.LogRecord) -> None:
+        if len(self.messages) < _MAX_WARNINGS_PER_CALL:
+            with contextlib.suppress(Exception):
+                self.messages.append(record.getMessage()[:300])
+
+
+def _model_info(model: Any) -> dict[str, Any]:
+    info: dict[str, Any] = {"class": type(model).__name__, "module": type(model).__module__}
+    inner = getattr(model, "model", None)
+    for key in ("start_layer", "end_layer"):
+        value = getattr(inner, key, getattr(model, key, None))
+        if isinstance(value, int):
+            info[key] = value
+    config = getattr(model, "config", None)
+    layers = getattr(config, "num_hidden_layers", None)
+    if isinstance(layers, int):
+        info["num_hidden_layers"] = layers
+    return info
+
+
+def _digest_pool(config: TapConfig) -> ThreadPoolExecutor:
+    if _STATE.pool is None:
+        _STATE.pool = ThreadPoolExecutor(max_workers=config.digest_threads, thread_name_prefix="weightcheck-digest")
+    return _STATE.pool
+
+
+class _Call:
+    """One tapped load_weights call inside a sync."""
+
+    def __init__(self, sync_: _Sync, model: Any, config: TapConfig, implicit: bool) -> None:
+        self.sync = sync_
+        self.config = config
+        self.implicit = implicit
+        self.index = len(sync_.calls)
+        self.names = 0
+        self.started = time.perf_counter()
+        self.error: str | None = None
+        self.futures: list[Future[None]] = []
+        self.coverage = CallCoverage(sync_.entries, sync_.params, _STATE.hooks.default_loader)
+        self.capture = _WarningCapture()
+        if not sync_.model:
+            sync_.model = _model_info(model)
+        if sync_.rank is None:
+            sync_.rank = _engine_value(_STATE.hooks.rank_info) or {}
+        for name in ENGINE_LOGGERS:
+            logging.getLogger(name).addHandler(self.capture)
+        self.coverage.wrap_model(model)
+
+    def observe(self, name: Any, tensor: Any) -> None:
+        import torch
+
+        with _STATE.lock:
+            seq = self.sync.next_tensor
+            self.sync.next_tensor += 1
+        entry: dict[str, Any] = {"t": "tensor", "seq": seq, "call": self.index, "name": str(name), "wrote": []}
+        self.sync.entries[seq] = entry
+        self.names += 1
+        if not isinstance(tensor, torch.Tensor):
+            entry.update(dtype=None, shape=None, sha256=None, error=f"not a tensor: {type(tensor).__name__}")
+            return
+        entry.update(dtype=None, shape=list(tensor.shape), sha256=None)
+        self.coverage.note_incoming(seq, tensor)
+        if self.config.keep_tensors:
+            key = str(seq)
+            self.sync.kept[key] = tensor.detach().to("cpu", copy=True).contiguous()
+            entry["tensor_key"] = key
+        if self.config.synchronous_digest:
+            _fill_digest(entry, tensor)
+        else:
+            self.futures.append(_digest_pool(self.config).submit(_fill_digest, entry, tensor))
+
+    def wrap(self, weights: Any) -> Any:
+        """The weights to pass on: a list is recorded now and passed unchanged, an iterator lazily."""
+        if isinstance(weights, (list, tuple)):
+            for item in weights:
+                self._observe_item(item)
+            return weights
+        return self._lazy(weights)
+
+    def _observe_item(self, item: Any) -> None:
+        try:
+            name, tensor = item[0], item[1]
+        except (TypeError, IndexError, KeyError):
+            return
+        try:
+            self.observe(name, tensor)
+        except Exception as exc:
+            _fail("recording a tensor", exc)
+
+    def _lazy(self, weights: Iterable[Any]) -> Iterator[Any]:
+        for item in weights:
+            self._observe_item(item)
+            yield item
+
+    def finish(self) -> None:
+        for future in self.futures:
+            future.result()
+        self.futures.clear()
+        self.coverage.restore()
+        for name in ENGINE_LOGGERS:
+            logging.getLogger(name).removeHandler(self.capture)
+        self.sync.calls.append(
+            {
+                "t": "call",
+                "call": self.index,
+                "names": self.names,
+                "seconds": round(time.perf_counter() - self.started, 6),
+                "error": self.error,
+                "engine_warnings": self.capture.messages,
+                "unattributed_writes": self.coverage.unattributed_writes,
+            }
+        )
+
+
+def _fill_digest(entry: dict[str, Any], tensor: Any) -> None:
+    from weightcheck.tap.digesting import describe_tensor
+
+    entry.update(describe_tensor(tensor))
+
+
+def _split_weights(args: tuple[Any, ...], kwargs: dict[str, Any]) -> tuple[Any, tuple[Any, ...], dict[str, Any]]:
+    if args:
+        return args[0], args[1:], kwargs
+    rest = dict(kwargs)
+    return rest.pop("weights"), (), rest
+
+
+def tap_load_weights(original_fn: Callable[..., Any], model: Any, *args: Any, **kwargs: Any) -> Any:
+    """AROUND hook for `Model.load_weights(self, weights, ...)` (SGLang `HookType.AROUND` signature)."""
+    config = _STATE.config
+    if config is None or getattr(_STATE.local, "active", False) or (not args and "weights" not in kwargs):
+        return original_fn(model, *args, **kwargs)
+    call: _Call | None = None
+    try:
+        with _STATE.lock:
+            implicit = _STATE.current is None
+            begin_sync(source="call")
+            assert _STATE.current is not None
+            call = _Call(_STATE.current, model, config, implicit)
+        weights, rest, extra = _split_weights(args, kwargs)
+        weights = call.wrap(weights)
+    except Exception as exc:
+        if call is not None:
+            with contextlib.suppress(Exception):
+                call.finish()
+        _fail("starting the tap", exc)
+        return original_fn(model, *args, **kwargs)
+    _STATE.local.active = True
+    try:
+        return original_fn(model, weights, *rest, **extra)
+    except BaseException as exc:
+        call.error = f"{type(exc).__name__}: {exc}"[:500]
+        raise
+    finally:
+        _STATE.local.active = False
+        try:
+            with _STATE.lock:
+                call.finish()
+                if call.implicit:
+                    end_sync()
+        except Exception as exc:
+            _fail("finishing the tap", exc)
+
+
+# ---- installing without a plugin system ------------------------------------------------------------------
+
+
+def install(klass: type, method: str = "load_weights") -> None:
+    """Class patch (the fallback for engines without SGLang's plugin hooks): wrap `klass.<method>`."""
+    import functools
+
+    original = getattr(klass, method)
+    if getattr(original, "__weightcheck_tap__", False):
+        return
+
+    @functools.wraps(original)
+    def tapped(self: Any, *args: Any, **kwargs: Any) -> Any:
+        return tap_load_weights(original, self, *args, **kwargs)
+
+    tapped.__wrapped__ = original  # type: ignore[attr-defined]
+    tapped.__weightcheck_tap__ = True  # type: ignore[attr-defined]
+    # functools.wraps copies SGLang's FlashRL marker, which must point at the callable actually installed.
+    if getattr(original, "_supports_quantized_rl_reload", None) is not None:
+        tapped._supports_quantized_rl_reload = tapped  # type: ignore[attr-defined]
+    setattr(klass, method, tapped)
+
+
+def uninstall(klass: type, method: str = "load_weights") -> None:
+    """Undo `install` (only the tap's own wrapper is removed)."""
+    current = klass.__dict__.get(method)
+    if current is not None and getattr(current, "__weightcheck_tap__", False):
+        setattr(klass, method, current.__wrapped__)

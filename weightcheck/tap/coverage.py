@@ -1,0 +1,356 @@
+"""Engine-side coverage: which parameters received data during one `load_weights` call, and from which
+incoming tensor.
+
+SGLang writes every parameter through a loader it looks up on the parameter itself:
+`getattr(param, "weight_loader", default_weight_loader)`, or the read-only `weight_loader` property of
+`BasevLLMParameter` backed by `_weight_loader`. For the duration of one call the tap replaces that attribute
+with a recording wrapper and restores it afterwards. Version counters cannot replace this: the loaders write
+through `param.data`, whose version counter is not the parameter's (`param.data.copy_(x)` leaves
+`param._version` unchanged).
+
+A write is attributed to the incoming tensor whose memory holds the `loaded_weight` the loader received
+(loaders pass the incoming tensor or a view of it: a TP narrow, a transpose). Loaders that build a new
+tensor (DeepSeek concatenates `q_a_proj` and `kv_a_proj_with_mqa` before writing the fused parameter) are
+matched by value against the recent incoming tensors; as a last resort a write made on the thread that
+consumes the stream is credited to the name it consumed last (single-threaded loaders write the name they
+just received).
+
+Parameters without a loader attribute are wrapped with the engine's default loader only when no module of
+the model class compares a loader with `is default_weight_loader` (SGLang's inkling model does: a wrapper
+would change its behaviour); otherwise their coverage is recorded as untracked, never as "not written".
+"""
+
+from __future__ import annotations
+
+import contextlib
+import functools
+import inspect
+import re
+import sys
+import threading
+from collections import deque
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    import torch
+
+# Attribute the tap sets on its wrappers, pointing at the loader it wraps (never wrap a wrapper).
+WRAPPED_ORIGINAL = "__weightcheck_original__"
+# Incoming tensors kept for value matching of loader-built tensors (a fused pair arrives back to back).
+_RECENT_FOR_VALUE_MATCH = 64
+# At most this many `name:shard:expert` labels are listed per incoming tensor.
+_MAX_WROTE_LABELS = 32
+_IDENTITY_CHECK = re.compile(r"\bis\s+(?:not\s+)?default_weight_loader\b|==\s*default_weight_loader\b")
+
+
+@dataclass
+class ParamCoverage:
+    """What one parameter received during a sync (accumulated over its load_weights calls)."""
+
+    dtype: str
+    shape: tuple[int, ...]
+    tracked: bool
+    writes: int = 0
+    shards_expected: list[str] | None = None
+    shards_written: set[str] = field(default_factory=set)
+    experts_local: int | None = None
+    experts_written: set[int] = field(default_factory=set)
+
+    def as_line(self, name: str) -> dict[str, Any]:
+        return {
+            "t": "param",
+            "name": name,
+            "dtype": self.dtype,
+            "shape": list(self.shape),
+            "tracked": self.tracked,
+            "writes": self.writes,
+            "shards_expected": self.shards_expected,
+            "shards_written": sorted(self.shards_written),
+            "experts_local": self.experts_local,
+            "experts_written": sorted(self.experts_written) if self.experts_local is not None else None,
+        }
+
+
+@functools.lru_cache(maxsize=512)
+def _argument_positions(function: Callable[..., Any]) -> tuple[int | None, int | None]:
+    """Positions of `shard_id` and `expert_id` in a loader's call (after `self` for bound methods)."""
+    try:
+        params = list(inspect.signature(function).parameters)
+    except (TypeError, ValueError):
+        return None, None
+    if params and params[0] == "self":
+        params = params[1:]
+
+    def position(*names: str) -> int | None:
+        return next((params.index(name) for name in names if name in params), None)
+
+    return position("shard_id", "loaded_shard_id"), position("expert_id")
+
+
+def _loader_argument(args: tuple[Any, ...], kwargs: dict[str, Any], name: str, position: int | None) -> Any:
+    if name in kwargs:
+        return kwargs[name]
+    if position is not None and position < len(args):
+        return args[position]
+    return None
+
+
+def _class_names(obj: object) -> set[str]:
+    return {klass.__name__ for klass in type(obj).__mro__}
+
+
+def expected_shards(param_name: str, module: object | None) -> list[str] | None:
+    """The shard ids a stacked or expert parameter needs before it is whole, or None when it is not stacked."""
+    if module is None:
+        return None
+    names = _class_names(module)
+    if "QKVParallelLinear" in names:
+        return ["k", "q", "v"]
+    if "MergedColumnParallelLinear" in names:
+        sizes = getattr(module, "output_sizes", None)
+        return [str(i) for i in range(len(sizes))] if isinstance(sizes, (list, tuple)) and len(sizes) > 1 else None
+    if hasattr(module, "_map_global_expert_id_to_local_expert_id"):
+        leaf = param_name.rsplit(".", 1)[-1]
+        if leaf.startswith("w13_"):
+            return ["w1", "w3"]
+        if leaf.startswith("w2_"):
+            return ["w2"]
+    return None
+
+
+@functools.lru_cache(maxsize=256)
+def class_compares_default_loader(klass: type) -> bool:
+    """True when a module defining the model class (or a base) tests a loader's identity against the default."""
+    for base in klass.__mro__:
+        module = sys.modules.get(base.__module__)
+        if module is None or base.__module__ in ("builtins", "torch.nn.modules.module"):
+            continue
+        try:
+            source = inspect.getsource(module)
+        except (OSError, TypeError):
+            continue
+        if _IDENTITY_CHECK.search(source):
+            return True
+    return False
+
+
+class CallCoverage:
+    """Coverage bookkeeping for one `load_weights` call; thread-safe (DeepSeek loads in a thread pool)."""
+
+    def __init__(
+        self,
+        entries: dict[int, dict[str, Any]],
+        params: dict[str, ParamCoverage],
+        default_loader: Callable[..., Any] | None,
+    ) -> None:
+        self._lock = threading.Lock()
+        self._entries = entries
+        self._params = params
+        self._default_loader = default_loader
+        self._ranges: dict[tuple[str, int], list[tuple[int, int, int]]] = {}
+        self._recent: deque[tuple[int, torch.Tensor]] = deque(maxlen=_RECENT_FOR_VALUE_MATCH)
+        self._attributed: set[int] = set()
+        self._restore: list[Callable[[], None]] = []
+        self._consumer = threading.get_ident()
+        self.current_seq: int | None = None
+        self.unattributed_writes = 0
+
+    # ---- incoming tensors ---------------------------------------------------------------------------------
+    def note_incoming(self, seq: int, tensor: torch.Tensor) -> None:
+        """Remember where an incoming tensor lives so that loader writes can be traced back to it."""
+        try:
+            key = (str(tensor.device), tensor.untyped_storage().data_ptr())
+            start = tensor.data_ptr()
+            size = tensor.element_size()
+            if tensor.numel() == 0:
+                end = start
+            else:
+                span = sum((dim - 1) * abs(stride) for dim, stride in zip(tensor.shape, tensor.stride(), strict=True))
+                end = start + (span + 1) * size
+        except (RuntimeError, TypeError, NotImplementedError):  # storage-less tensors (meta, some subclasses)
+            return
+        with self._lock:
+            self._ranges.setdefault(key, []).append((start, end, seq))
+            self._recent.append((seq, tensor))
+            self.current_seq = seq
+
+    def _by_memory(self, loaded: torch.Tensor) -> int | None:
+        try:
+            key = (str(loaded.device), loaded.untyped_storage().data_ptr())
+            pointer = loaded.data_ptr()
+        except (RuntimeError, TypeError, NotImplementedError):
+            return None
+        # Latest first: a freed incoming tensor's memory may be reused by a later one.
+        for start, end, seq in reversed(self._ranges.get(key, ())):
+            if start <= pointer < end or (start == end == pointer):
+                return seq
+        return None
+
+    def _by_value(self, loaded: torch.Tensor) -> list[int]:
+        """Incoming tensors that `loaded` holds, whole or as the first/last block of a concatenation."""
+        import torch
+
+        found: list[int] = []
+        for seq, candidate in reversed(self._recent):
+            if seq in self._attributed or candidate.dim() != loaded.dim() or candidate.numel() == 0:
+                continue
+            try:
+                probe = candidate if candidate.dtype == loaded.dtype else candidate.to(loaded.dtype)
+                if probe.device != loaded.device:
+                    probe = probe.to(loaded.device)
+                if probe.shape == loaded.shape:
+                    if torch.equal(probe, loaded):
+                        found.append(seq)
+                    continue
+                for dim in range(loaded.dim()):
+                    same_elsewhere = all(probe.shape[d] == loaded.shape[d] for d in range(loaded.dim()) if d != dim)
+                    if not same_elsewhere or probe.shape[dim] >= loaded.shape[dim]:
+                        continue
+                    length = probe.shape[dim]
+                    for offset in (0, loaded.shape[dim] - length):
+                        block = loaded.narrow(dim, offset, length)
+                        if torch.equal(block.flatten()[:1], probe.flatten()[:1]) and torch.equal(block, probe):
+                            found.append(seq)
+                            break
+                    else:
+                        continue
+                    break
+            except (RuntimeError, TypeError):
+                continue
+        return found
+
+    # ---- parameter loaders -----------------------------------------------------------------------------
+    def wrap_model(self, model: Any) -> None:
+        """Install a recording loader on every parameter of `model` (undone by `restore`)."""
+        import torch
+
+        from weightcheck.tensors import safetensors_dtype
+
+        wrap_defaults = self._default_loader is not None and not class_compares_default_loader(type(model))
+        for name, param in model.named_parameters():
+            if not isinstance(param, torch.Tensor):
+                continue
+            dtype = safetensors_dtype(param.dtype) or str(param.dtype)
+            coverage = self._params.get(name)
+            if coverage is None or coverage.shape != tuple(param.shape) or coverage.dtype != dtype:
+                coverage = ParamCoverage(dtype=dtype, shape=tuple(param.shape), tracked=False)
+                self._params[name] = coverage
+            coverage.tracked = self._wrap_param(name, param, coverage, wrap_defaults) or coverage.tracked
+
+    def _wrap_param(self, name: str, param: Any, coverage: ParamCoverage, wrap_defaults: bool) -> bool:
+        read_only = isinstance(getattr(type(param), "weight_loader", None), property)
+        attribute = "_weight_loader" if read_only else "weight_loader"
+        had_attribute = attribute in getattr(param, "__dict__", {})
+        original = getattr(param, attribute, None)
+        original = getattr(original, WRAPPED_ORIGINAL, original)
+        if original is None:
+            if read_only or not wrap_defaults:
+                return False
+            original = self._default_loader
+        if not callable(original):
+            return False
+        module = getattr(original, "__self__", None)
+        if coverage.shards_expected is None:
+            coverage.shards_expected = expected_shards(name, module)
+        if coverage.experts_local is None and hasattr(module, "_map_global_expert_id_to_local_expert_id"):
+            local = getattr(module, "num_local_experts", None)
+            coverage.experts_local = int(local) if isinstance(local, int) else int(param.shape[0])
+        wrapper = self._make_wrapper(name, original, module)
+        try:
+            setattr(param, attribute, wrapper)
+        except (AttributeError, TypeError):
+            return False
+
+        def restore() -> None:
+            if had_attribute:
+                setattr(param, attribute, original)
+            else:
+                with contextlib.suppress(AttributeError):
+                    delattr(param, attribute)
+
+        self._restore.append(restore)
+        return True
+
+    def _make_wrapper(self, param_name: str, original: Callable[..., Any], module: object | None) -> Callable[..., Any]:
+        shard_pos, expert_pos = _argument_positions(getattr(original, "__func__", original))
+        maps_experts = getattr(module, "_map_global_expert_id_to_local_expert_id", None)
+
+        @functools.wraps(original)
+        def recording_loader(*args: Any, **kwargs: Any) -> Any:
+            result = original(*args, **kwargs)
+            try:
+                # The parameter is the first argument of every SGLang loader; the loaded weight the second.
+                loaded = args[1] if len(args) > 1 else kwargs.get("loaded_weight")
+                shard = _loader_argument(args, kwargs, "shard_id", shard_pos)
+                if shard is None:
+                    shard = _loader_argument(args, kwargs, "loaded_shard_id", shard_pos)
+                expert = _loader_argument(args, kwargs, "expert_id", expert_pos)
+                local_expert: int | None = None
+                if maps_experts is not None and isinstance(expert, int):
+                    local_expert = int(maps_experts(expert))
+                self.record_write(param_name, loaded, shard, expert, local_expert, maps_experts is not None)
+            except Exception:  # coverage is best effort: never break the engine's load
+                pass
+            return result
+
+        setattr(recording_loader, WRAPPED_ORIGINAL, original)
+        return recording_loader
+
+    def record_write(
+        self,
+        param_name: str,
+        loaded: Any,
+        shard: Any,
+        expert: Any,
+        local_expert: int | None,
+        expert_param: bool,
+    ) -> None:
+        import torch
+
+        nonlocal_expert = expert_param and local_expert is not None and local_expert < 0
+        with self._lock:
+            seqs: list[int] = []
+            if isinstance(loaded, torch.Tensor):
+                seq = self._by_memory(loaded)
+                seqs = [seq] if seq is not None else self._by_value(loaded)
+            if not seqs and threading.get_ident() == self._consumer and self.current_seq is not None:
+                seqs = [self.current_seq]
+            if not seqs:
+                self.unattributed_writes += 1
+            label = param_name
+            if shard is not None:
+                label += f":{shard}"
+            if expert is not None:
+                label += f":{expert}"
+            for seq in seqs:
+                self._attributed.add(seq)
+                entry = self._entries.get(seq)
+                if entry is None:
+                    continue
+                if nonlocal_expert:
+                    entry["offrank"] = True
+                    continue
+                wrote = entry.setdefault("wrote", [])
+                if label not in wrote and len(wrote) < _MAX_WROTE_LABELS:
+                    wrote.append(label)
+            if nonlocal_expert:
+                return
+            coverage = self._params.get(param_name)
+            if coverage is None:
+                return
+            coverage.writes += 1
+            if shard is not None:
+                coverage.shards_written.add(str(shard))
+            if local_expert is not None and local_expert >= 0:
+                coverage.experts_written.add(local_expert)
+
+    def restore(self) -> None:
+        for undo in reversed(self._restore):
+            # A parameter that refuses its old attribute back keeps a pass-through wrapper.
+            with contextlib.suppress(Exception):
+                undo()
+        self._restore.clear()
+        self._recent.clear()
+        self._ranges.clear()

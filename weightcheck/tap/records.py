@@ -1,0 +1,360 @@
+"""Per-rank, per-sync record files written by the load_weights tap, and their reader.
+
+One JSON-lines file per engine rank per sync, written once, atomically (temp file + `os.replace`), under
+`$WEIGHTCHECK_DIR/sync-{seq:05d}/`. Lines, in order::
+
+    {"t": "header", "kind": "weightcheck-sync-record", "schema_version": "1.0",
+     "sync": {"seq": 3, "source": "session", "weight_version": "step-7", "started": 1.7e9, "ended": 1.7e9},
+     "rank": {"tp_rank": 0, "tp_size": 2, "pp_rank": 1, "pp_size": 2, "ep_rank": 0, "ep_size": 1, ...},
+     "engine": "host:30000", "host": "...", "pid": 1234, "model": {"class": "Qwen3ForCausalLM",
+     "start_layer": 2, "end_layer": 4, "num_hidden_layers": 4}, "sglang_version": "0.5.23",
+     "weightcheck_version": "0.1.0", "digest": "sha256", "tensors_file": null}
+    {"t": "call", "call": 0, "names": 25, "seconds": 0.01, "error": null, "engine_warnings": [...],
+     "unattributed_writes": 0}
+    {"t": "tensor", "seq": 0, "call": 0, "name": "model.embed_tokens.weight", "dtype": "BF16",
+     "shape": [128, 64], "sha256": "…", "zeros": false, "nonfinite": 0, "wrote": ["model.embed_tokens.weight"]}
+    {"t": "param", "name": "model.layers.0.self_attn.qkv_proj.weight", "dtype": "F32", "shape": [128, 64],
+     "tracked": true, "writes": 3, "shards_expected": ["k", "q", "v"], "shards_written": ["k", "q", "v"],
+     "experts_local": null, "experts_written": null}
+    {"t": "end", "calls": 1, "tensors": 25, "params": 19}
+
+`wrote` lists the engine parameters an incoming tensor wrote into (`name:shard` or `name:shard:expert` for
+stacked or expert parameters; the bare name otherwise); an empty list means the engine dropped it on this
+rank. `tracked: false` marks a parameter whose writes could not be observed (its coverage is unknown, not
+"never written"). The trailing `end` line carries the counts, so a truncated or edited file is detected.
+
+Nothing here imports torch: `weightcheck verify` reads records without it.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import re
+import tempfile
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+RECORD_KIND = "weightcheck-sync-record"
+RECORD_SCHEMA_VERSION = "1.0"
+RECORD_SUFFIX = ".jsonl"
+SYNC_DIR_RE = re.compile(r"^sync-(\d+)$")
+_HEX64 = re.compile(r"^[0-9a-f]{64}$")
+
+
+class RecordError(ValueError):
+    """A record file that cannot be used; the message says why."""
+
+
+def sync_dir_name(seq: int) -> str:
+    return f"sync-{seq:05d}"
+
+
+def rank_file_stem(rank: Mapping[str, Any], host: str, pid: int) -> str:
+    """`tp0-pp1-ep0.host.1234`: readable, and unique per process (several engines may share a directory)."""
+    parts = [f"{key}{rank.get(f'{key}_rank', 0)}" for key in ("tp", "pp", "ep")]
+    safe_host = re.sub(r"[^A-Za-z0-9_.-]", "_", host)[:64] or "host"
+    return f"{'-'.join(parts)}.{safe_host}.{pid}"
+
+
+def write_atomic_text(path: Path, lines: Iterable[str]) -> None:
+    """Write `lines` to `path` so that a reader sees either nothing or the whole file."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+    try:
+        with os.fdopen(fd, "w", encoding="utf-8") as fh:
+            for line in lines:
+                fh.write(line)
+                fh.write("\n")
+            fh.flush()
+            os.fsync(fh.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        with contextlib.suppress(OSError):
+            os.unlink(tmp)
+        raise
+
+
+def encode_line(doc: Mapping[str, Any]) -> str:
+    return json.dumps(doc, separators=(",", ":"), ensure_ascii=False, allow_nan=False)
+
+
+# ---- reading ---------------------------------------------------------------------------------------------
+
+
+@dataclass
+class TensorEntry:
+    """One (name, tensor) the engine received."""
+
+    seq: int
+    call: int
+    name: str
+    dtype: str | None
+    shape: tuple[int, ...] | None
+    sha256: str | None
+    zeros: bool | None = None
+    nonfinite: int | None = None
+    error: str | None = None
+    wrote: list[str] = field(default_factory=list)
+    tensor_key: str | None = None
+    # The loader was reached but the data belongs to another rank (an expert this EP rank does not hold).
+    offrank: bool = False
+
+    @property
+    def wrote_params(self) -> set[str]:
+        """Parameter names written (shard and expert suffixes removed)."""
+        return {w.split(":", 1)[0] for w in self.wrote}
+
+
+@dataclass
+class CallEntry:
+    call: int
+    names: int
+    seconds: float | None = None
+    error: str | None = None
+    engine_warnings: list[str] = field(default_factory=list)
+    unattributed_writes: int = 0
+
+
+@dataclass
+class ParamEntry:
+    name: str
+    dtype: str | None
+    shape: tuple[int, ...] | None
+    tracked: bool
+    writes: int
+    shards_expected: list[str] | None = None
+    shards_written: list[str] = field(default_factory=list)
+    experts_local: int | None = None
+    experts_written: list[int] | None = None
+
+
+@dataclass
+class SyncRecord:
+    """One rank's view of one sync."""
+
+    path: Path
+    header: dict[str, Any]
+    calls: list[CallEntry]
+    tensors: list[TensorEntry]
+    params: dict[str, ParamEntry]
+
+    @property
+    def seq(self) -> int:
+        return int(self.header["sync"]["seq"])
+
+    @property
+    def weight_version(self) -> str | None:
+        version = self.header["sync"].get("weight_version")
+        return str(version) if version is not None else None
+
+    @property
+    def rank(self) -> dict[str, Any]:
+        return dict(self.header.get("rank") or {})
+
+    @property
+    def engine(self) -> str:
+        return str(self.header.get("engine") or "engine")
+
+    @property
+    def model(self) -> dict[str, Any]:
+        return dict(self.header.get("model") or {})
+
+    def rank_label(self) -> str:
+        rank = self.rank
+        parts = [
+            f"{key}_rank {rank[f'{key}_rank']}"
+            for key in ("tp", "pp", "ep")
+            if rank.get(f"{key}_size", 1) not in (None, 1) and f"{key}_rank" in rank
+        ]
+        return ", ".join(parts) or "rank 0"
+
+
+def _int(value: Any, what: str) -> int:
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise RecordError(f"{what} must be an integer, got {value!r}")
+    return value
+
+
+def _opt_str(value: Any, what: str) -> str | None:
+    if value is not None and not isinstance(value, str):
+        raise RecordError(f"{what} must be a string or null")
+    return value
+
+
+def _shape(value: Any, what: str) -> tuple[int, ...] | None:
+    if value is None:
+        return None
+    if not isinstance(value, list) or not all(isinstance(d, int) and not isinstance(d, bool) for d in value):
+        raise RecordError(f"{what} must be a list of integers")
+    return tuple(value)
+
+
+def _str_list(value: Any, what: str) -> list[str]:
+    if value is None:
+        return []
+    if not isinstance(value, list) or not all(isinstance(v, str) for v in value):
+        raise RecordError(f"{what} must be a list of strings")
+    return list(value)
+
+
+def _parse_header(doc: dict[str, Any]) -> dict[str, Any]:
+    if doc.get("kind") != RECORD_KIND:
+        raise RecordError(f"not a weightcheck sync record (kind {doc.get('kind')!r})")
+    version = doc.get("schema_version")
+    if not isinstance(version, str) or version.split(".")[0] != RECORD_SCHEMA_VERSION.split(".")[0]:
+        raise RecordError(f"unsupported record schema_version {version!r} (this reader: {RECORD_SCHEMA_VERSION})")
+    sync = doc.get("sync")
+    if not isinstance(sync, dict):
+        raise RecordError("header has no 'sync' object")
+    _int(sync.get("seq"), "sync.seq")
+    _opt_str(sync.get("weight_version"), "sync.weight_version")
+    for key in ("rank", "model"):
+        if doc.get(key) is not None and not isinstance(doc.get(key), dict):
+            raise RecordError(f"header '{key}' must be an object")
+    return doc
+
+
+def _parse_tensor(doc: dict[str, Any]) -> TensorEntry:
+    name = doc.get("name")
+    if not isinstance(name, str) or not name:
+        raise RecordError("tensor entry without a name")
+    sha = doc.get("sha256")
+    if sha is not None and (not isinstance(sha, str) or not _HEX64.match(sha)):
+        raise RecordError(f"tensor {name!r}: sha256 must be 64 lowercase hex digits")
+    zeros = doc.get("zeros")
+    if zeros is not None and not isinstance(zeros, bool):
+        raise RecordError(f"tensor {name!r}: zeros must be a boolean")
+    nonfinite = doc.get("nonfinite")
+    if nonfinite is not None:
+        _int(nonfinite, f"tensor {name!r}: nonfinite")
+    return TensorEntry(
+        seq=_int(doc.get("seq"), f"tensor {name!r}: seq"),
+        call=_int(doc.get("call"), f"tensor {name!r}: call"),
+        name=name,
+        dtype=_opt_str(doc.get("dtype"), f"tensor {name!r}: dtype"),
+        shape=_shape(doc.get("shape"), f"tensor {name!r}: shape"),
+        sha256=sha,
+        zeros=zeros,
+        nonfinite=nonfinite,
+        error=_opt_str(doc.get("error"), f"tensor {name!r}: error"),
+        wrote=_str_list(doc.get("wrote"), f"tensor {name!r}: wrote"),
+        tensor_key=_opt_str(doc.get("tensor_key"), f"tensor {name!r}: tensor_key"),
+        offrank=bool(doc.get("offrank", False)),
+    )
+
+
+def _parse_call(doc: dict[str, Any]) -> CallEntry:
+    seconds = doc.get("seconds")
+    if seconds is not None and (isinstance(seconds, bool) or not isinstance(seconds, (int, float))):
+        raise RecordError("call seconds must be a number")
+    return CallEntry(
+        call=_int(doc.get("call"), "call index"),
+        names=_int(doc.get("names", 0), "call names"),
+        seconds=seconds,
+        error=_opt_str(doc.get("error"), "call error"),
+        engine_warnings=_str_list(doc.get("engine_warnings"), "call engine_warnings"),
+        unattributed_writes=_int(doc.get("unattributed_writes", 0), "call unattributed_writes"),
+    )
+
+
+def _parse_param(doc: dict[str, Any]) -> ParamEntry:
+    name = doc.get("name")
+    if not isinstance(name, str) or not name:
+        raise RecordError("param entry without a name")
+    experts = doc.get("experts_written")
+    if experts is not None and (
+        not isinstance(experts, list) or not all(isinstance(e, int) and not isinstance(e, bool) for e in experts)
+    ):
+        raise RecordError(f"param {name!r}: experts_written must be a list of integers")
+    expected = doc.get("shards_expected")
+    local = doc.get("experts_local")
+    return ParamEntry(
+        name=name,
+        dtype=_opt_str(doc.get("dtype"), f"param {name!r}: dtype"),
+        shape=_shape(doc.get("shape"), f"param {name!r}: shape"),
+        tracked=bool(doc.get("tracked", True)),
+        writes=_int(doc.get("writes", 0), f"param {name!r}: writes"),
+        shards_expected=None if expected is None else _str_list(expected, f"param {name!r}: shards_expected"),
+        shards_written=_str_list(doc.get("shards_written"), f"param {name!r}: shards_written"),
+        experts_local=None if local is None else _int(local, f"param {name!r}: experts_local"),
+        experts_written=experts,
+    )
+
+
+def read_record(path: str | os.PathLike[str]) -> SyncRecord:
+    """Read and validate one record file. Raises RecordError (never a bare OSError/JSON error)."""
+    target = Path(path)
+    try:
+        text = target.read_text(encoding="utf-8")
+    except OSError as exc:
+        raise RecordError(f"cannot read {target}: {exc.strerror or exc}") from None
+    except UnicodeDecodeError:
+        raise RecordError(f"{target} is not UTF-8 text") from None
+    header: dict[str, Any] | None = None
+    calls: list[CallEntry] = []
+    tensors: list[TensorEntry] = []
+    params: dict[str, ParamEntry] = {}
+    end: dict[str, Any] | None = None
+    for lineno, line in enumerate(text.splitlines(), 1):
+        if not line.strip():
+            continue
+        try:
+            doc = json.loads(line)
+        except (ValueError, RecursionError) as exc:
+            raise RecordError(f"line {lineno} is not valid JSON: {str(exc)[:120]}") from None
+        if not isinstance(doc, dict):
+            raise RecordError(f"line {lineno} is not a JSON object")
+        if end is not None:
+            raise RecordError(f"line {lineno}: content after the 'end' line")
+        kind = doc.get("t")
+        try:
+            if header is None:
+                if kind != "header":
+                    raise RecordError("the first line must be the header")
+                header = _parse_header(doc)
+            elif kind == "call":
+                calls.append(_parse_call(doc))
+            elif kind == "tensor":
+                tensors.append(_parse_tensor(doc))
+            elif kind == "param":
+                entry = _parse_param(doc)
+                params[entry.name] = entry
+            elif kind == "end":
+                end = doc
+            else:
+                raise RecordError(f"unknown line type {kind!r}")
+        except RecordError as exc:
+            raise RecordError(f"line {lineno}: {exc}") from None
+    if header is None:
+        raise RecordError("empty record (no header line)")
+    if end is None:
+        raise RecordError("no 'end' line: the record is truncated")
+    counts = {"calls": len(calls), "tensors": len(tensors), "params": len(params)}
+    for key, count in counts.items():
+        if end.get(key) != count:
+            raise RecordError(f"'end' line says {end.get(key)!r} {key} but the file holds {count}")
+    return SyncRecord(path=target, header=header, calls=calls, tensors=tensors, params=params)
+
+
+def find_record_files(root: str | os.PathLike[str]) -> dict[int, list[Path]]:
+    """`{sync seq: [record files]}` under a records directory (or a single sync directory or file)."""
+    base = Path(root)
+    out: dict[int, list[Path]] = {}
+    if base.is_file():
+        return {-1: [base]}
+    match = SYNC_DIR_RE.match(base.name)
+    if match and base.is_dir():
+        return {int(match.group(1)): sorted(p for p in base.glob(f"*{RECORD_SUFFIX}") if p.is_file())}
+    if not base.is_dir():
+        return out
+    for child in sorted(base.iterdir()):
+        match = SYNC_DIR_RE.match(child.name)
+        if match and child.is_dir():
+            files = sorted(p for p in child.glob(f"*{RECORD_SUFFIX}") if p.is_file() and not p.name.startswith("."))
+            if files:
+                out[int(match.group(1))] = files
+    return out
