@@ -209,3 +209,54 @@ class Harness:
 @pytest.fixture(scope="session")
 def harness() -> type[Harness]:
     return Harness
+
+
+def free_port() -> int:
+    import socket
+
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
+
+
+def pp_worker(rank: int, world: int, port: int, checkpoint: str, records: str, queue: Any) -> None:
+    """One SGLang pipeline stage in its own process (real gloo group of `world` ranks), tap installed by
+    `load_plugins()`, loading the whole checkpoint stream in one sync as every stage does in production."""
+    try:
+        install_cpu_stubs()
+        os.environ["WEIGHTCHECK_DIR"] = records
+        os.environ["WEIGHTCHECK_SGLANG_TARGETS"] = "sglang.srt.models.qwen3.Qwen3ForCausalLM"
+        from sglang.srt.distributed import parallel_state
+        from sglang.srt.distributed.parallel_state import init_distributed_environment, initialize_model_parallel
+        from sglang.test.test_utils import publish_build_topology
+
+        init_distributed_environment(
+            world_size=world,
+            rank=rank,
+            local_rank=rank,
+            backend="gloo",
+            distributed_init_method=f"tcp://127.0.0.1:{port}",
+        )
+        original = parallel_state.init_model_parallel_group
+
+        def without_cuda_communicators(*args: Any, **kwargs: Any) -> Any:
+            # PyNcclCommunicator and the custom all-reduce need a CUDA device; gloo needs neither.
+            return original(*args, **{**kwargs, "use_pynccl": False, "use_custom_allreduce": False})
+
+        parallel_state.init_model_parallel_group = without_cuda_communicators
+        publish_build_topology(world_rank=rank, tp_size=1, pp_size=world, ep_size=1)
+        initialize_model_parallel(backend="gloo")
+        from sglang.srt.plugins import load_plugins
+
+        load_plugins()
+        from weightcheck import tap
+
+        model = build_model("qwen3", tiny_config("qwen3", num_hidden_layers=3))
+        fill_pattern(model)
+        with tap.sync("step-1", source="session"):
+            model.load_weights(iter(checkpoint_stream(Path(checkpoint))))
+        queue.put({"rank": rank, "record": str(tap.last_record_path())})
+    except BaseException as exc:  # reported to the parent, which fails the test with it
+        import traceback
+
+        queue.put({"rank": rank, "error": f"{type(exc).__name__}: {exc}\n{traceback.format_exc()[-3000:]}"})

@@ -61,6 +61,7 @@ def _register() -> None:
     config = core.configure_from_env()
     if config is None:
         return
+    log.info("weightcheck tap on: recording load_weights calls under %s", config.directory)
     core.set_engine_hooks(
         core.EngineHooks(
             rank_info=sglang_rank_info,
