@@ -227,6 +227,24 @@ def test_malformed_quantized_tensor_is_reported(quant_suite: dict[str, Path], co
     assert finding.location.tensor == "model.layers.0.mlp.up_proj.weight" and result.exit_code() == 1
 
 
+def test_a_comparison_bug_is_an_internal_error_not_a_pass(make_ckpt, copy_ckpt, monkeypatch) -> None:
+    import weightcheck.compare.engine as engine
+
+    a = make_ckpt("llama")
+    real = engine.compare_pair
+
+    def flaky(op_a, op_b, rule):
+        if op_a.name == "model.norm.weight":
+            raise RuntimeError("boom")
+        return real(op_a, op_b, rule)
+
+    monkeypatch.setattr(engine, "compare_pair", flaky)
+    result = run_diff(a, copy_ckpt(a))
+    (finding,) = result.findings
+    assert finding.code == "WC000" and "boom" in finding.message and result.exit_code() == 2
+    assert result.checked["equal"] == LLAMA_TENSORS - 1
+
+
 # ---- command line -----------------------------------------------------------------------------------
 def test_cli_json_and_exit_codes(make_ckpt, copy_ckpt, tmp_path: Path) -> None:
     a = make_ckpt("llama")

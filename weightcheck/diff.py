@@ -370,6 +370,11 @@ def _compare_one(
     except (TensorReadError, QuantFormatError) as exc:
         code = "WC717" if isinstance(exc, QuantFormatError) else "WC715"
         return _skip(outcome, str(exc), code, opts)
+    except Exception as exc:  # a comparison bug: reported (exit 2) without hiding the other tensors' results
+        outcome.status = "crashed"
+        outcome.reason = f"{type(exc).__name__}: {exc}"
+        outcome.evidence = {"traceback": traceback.format_exc()}
+        return outcome
     finally:
         a.release()
         b.release()
@@ -433,7 +438,18 @@ def _findings(outcomes: list[_Outcome], only_a: list[str], only_b: list[str], op
     by_class: dict[str, list[_Outcome]] = defaultdict(list)
     skips: dict[tuple[str, str, bool], list[_Outcome]] = defaultdict(list)
     for outcome in outcomes:
-        if outcome.status == "skipped":
+        if outcome.status == "crashed":
+            findings.append(
+                Finding(
+                    code=INTERNAL_ERROR_CODE,
+                    name="internal-error",
+                    severity=Severity.ERROR,
+                    message=f"comparing {outcome.name_a} crashed: {outcome.reason}",
+                    location=Location(tensor=outcome.name_a),
+                    details=outcome.evidence,
+                )
+            )
+        elif outcome.status == "skipped":
             skips[(outcome.code or "WC715", outcome.reason, outcome.allowed_by is not None)].append(outcome)
         elif outcome.status in ("failed", "within_tolerance") and outcome.klass:
             by_class[outcome.klass].append(outcome)

@@ -184,7 +184,7 @@ def classify(
         shifted = _shifted(a.name, b, applied, reference)
         if shifted is not None:
             return shifted
-    if len(a.shape) == 2 and a.shape[0] == a.shape[1] and a.numel <= MAX_MATERIALIZE:
+    if len(a.shape) == 2 and a.shape[0] == a.shape[1] and _corner_transposed(a, b, applied):
         transposed = TransposedOperand(b)
         try:
             if _matches(a, transposed, applied):
@@ -225,7 +225,7 @@ def _classify_shape(a: Operand, b: Operand, rule: PolicyRule, verdict: Verdict) 
                         f"B holds only shard {k} of {n} (TP split along dim {dim}) of the reference",
                         evidence,
                     )
-    if len(a.shape) == 2 and b.shape == (a.shape[1], a.shape[0]) and a.numel <= MAX_MATERIALIZE:
+    if len(a.shape) == 2 and b.shape == (a.shape[1], a.shape[0]) and _corner_transposed(a, b, rule):
         transposed = TransposedOperand(b)
         try:
             if _matches(a, transposed, rule):
@@ -233,6 +233,19 @@ def _classify_shape(a: Operand, b: Operand, rule: PolicyRule, verdict: Verdict) 
         finally:
             transposed.release()
     return Classification(SHAPE_MISMATCH, verdict.message, evidence)
+
+
+def _corner_transposed(a: Operand, b: Operand, rule: PolicyRule) -> bool:
+    """Does A's top-left corner equal B's transposed (under the rule)? A cheap filter: only then is B
+    materialized transposed for the full comparison."""
+    if a.numel > MAX_MATERIALIZE or not a.rows or not a.cols:
+        return False
+    k = min(64, a.rows, a.cols)
+    va, sa = a.block(0, k, with_step=True)
+    vb, sb = b.block(0, k, with_step=True)
+    corner_a = (va[:, :k], sa.expand_as(va)[:, :k] if sa is not None else None)
+    corner_b = (vb[:, :k].t(), sb.expand_as(vb)[:, :k].t() if sb is not None else None)
+    return _probe_matches(([0], *corner_a), ([0], *corner_b), rule)
 
 
 class _Reshaped(Operand):

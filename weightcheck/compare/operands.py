@@ -72,20 +72,34 @@ class Operand:
         """Let go of resident pages read so far."""
 
 
+# Sub-byte dtypes without torch arithmetic: compared as their raw bytes (exact tier only makes sense).
+_RAW_BYTE_DTYPES = frozenset({"F4", "F6_E2M3", "F6_E3M2"})
+
+
 class PlainOperand(Operand):
     def __init__(self, store: TensorStore, stored: str, name: str | None = None) -> None:
         self.store = store
         self.stored = stored
         self.name = name or stored
         info = store.info(stored)
-        self.shape = info.shape
         self.label = info.dtype
-        self.value_dtype = info.dtype
+        if info.dtype in _RAW_BYTE_DTYPES:
+            self.shape = (info.nbytes,)
+            self.value_dtype = "U8"
+        else:
+            self.shape = info.shape
+            self.value_dtype = info.dtype
         self._view: torch.Tensor | None = None
 
     def view(self) -> torch.Tensor:
         if self._view is None:
-            self._view = self.store.get(self.stored).reshape(self.rows, self.cols)
+            if self.label in _RAW_BYTE_DTYPES:
+                import torch
+
+                raw = self.store.raw(self.stored)
+                self._view = torch.frombuffer(bytearray(raw), dtype=torch.uint8).reshape(self.rows, self.cols)
+            else:
+                self._view = self.store.get(self.stored).reshape(self.rows, self.cols)
         return self._view
 
     def block(self, r0: int, r1: int, *, with_step: bool) -> tuple[torch.Tensor, torch.Tensor | None]:
