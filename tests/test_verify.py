@@ -513,3 +513,25 @@ def test_weights_checker_interop(bench: Callable[[str], Bench], fake_engine: str
         WeightsCheckerClient("http://127.0.0.1:9", timeout_s=2).snapshot()
     with pytest.raises(ValueError, match="unknown /weights_checker action"):
         WeightsCheckerClient(fake_engine).call("explode")
+
+
+def test_a_loaded_reference_is_reused_across_syncs(bench: Callable[[str], Bench]) -> None:
+    from weightcheck.verify import load_reference
+
+    b = bench("llama")
+    reference = load_reference(b.ckpt)
+    for step in ("step-1", "step-2"):
+        b.push(b.stream, step)
+        assert check_weight_update_equal(b.records, reference, weight_version=step).findings == []
+    reference.store.close()
+
+
+def test_record_referring_to_an_unknown_call_does_not_crash(bench: Callable[[str], Bench]) -> None:
+    b = bench("llama")
+    b.push([*b.stream, ("model.unknown.weight", torch.ones(2))])
+    path = next((b.records / "sync-00000").glob("*.jsonl"))
+    path.write_text(
+        path.read_text().replace('"call":0,"name":"model.unknown.weight"', '"call":7,"name":"model.unknown.weight"')
+    )
+    (dropped,) = by_code(verify(b.records, b.ckpt), "WC731")
+    assert dropped.details["names"] == ["model.unknown.weight"]

@@ -593,6 +593,7 @@ class _SyncChecker:
         ranges = [r for r in self._rank_ranges() if r is not None]
         num_layers = self._num_layers()
         calls: dict[tuple[int, int], CallEntry] = {(id(r), c.call): c for r in records for c in r.calls}
+        no_call = CallEntry(call=-1, names=0)
         dropped: dict[str, list[str]] = defaultdict(list)  # reason → names
         uncertain: list[str] = []
         for name, items in occurrences.items():
@@ -608,10 +609,9 @@ class _SyncChecker:
             owned_by_missing = layer is None or not any(start <= layer < end for start, end in ranges)
             if not beyond and not all_stages and owned_by_missing:
                 continue
-            warned = [
-                msg for record, entry in items for msg in calls[(id(record), entry.call)].engine_warnings if name in msg
-            ]
-            untraced = any(calls[(id(record), entry.call)].unattributed_writes for record, entry in items)
+            call_of = [calls.get((id(record), entry.call), no_call) for record, entry in items]
+            warned = [msg for call in call_of for msg in call.engine_warnings if name in msg]
+            untraced = any(call.unattributed_writes for call in call_of)
             if beyond:
                 reason = f"layer id beyond the model's {num_layers} layers"
             elif _FUSED_EXPERT_NAME.search(name):
@@ -759,8 +759,8 @@ class _SyncChecker:
         for name in sorted(sent & set(ref.digests)):
             digest, entry = effective[name]
             want = ref.digests[name]
-            if digest == want or name in shifted_sent:
-                continue
+            if digest == want or name in shifted_sent or (entry.error and entry.dtype is None):
+                continue  # equal, explained by a shift, or not a tensor at all (reported by the content checks)
             klass, message = self._classify(name, digest, want, entry)
             mismatched[klass].append(name)
             messages.setdefault(klass, message)
@@ -1049,6 +1049,7 @@ def verify(
             except RecordError as exc:
                 findings.add("WC720", f"{path.name}: {exc}", file=str(path))
     reference: Reference | None = None
+    owns_reference = not isinstance(against, Reference)
     if isinstance(against, Reference):
         reference = against
     elif against is not None:
@@ -1102,7 +1103,7 @@ def verify(
         _SyncChecker(view, reference, findings, layout, list(skip), baseline).run()
         tensors += sum(len(r.tensors) for r in view_records)
         params += sum(len(r.params) for r in view_records)
-    if reference is not None and reference.store is not None:
+    if owns_reference and reference is not None and reference.store is not None:
         reference.store.close()
     result.findings = findings.items
     result.checked = {

@@ -1,0 +1,323 @@
+"""Tap overhead on a streamed ~1 GB model, and `weightcheck verify` time on that stream.
+
+Builds a ~1 GB BF16 checkpoint (Llama-style names, written with safetensors' own writer) and an engine that
+loads it the way SGLang models do: stacked `qkv_proj` / `gate_up_proj` parameters with their own
+`weight_loader` (shard ids), norms through the default loader. With `--engine sglang` (needs sglang) the
+engine is SGLang's own `Qwen2ForCausalLM`, built on CPU in BF16 with a single-process gloo group.
+
+In one run, alternating, it times `load_weights` over the streamed checkpoint (zero-copy mmap views, page
+cache warm) with the tap off and on (digest-only: sha256 + zero/NaN statistics of every tensor, engine
+coverage), then times `weightcheck verify` of the recorded sync against the checkpoint (which hashes the
+whole checkpoint) and against a trainer manifest.
+
+    .venv/bin/python benchmarks/bench_tap.py [--gb 1.0] [--repeats 5] [--engine generic|sglang] [--json out.json]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shutil
+import statistics
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+import torch
+from torch import nn
+
+HIDDEN = 2048
+INTERMEDIATE = 5632
+VOCAB = 32000
+HEADS, KV_HEADS = 16, 16
+
+
+def default_loader(param: torch.Tensor, loaded_weight: torch.Tensor) -> None:
+    param.data.copy_(loaded_weight)
+
+
+class QKVParallelLinear(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.weight = nn.Parameter(torch.empty(3 * HIDDEN, HIDDEN, dtype=torch.bfloat16), requires_grad=False)
+        self.weight.weight_loader = self.weight_loader
+
+    def weight_loader(self, param: torch.Tensor, loaded_weight: torch.Tensor, loaded_shard_id: str) -> None:
+        index = "qkv".index(loaded_shard_id)
+        param.data.narrow(0, index * HIDDEN, HIDDEN).copy_(loaded_weight)
+
+
+class MergedColumnParallelLinear(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.output_sizes = [INTERMEDIATE, INTERMEDIATE]
+        self.weight = nn.Parameter(torch.empty(2 * INTERMEDIATE, HIDDEN, dtype=torch.bfloat16), requires_grad=False)
+        self.weight.weight_loader = self.weight_loader
+
+    def weight_loader(self, param: torch.Tensor, loaded_weight: torch.Tensor, loaded_shard_id: int) -> None:
+        param.data.narrow(0, loaded_shard_id * INTERMEDIATE, INTERMEDIATE).copy_(loaded_weight)
+
+
+class Plain(nn.Module):
+    def __init__(self, *shape: int) -> None:
+        super().__init__()
+        self.weight = nn.Parameter(torch.empty(*shape, dtype=torch.bfloat16), requires_grad=False)
+
+
+class Layer(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.self_attn = nn.Module()
+        self.self_attn.qkv_proj = QKVParallelLinear()
+        self.self_attn.o_proj = Plain(HIDDEN, HIDDEN)
+        self.mlp = nn.Module()
+        self.mlp.gate_up_proj = MergedColumnParallelLinear()
+        self.mlp.down_proj = Plain(HIDDEN, INTERMEDIATE)
+        self.input_layernorm = Plain(HIDDEN)
+        self.post_attention_layernorm = Plain(HIDDEN)
+
+
+class GenericEngine(nn.Module):
+    """SGLang's loading pattern (`stacked_params_mapping`, per-parameter `weight_loader`) without SGLang."""
+
+    STACKED = (
+        ("qkv_proj", "q_proj", "q"),
+        ("qkv_proj", "k_proj", "k"),
+        ("qkv_proj", "v_proj", "v"),
+        ("gate_up_proj", "gate_proj", 0),
+        ("gate_up_proj", "up_proj", 1),
+    )
+
+    def __init__(self, layers: int) -> None:
+        super().__init__()
+        self.model = nn.Module()
+        self.model.embed_tokens = Plain(VOCAB, HIDDEN)
+        self.model.layers = nn.ModuleList(Layer() for _ in range(layers))
+        self.model.norm = Plain(HIDDEN)
+
+    def load_weights(self, weights: Any) -> None:
+        params = dict(self.named_parameters())
+        for name, tensor in weights:
+            for param_name, shard_name, shard_id in self.STACKED:
+                if shard_name not in name:
+                    continue
+                target = name.replace(shard_name, param_name)
+                param = params[target]
+                param.weight_loader(param, tensor, shard_id)
+                break
+            else:
+                if name in params:
+                    param = params[name]
+                    getattr(param, "weight_loader", default_loader)(param, tensor)
+
+
+def layers_for(gigabytes: float) -> int:
+    per_layer = 2 * (4 * HIDDEN * HIDDEN + 3 * HIDDEN * INTERMEDIATE + 2 * HIDDEN)
+    return max(1, round((gigabytes * 1e9 - 2 * VOCAB * HIDDEN) / per_layer))
+
+
+def write_checkpoint(folder: Path, layers: int) -> int:
+    """Random BF16 tensors with Llama/Qwen2 checkpoint names, in ~400 MB shards. Returns bytes written."""
+    from safetensors.torch import save_file
+
+    generator = torch.Generator().manual_seed(0)
+
+    def rand(*shape: int) -> torch.Tensor:
+        return (torch.randn(*shape, generator=generator) * 0.02).to(torch.bfloat16)
+
+    tensors: dict[str, torch.Tensor] = {"model.embed_tokens.weight": rand(VOCAB, HIDDEN)}
+    shard, total, index = 0, 0, {}
+
+    def flush() -> None:
+        nonlocal shard, tensors
+        if tensors:
+            name = f"model-{shard:05d}.safetensors"
+            save_file(tensors, str(folder / name), metadata={"format": "pt"})
+            index.update(dict.fromkeys(tensors, name))
+            shard += 1
+            tensors = {}
+
+    for layer in range(layers):
+        prefix = f"model.layers.{layer}"
+        for proj in ("q_proj", "k_proj", "v_proj", "o_proj"):
+            tensors[f"{prefix}.self_attn.{proj}.weight"] = rand(HIDDEN, HIDDEN)
+        tensors[f"{prefix}.mlp.gate_proj.weight"] = rand(INTERMEDIATE, HIDDEN)
+        tensors[f"{prefix}.mlp.up_proj.weight"] = rand(INTERMEDIATE, HIDDEN)
+        tensors[f"{prefix}.mlp.down_proj.weight"] = rand(HIDDEN, INTERMEDIATE)
+        tensors[f"{prefix}.input_layernorm.weight"] = torch.ones(HIDDEN, dtype=torch.bfloat16)
+        tensors[f"{prefix}.post_attention_layernorm.weight"] = torch.ones(HIDDEN, dtype=torch.bfloat16)
+        if sum(t.numel() * 2 for t in tensors.values()) > 400e6:
+            total += sum(t.numel() * 2 for t in tensors.values())
+            flush()
+    tensors["model.norm.weight"] = torch.ones(HIDDEN, dtype=torch.bfloat16)
+    total += sum(t.numel() * 2 for t in tensors.values())
+    flush()
+    (folder / "model.safetensors.index.json").write_text(
+        json.dumps({"metadata": {"total_size": total}, "weight_map": index})
+    )
+    (folder / "config.json").write_text(
+        json.dumps(
+            {
+                "architectures": ["Qwen2ForCausalLM"],
+                "model_type": "qwen2",
+                "hidden_size": HIDDEN,
+                "intermediate_size": INTERMEDIATE,
+                "num_hidden_layers": layers,
+                "num_attention_heads": HEADS,
+                "num_key_value_heads": KV_HEADS,
+                "vocab_size": VOCAB,
+                "tie_word_embeddings": True,
+                "torch_dtype": "bfloat16",
+            }
+        )
+    )
+    return total
+
+
+def sglang_engine(layers: int) -> nn.Module:
+    """SGLang's Qwen2ForCausalLM in BF16 on CPU (stubs as in tests/sglang/sglang_harness.py)."""
+    import types
+
+    vllm, ops = types.ModuleType("vllm"), types.ModuleType("vllm._custom_ops")
+    ops.rotary_embedding = lambda *a, **k: None  # type: ignore[attr-defined]  # forward-only kernel
+    vllm._custom_ops = ops  # type: ignore[attr-defined]
+    sys.modules.setdefault("vllm", vllm)
+    sys.modules.setdefault("vllm._custom_ops", ops)
+    from sglang.test.layer_ut_utils import init_single_process_dist
+
+    init_single_process_dist(master_port=29655, backend="gloo")
+    from sglang.srt.models.qwen2 import Qwen2ForCausalLM
+    from transformers import Qwen2Config
+
+    config = Qwen2Config(
+        hidden_size=HIDDEN,
+        intermediate_size=INTERMEDIATE,
+        num_hidden_layers=layers,
+        num_attention_heads=HEADS,
+        num_key_value_heads=KV_HEADS,
+        vocab_size=VOCAB,
+        tie_word_embeddings=True,
+    )
+    previous = torch.get_default_dtype()
+    torch.set_default_dtype(torch.bfloat16)
+    try:
+        return Qwen2ForCausalLM(config)
+    finally:
+        torch.set_default_dtype(previous)
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--gb", type=float, default=1.0, help="checkpoint size in GB (default 1.0)")
+    parser.add_argument("--repeats", type=int, default=5)
+    parser.add_argument("--engine", choices=("generic", "sglang"), default="generic")
+    parser.add_argument("--threads", type=int, default=None, help="digest threads (default: min(4, cores))")
+    parser.add_argument("--json", type=Path, default=None, help="also write the figures here")
+    parser.add_argument("--keep", type=Path, default=None, help="use/keep the checkpoint in this folder")
+    args = parser.parse_args()
+
+    from weightcheck import tap
+    from weightcheck.manifest import write_manifest
+    from weightcheck.tensors import TensorStore
+    from weightcheck.verify import verify
+
+    work = Path(tempfile.mkdtemp(prefix="bench-tap-"))
+    ckpt = args.keep or work / "ckpt"
+    layers = layers_for(args.gb)
+    if not (ckpt / "model.safetensors.index.json").exists():
+        ckpt.mkdir(parents=True, exist_ok=True)
+        write_checkpoint(ckpt, layers)
+    else:
+        layers = json.loads((ckpt / "config.json").read_text())["num_hidden_layers"]
+    size = sum(p.stat().st_size for p in ckpt.glob("*.safetensors"))
+    engine = sglang_engine(layers) if args.engine == "sglang" else GenericEngine(layers)
+    klass = type(engine)
+    if args.engine == "sglang":
+        from weightcheck.tap.sglang_plugin import _sglang_default_loader
+
+        loader = _sglang_default_loader()
+    else:
+        loader = default_loader
+    tap.set_engine_hooks(tap.EngineHooks(default_loader=loader))
+    tap.install(klass)
+    records = work / "records"
+
+    def load_once(enabled: bool) -> float:
+        tap.configure(records, digest_threads=args.threads) if enabled else tap.configure(None)
+        with TensorStore.open(ckpt) as store:
+            # Warm the page cache outside the timed region (both modes read the same pages).
+            for name in store.names():
+                store.raw(name).tobytes()[:1]
+            started = time.perf_counter()
+            engine.load_weights(store.iter_tensors())
+            elapsed = time.perf_counter() - started
+        return elapsed
+
+    cpu = os.cpu_count() or 1
+    torch.set_num_threads(min(torch.get_num_threads(), cpu))
+    load_once(False)  # warm-up: first touch of the parameters' pages
+    off: list[float] = []
+    on: list[float] = []
+    for _ in range(args.repeats):
+        shutil.rmtree(records, ignore_errors=True)
+        off.append(load_once(False))
+        shutil.rmtree(records, ignore_errors=True)
+        on.append(load_once(True))
+    tap.configure(None)
+    tap.uninstall(klass)
+
+    started = time.perf_counter()
+    result = verify(records, ckpt)
+    verify_ckpt = time.perf_counter() - started
+    assert not [f for f in result.findings if f.severity.label == "error"], [f.message for f in result.findings]
+    manifest = work / "manifest.json"
+    with TensorStore.open(ckpt) as store:
+        started = time.perf_counter()
+        write_manifest(manifest, store.iter_tensors())
+        manifest_s = time.perf_counter() - started
+    started = time.perf_counter()
+    result = verify(records, manifest)
+    verify_manifest = time.perf_counter() - started
+    assert not [f for f in result.findings if f.severity.label == "error"], [f.message for f in result.findings]
+
+    median_off, median_on = statistics.median(off), statistics.median(on)
+    figures = {
+        "engine": klass.__name__,
+        "checkpoint_bytes": size,
+        "tensors": result.checked.get("tensors"),
+        "cpu_cores": cpu,
+        "torch_threads": torch.get_num_threads(),
+        "digest_threads": args.threads or min(4, cpu),
+        "repeats": args.repeats,
+        "load_off_s": off,
+        "load_on_s": on,
+        "load_off_median_s": median_off,
+        "load_on_median_s": median_on,
+        "tap_overhead_pct": 100 * (median_on - median_off) / median_off,
+        "verify_against_checkpoint_s": verify_ckpt,
+        "verify_against_manifest_s": verify_manifest,
+        "trainer_manifest_write_s": manifest_s,
+    }
+    print(f"engine {figures['engine']}, {size / 1e9:.2f} GB, {figures['tensors']} tensors, {cpu} cores")
+    print("| measurement | seconds |")
+    print("|---|---|")
+    print(f"| load_weights, tap off (median of {args.repeats}) | {median_off:.3f} |")
+    print(f"| load_weights, tap on, digest-only (median of {args.repeats}) | {median_on:.3f} |")
+    print(f"| tap overhead | {figures['tap_overhead_pct']:+.1f} % |")
+    print(f"| verify against the checkpoint (hashes it) | {verify_ckpt:.3f} |")
+    print(f"| verify against a trainer manifest | {verify_manifest:.3f} |")
+    print(f"| trainer-side manifest of the stream | {manifest_s:.3f} |")
+    if args.json:
+        args.json.write_text(json.dumps(figures, indent=1))
+    if not args.keep:
+        shutil.rmtree(work, ignore_errors=True)
+    else:
+        shutil.rmtree(records, ignore_errors=True)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
