@@ -39,6 +39,8 @@ if TYPE_CHECKING:
 # cannot correspond to them, so being only in one checkpoint is expected (reported as info).
 _ACTIVATION_PARAM = re.compile(r"(^|\.)(input|output|q|k|v)_(scale|zero_point|global_scale)$")
 _LAYER_WORDS = ("layers", "layer", "h", "blocks", "block")
+# A progress bar only for runs long enough to want one (about a second of reading or more).
+PROGRESS_MIN_BYTES = 512 * 1024 * 1024
 _ACTIVATION_NOTE = "activation/KV-cache quantization parameter: expected on a quantized side only"
 # Per finding, at most this many tensors carry their own evidence in `details`.
 _EVIDENCE_LIMIT = 50
@@ -294,7 +296,8 @@ def _run(view_a: LogicalCheckpoint, view_b: LogicalCheckpoint, opts: DiffOptions
     reference = ReferenceIndex([n for n in view_a.names() if n not in view_a.unavailable], view_a.operand)
 
     outcomes: list[_Outcome] = []
-    progress = _Progress(sum(view_a.nbytes(a) + view_b.nbytes(b) for a, b in pairs)) if opts.progress else None
+    total = sum(view_a.nbytes(a) + view_b.nbytes(b) for a, b in pairs)
+    progress = _Progress(total) if opts.progress and total >= PROGRESS_MIN_BYTES else None
     try:
         for name_a, name_b in pairs:
             outcomes.append(_compare_one(view_a, view_b, name_a, name_b, policy, reference, opts))

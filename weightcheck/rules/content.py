@@ -25,6 +25,8 @@ if TYPE_CHECKING:
     from weightcheck.digest import TensorDigest
 
 CONTENT_NEEDS = ("tensors", "data")
+# A progress bar only for runs long enough to want one (about a second of reading or more).
+_PROGRESS_MIN_BYTES = 512 * 1024 * 1024
 # Names whose values are quantization scales: they must be positive.
 _SCALE_NAME = re.compile(r"(_scale|_scale_inv|_scale_2|_global_scale|(^|\.)[kvq]_scale)$")
 # Tensors that may legitimately be zero or constant: zero points, shapes, indices, biases, norms.
@@ -70,7 +72,8 @@ def _scan(ctx: LintContext) -> list[TensorScan]:
     want_digest = _wants_digest(ctx)
     names = store.names()
     out: list[TensorScan] = []
-    progress = _progress(sum(store.info(n).nbytes for n in names)) if _show_progress(ctx) else None
+    total = sum(store.info(n).nbytes for n in names)
+    progress = _progress(total) if _show_progress(ctx) and total >= _PROGRESS_MIN_BYTES else None
     try:
         for name in names:
             stored = store.location(name)
