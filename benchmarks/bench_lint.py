@@ -206,6 +206,8 @@ def main() -> None:
     assert result.checked["tensors"] == n_tensors, (result.checked, n_tensors)
     t_base = timed(lambda: baseline(ckpt), args.repeat)
     t_lint = timed(lambda: lint(ckpt), args.repeat)
+    # Header reading plus the file/index rules only (what the safe_open baseline also does, and a bit more).
+    t_integrity = timed(lambda: lint(ckpt, select=["WC1", "WC2"]), args.repeat)
 
     exe = [sys.executable, "-m", "weightcheck", "lint", str(ckpt), "--format", "json", "-o", os.devnull]
     t_cli = timed(lambda: subprocess.run(exe, check=False), args.repeat)
@@ -222,6 +224,8 @@ def main() -> None:
         "baseline_safe_open_s": round(t_base, 3),
         "lint_in_process_s": round(t_lint, 3),
         "ratio_in_process": round(t_lint / t_base, 2),
+        "lint_wc1_wc2_only_s": round(t_integrity, 3),
+        "ratio_wc1_wc2_only": round(t_integrity / t_base, 2),
         "baseline_cli_s": round(t_cli_base, 3),
         "lint_cli_s": round(t_cli, 3),
         "ratio_cli": round(t_cli / t_cli_base, 2),

@@ -12,6 +12,11 @@ from weightcheck.rules.quant import analysis_of
 from weightcheck.structure import normalize_param
 
 
+def _normalized(ctx: LintContext) -> dict[str, str]:
+    """Every tensor name → its companion-folded form (`q_proj.weight_packed` → `q_proj.weight`), once."""
+    return ctx.memo("normalized-names", lambda: {n: normalize_param(n) for n in ctx.ckpt.tensor_names()})
+
+
 def _pattern(ctx: LintContext) -> Pattern | None:
     qa = analysis_of(ctx)
     return qa.pattern if qa.inventory is not None and not qa.inventory.from_config_only else None
@@ -35,7 +40,7 @@ def expected_key_missing(ctx: LintContext) -> None:
     pattern = _pattern(ctx)
     if pattern is None or qa.inventory is None:
         return
-    present = {normalize_param(n) for n in ctx.ckpt.tensor_names()}
+    present = set(_normalized(ctx).values())
     groups: dict[str, list[str]] = defaultdict(list)
     expected = qa.expected(ctx.ckpt.text_config())
     for exp in expected:
@@ -74,10 +79,11 @@ def unexpected_key(ctx: LintContext) -> None:
     for module in qa.inventory.modules.values():
         if module.expected is not None:
             known.update(f"{module.name}.{p}" for p in (*module.expected.params, *module.expected.optional_params))
+    allowed = tuple(pattern.allowed_prefixes)
     odd = [
         n
-        for n in ctx.ckpt.tensor_names()
-        if normalize_param(n) not in known and not n.startswith(tuple(pattern.allowed_prefixes))
+        for n, norm in _normalized(ctx).items()
+        if norm not in known and not (allowed and n.startswith(allowed))
         and not n.endswith((".k_scale", ".v_scale"))  # KV-cache scales sit on the attention module
     ]  # fmt: skip
     if odd:
