@@ -141,8 +141,8 @@ def lint(
         "content": content,
         "hash_out": hash_out,
         "against_manifest": against_manifest,
-        # Progress bars only for a human watching text output.
-        "progress": settings.format == "text" and bool(getattr(output, "isatty", lambda: False)()),
+        # Progress bars (drawn on stderr) only for a human watching text output.
+        "progress": settings.format == "text" and sys.stderr.isatty(),
     }
     try:
         result = run_lint(target, select=settings.select, ignore=settings.ignore, options=options)

@@ -27,7 +27,11 @@ def _lines(result: Result, verbose: bool) -> list[tuple[str, str]]:
     for note in result.notes:
         out.append(("dim", f"note: {note}"))
     counts = result.counts()
-    checked = ", ".join(f"{v} {k}" for k, v in result.checked.items() if k in ("shards", "tensors", "layers"))
+    # Counts that describe coverage (lint: shards/tensors/layers; diff/verify: compared, equal, failed...).
+    hidden = ("rules", "header_bytes_read", "bytes_read")
+    checked = ", ".join(
+        f"{v} {k.replace('_', ' ')}" for k, v in result.checked.items() if isinstance(v, int) and k not in hidden
+    )
     if result.nothing_checked:
         out.append(("bold red", "nothing was checked"))
     elif not result.findings:
