@@ -275,3 +275,16 @@ def test_rules_listing_documents_diff_codes() -> None:
     codes = {c for c, r in all_rules().items() if r.command == "diff"}
     assert {f"WC7{n:02d}" for n in range(1, 18)} <= codes
     assert all(c < "WC720" for c in codes if c.startswith("WC70") or c.startswith("WC71"))
+
+
+def test_builtin_name_map_from_pattern_root_alias() -> None:
+    from weightcheck.diff import builtin_name_maps, map_name
+
+    cfg = {"model_type": "qwen2_5_vl"}
+    new_layout = ["model.language_model.layers.0.mlp.down_proj.weight", "model.language_model.norm.weight",
+                  "model.visual.blocks.0.attn.qkv.weight"]  # fmt: skip
+    hub_layout = ["model.layers.0.mlp.down_proj.weight", "model.norm.weight", "visual.blocks.0.attn.qkv.weight"]
+    rules = builtin_name_maps(cfg, new_layout, hub_layout)
+    assert [map_name(n, rules) for n in new_layout] == [*hub_layout[:2], "model.visual.blocks.0.attn.qkv.weight"]
+    assert builtin_name_maps(cfg, hub_layout, hub_layout) == []
+    assert builtin_name_maps({"model_type": "llama"}, new_layout, hub_layout) == []

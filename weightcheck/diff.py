@@ -121,9 +121,29 @@ def load_name_map(spec: str, base_dir: Path | None = None) -> list[NameMapRule]:
     return parse_name_map(text, source=str(path))
 
 
-def builtin_name_maps(config: Mapping[str, Any]) -> list[NameMapRule]:
-    """Name maps known for a model family (hook for the patterns package; none yet)."""
-    return []
+def builtin_name_maps(
+    config: Mapping[str, Any], names_a: Iterable[str] = (), names_b: Iterable[str] = ()
+) -> list[NameMapRule]:
+    """Name maps known for the model family, from its pattern (patterns/*.toml): when the two checkpoints
+    spell the language-model root differently (`model.language_model.layers` vs `model.layers`, the
+    transformers >= 4.52 VLM layout vs the Hub layout), map A's spelling onto B's."""
+    from weightcheck.patterns import PatternError, detect_pattern, layer_root
+
+    try:
+        pattern = detect_pattern(dict(config))
+    except PatternError:
+        return []
+    if pattern is None or not pattern.root_aliases:
+        return []
+    root_a, root_b = layer_root(pattern, list(names_a)), layer_root(pattern, list(names_b))
+    if root_a == root_b:
+        return []
+    # Only the language model's own modules move (a blanket `model.*` rule would also drag `model.visual.*`).
+    canonical = pattern.layer_prefix.rsplit(".", 1)[0]
+    leaves = [pattern.layer_prefix.rsplit(".", 1)[-1]]
+    leaves += [g.name[len(canonical) + 1 :] for g in pattern.globals if g.name.startswith(canonical + ".")]
+    source = f"pattern {pattern.name}"
+    return [NameMapRule(f"{root_a}.{leaf}.*", f"{root_b}.{leaf}.*", source=source) for leaf in leaves]
 
 
 def map_name(name: str, rules: Iterable[NameMapRule]) -> str:
@@ -280,7 +300,7 @@ def _run(view_a: LogicalCheckpoint, view_b: LogicalCheckpoint, opts: DiffOptions
     from weightcheck.compare.policy import Policy
 
     policy = Policy.with_user_rules(opts.policy_rules)
-    maps = [*opts.maps, *builtin_name_maps(view_a.store.ckpt.config_data)]
+    maps = [*opts.maps, *builtin_name_maps(view_a.store.ckpt.config_data, view_a.names(), view_b.names())]
     b_names = set(view_b.names())
     pairs: list[tuple[str, str]] = []
     only_a: list[str] = []
