@@ -549,3 +549,31 @@ def test_records_are_written_atomically(records: Path) -> None:
     assert [p.name for p in folder.iterdir() if p.name.startswith(".")] == []  # no temp file left behind
     header = json.loads(next(iter(folder.glob("*.jsonl"))).read_text().splitlines()[0])
     assert header["pid"] == os.getpid() and header["model"]["class"] == "Engine"
+
+
+@pytest.mark.parametrize(
+    ("tensor", "zeros", "nonfinite"),
+    [
+        (torch.zeros(4, 4, dtype=torch.bfloat16), True, 0),
+        (torch.tensor([0.0, -0.0]), False, 0),  # bytes, not values: -0.0 has its sign bit set
+        (torch.tensor([1.0, float("inf"), float("nan")], dtype=torch.float16), False, 2),
+        (torch.tensor([[1.0, float("-inf")], [2.0, 3.0]], dtype=torch.bfloat16).t(), False, 1),  # non-contiguous
+        (torch.zeros(3, dtype=torch.int32), True, 0),
+        (torch.tensor([7], dtype=torch.int64), False, 0),
+        (torch.empty(0), None, 0),
+    ],
+)
+def test_tensor_stats(tensor: torch.Tensor, zeros: bool | None, nonfinite: int | None) -> None:
+    from weightcheck.tap.digesting import describe_tensor, tensor_stats
+
+    assert tensor_stats(tensor) == (zeros, nonfinite)
+    described = describe_tensor(tensor)
+    assert described["sha256"] == digest_tensor(tensor).sha256 and described["zeros"] == zeros
+
+
+def test_tensor_stats_on_float8_never_raise() -> None:
+    from weightcheck.tap.digesting import describe_tensor
+
+    described = describe_tensor(torch.zeros(4).to(torch.float8_e4m3fn))
+    assert described["dtype"] == "F8_E4M3" and described["zeros"] is True
+    assert described["nonfinite"] in (0, None)
