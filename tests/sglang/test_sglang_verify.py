@@ -254,3 +254,38 @@ def test_engine_pipeline_stages_in_two_processes(harness: Any, checkpoints: Any,
     assert (stages[1].model["start_layer"], stages[1].model["end_layer"]) == (1, 3)
     # Qwen3 logs the legitimate off-stage names; verify does not call them dropped.
     assert any("model.norm.weight" in w for c in stages[0].calls for w in c.engine_warnings)
+
+
+def test_model_built_by_sglangs_loader_is_tapped_through_initialize_model(
+    plugin_tap: Path, records_dir: Path, harness: Any, tmp_path: Path
+) -> None:
+    """Production path: SGLang's `_initialize_model` builds the served class (here Llama, not listed in
+    WEIGHTCHECK_SGLANG_TARGETS); the plugin's AFTER hook taps that class before its first load."""
+    import torch
+    from sglang.srt.configs.load_config import LoadConfig
+    from sglang.srt.configs.model_config import ModelConfig
+    from sglang.srt.model_loader import loader
+    from transformers import AutoModelForCausalLM, LlamaConfig
+
+    config = LlamaConfig(
+        hidden_size=64,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        intermediate_size=128,
+        vocab_size=128,
+        max_position_embeddings=256,
+    )
+    torch.manual_seed(3)
+    ckpt = tmp_path / "llama"
+    AutoModelForCausalLM.from_config(config).save_pretrained(ckpt)
+    model = loader._initialize_model(ModelConfig(str(ckpt)), LoadConfig())
+    assert type(model).__name__ == "LlamaForCausalLM"
+    assert getattr(type(model).load_weights, "__wrapped__", None) is not None
+    harness.fill_pattern(model)
+    model.load_weights(iter(harness.checkpoint_stream(ckpt)))  # a bare call: a sync of its own, like startup
+    result = verify(records_dir, ckpt)
+    assert result.findings == [], [f.message for f in result.findings]
+    (record_file,) = (records_dir / "sync-00000").glob("*.jsonl")
+    record = tap.read_record(record_file)
+    assert record.header["model"]["class"] == "LlamaForCausalLM" and record.header["sync"]["source"] == "call"
