@@ -535,3 +535,26 @@ def test_record_referring_to_an_unknown_call_does_not_crash(bench: Callable[[str
     )
     (dropped,) = by_code(verify(b.records, b.ckpt), "WC731")
     assert dropped.details["names"] == ["model.unknown.weight"]
+
+
+def test_request_level_syncs_of_one_version_are_one_sync(bench: Callable[[str], Bench]) -> None:
+    """SGLang without the session API: every bucket is its own update request, all with the push's version."""
+    b = bench("llama")
+    tap.set_engine_hooks(tap.EngineHooks(default_loader=default_loader))
+    model = b.engine()
+    half = len(b.stream) // 2
+    for bucket in (b.stream[:half], b.stream[half:]):
+        with tap.request_scope("step-4", source="request:update_weights_from_distributed"):
+            model.load_weights(iter(bucket))
+    assert len(list(b.records.iterdir())) == 2  # two request-level syncs on disk
+    result = verify(b.records, b.ckpt, weight_version="step-4")
+    assert result.findings == [] and result.checked["syncs"] == 1
+
+
+def test_record_cannot_point_its_tensors_outside_its_folder(bench: Callable[[str], Bench]) -> None:
+    b = bench("llama")
+    b.push(b.stream)
+    path = next((b.records / "sync-00000").glob("*.jsonl"))
+    path.write_text(path.read_text().replace('"tensors_file":null', '"tensors_file":"../../etc/passwd"'))
+    (bad,) = by_code(verify(b.records, b.ckpt), "WC720")
+    assert "next to the record" in bad.message

@@ -102,6 +102,8 @@ class TensorEntry:
     tensor_key: str | None = None
     # The loader was reached but the data belongs to another rank (an expert this EP rank does not hold).
     offrank: bool = False
+    # The safetensors file holding the tensor itself (`tensor_key`), when the tap kept tensors.
+    tensors_path: Path | None = None
 
     @property
     def wrote_params(self) -> set[str]:
@@ -331,6 +333,13 @@ def read_record(path: str | os.PathLike[str]) -> SyncRecord:
             raise RecordError(f"line {lineno}: {exc}") from None
     if header is None:
         raise RecordError("empty record (no header line)")
+    tensors_file = header.get("tensors_file")
+    if isinstance(tensors_file, str) and tensors_file:
+        if "/" in tensors_file or "\\" in tensors_file or tensors_file.startswith("."):
+            raise RecordError(f"tensors_file {tensors_file!r} must be a file name next to the record")
+        for entry in tensors:
+            if entry.tensor_key is not None:
+                entry.tensors_path = target.parent / tensors_file
     if end is None:
         raise RecordError("no 'end' line: the record is truncated")
     counts = {"calls": len(calls), "tensors": len(tensors), "params": len(params)}
