@@ -577,3 +577,19 @@ def test_tensor_stats_on_float8_never_raise() -> None:
     described = describe_tensor(torch.zeros(4).to(torch.float8_e4m3fn))
     assert described["dtype"] == "F8_E4M3" and described["zeros"] is True
     assert described["nonfinite"] in (0, None)
+
+
+def test_sync_left_open_at_exit_is_written_as_incomplete(tmp_path: Path) -> None:
+    code = (
+        "import torch, sys; sys.path.insert(0, 'tests');"
+        "from weightcheck import tap; from test_tap import Engine, default_loader, stream;"
+        f"tap.configure({str(tmp_path)!r}); tap.set_engine_hooks(tap.EngineHooks(default_loader=default_loader));"
+        "tap.install(Engine); tap.begin_sync(source='session'); Engine().load_weights(stream())"
+    )
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=Path(__file__).parents[1])
+    assert done.returncode == 0, done.stderr
+    record = only_record(tmp_path)
+    assert record.header["sync"]["incomplete"] is True and len(record.tensors) == len(stream())
+    from weightcheck.verify import verify
+
+    assert [f.code for f in verify(tmp_path).findings] == ["WC739"]

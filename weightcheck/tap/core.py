@@ -16,6 +16,7 @@ Never raises into the engine unless `strict` is set: a failure of the tap is log
 
 from __future__ import annotations
 
+import atexit
 import contextlib
 import logging
 import os
@@ -124,6 +125,7 @@ class _State:
         self.local = threading.local()
         self.last_written: Path | None = None
         self.warned: set[str] = set()
+        self.exit_hook = False
 
 
 _STATE = _State()
@@ -160,7 +162,19 @@ def configure(
         if config is None or previous is None or previous.directory != config.directory:
             _STATE.next_seq = 0  # sync numbers are per records directory
         _STATE.config = config
+        if config is not None and not _STATE.exit_hook:
+            # A sync still open when the process exits (engine killed mid-session) is written, marked
+            # incomplete, so that verify reports it (WC739) instead of never seeing it.
+            atexit.register(_flush_at_exit)
+            _STATE.exit_hook = True
     return config
+
+
+def _flush_at_exit() -> None:
+    try:
+        flush()
+    except Exception as exc:  # never turn an engine's exit into a traceback
+        log.warning("weightcheck tap: could not write the open sync at exit: %s", exc)
 
 
 def configure_from_env(environ: Mapping[str, str] | None = None) -> TapConfig | None:
