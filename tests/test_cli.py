@@ -133,3 +133,32 @@ def test_lint_does_not_import_torch(make_ckpt) -> None:
     )
     proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
     assert proc.returncode == 0, proc.stderr
+
+
+def test_repo_id_resolves_to_the_local_hub_cache_offline(make_ckpt, tmp_path: Path) -> None:
+    """`weightcheck lint org/name` lints the cached snapshot (cache layout: blobs + snapshots + refs)."""
+    import os
+
+    src = make_ckpt("llama")
+    repo = tmp_path / "hub" / "models--acme--tiny-llama"
+    commit = "0123456789abcdef0123456789abcdef01234567"
+    snap, blobs = repo / "snapshots" / commit, repo / "blobs"
+    snap.mkdir(parents=True)
+    blobs.mkdir()
+    (repo / "refs").mkdir()
+    (repo / "refs" / "main").write_text(commit)
+    for i, f in enumerate(sorted(src.iterdir())):
+        (blobs / f"blob{i}").write_bytes(f.read_bytes())
+        (snap / f.name).symlink_to(os.path.relpath(blobs / f"blob{i}", snap))
+    env = {**os.environ, "HF_HUB_CACHE": str(tmp_path / "hub"), "HF_HUB_OFFLINE": "1"}
+
+    def run(target: str) -> subprocess.CompletedProcess[str]:
+        cmd = [sys.executable, "-m", "weightcheck", "lint", target, "--format", "json"]
+        return subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=120)
+
+    proc = run("acme/tiny-llama")
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    doc = json.loads(proc.stdout)
+    assert doc["summary"]["checked"]["shards"] >= 3
+    assert any("cached snapshot" in n for n in doc["summary"]["notes"])
+    assert run("acme/not-cached").returncode == 3

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import gc
+import re
 import traceback
 from collections.abc import Iterable, Iterator
 from contextlib import contextmanager
@@ -47,12 +48,35 @@ def lint(
         return _lint(Path(target), select, ignore, options)
 
 
+_REPO_ID = re.compile(r"^[A-Za-z0-9][\w.-]*/[\w.-]+(@[\w./-]+)?$")
+
+
+def resolve_hub_cache(target: str) -> Path | None:
+    """`org/name[@revision]` → its snapshot in the local Hugging Face cache, if cached. Never downloads:
+    `local_files_only=True` (weightcheck runs offline; fetch with `huggingface-cli download` first)."""
+    if not _REPO_ID.match(target) or Path(target).exists():
+        return None
+    try:
+        from huggingface_hub import snapshot_download
+    except ImportError:
+        return None
+    repo_id, _, revision = target.partition("@")
+    try:
+        return Path(snapshot_download(repo_id, revision=revision or None, local_files_only=True))
+    except Exception:  # not cached (LocalEntryNotFoundError), bad id, unreadable cache: nothing to lint
+        return None
+
+
 def _lint(path: Path, select: Iterable[str], ignore: Iterable[str], options: dict[str, Any] | None) -> Result:
     result = Result(target=str(path), command="lint")
     if not path.exists():
-        result.nothing_checked = True
-        result.notes.append(f"{path}: no such file or directory")
-        return result
+        cached = resolve_hub_cache(str(path))
+        if cached is None:
+            result.nothing_checked = True
+            result.notes.append(f"{path}: no such file or directory (nor a repo id in the local Hugging Face cache)")
+            return result
+        result.notes.append(f"{path}: linting the cached snapshot {cached}")
+        path = cached
     ckpt = load_checkpoint(path)
     config_only = not ckpt.has_weights
     if config_only and (ckpt.config is None or not ckpt.config.exists):
