@@ -8,6 +8,7 @@ import concurrent.futures
 import json
 import logging
 import os
+import re
 import subprocess
 import sys
 import threading
@@ -216,8 +217,10 @@ def test_record_lists_every_tensor_with_its_digest_and_the_engine_coverage(recor
     record = only_record(records)
     assert record.weight_version == "step-3" and record.header["sync"]["source"] == "manual"
     assert [e.name for e in record.tensors] == [n for n, _ in sent]
+    assert record.header["digest"] == "xxh3_128"  # the default when xxhash is installed (a test dependency)
     for entry, (_, tensor) in zip(record.tensors, sent, strict=True):
-        assert entry.sha256 == digest_tensor(tensor).sha256
+        assert entry.algorithm == "xxh3_128" and len(entry.hexdigest or "") == 32
+        assert entry.hexdigest == digest_tensor(tensor, "xxh3_128").hexdigest
         assert entry.dtype == ("I32" if tensor.dtype == torch.int32 else "F32")
     by_name = {e.name: e for e in record.tensors}
     assert by_name["layers.0.k_proj.weight"].wrote == ["layers.0.qkv_proj.weight:k"]
@@ -530,7 +533,11 @@ def good_record(records: Path) -> Path:
         (lambda lines: [lines[0].replace("weightcheck-sync-record", "other"), *lines[1:]], "not a weightcheck"),
         (lambda lines: [lines[0].replace('"1.0"', '"2.0"'), *lines[1:]], "schema_version"),
         (lambda lines: [lines[0], *lines[2:]], "the file holds"),
-        (lambda lines: [lines[0], lines[2].replace('"sha256":"', '"sha256":"zz'), *lines[3:]], "sha256"),
+        (lambda lines: [lines[0], lines[2].replace('"xxh3_128":"', '"xxh3_128":"zz'), *lines[3:]], "xxh3_128"),
+        # a sha256-long digest in an xxh3_128 record: the length is checked per algorithm
+        (lambda lines: [lines[0], re.sub(r'"xxh3_128":"(\w+)"', r'"xxh3_128":"\1\1"', lines[2]), *lines[3:]], "32"),
+        (lambda lines: [lines[0], lines[2].replace('"xxh3_128":', '"sha256":'), *lines[3:]], "header says"),
+        (lambda lines: [lines[0].replace('"digest":"xxh3_128"', '"digest":"md5"'), *lines[1:]], "algorithm"),
         (lambda lines: lines[1:], "first line"),
         (lambda lines: [*lines, "{}"], "after the 'end'"),
         (lambda lines: [], "empty"),

@@ -434,14 +434,18 @@ def test_manifest_parts_that_disagree(tmp_path: Path, bench: Callable[[str], Ben
     assert "disagree on x" in conflict.message
 
 
-def test_manifest_digests_match_the_checkpoint(make_ckpt: Callable[[str], Path], tmp_path: Path) -> None:
+@pytest.mark.parametrize("algorithm", ["sha256", "xxh3_128"])
+def test_manifest_digests_match_the_checkpoint(
+    make_ckpt: Callable[[str], Path], tmp_path: Path, algorithm: str
+) -> None:
     from weightcheck.digest import read_manifest
-
-    ckpt = make_ckpt("qwen3_tied")
-    path = write_manifest(tmp_path / "m.json", read_stream(ckpt), step=3)
     from weightcheck.verify import load_checkpoint_reference
 
-    assert read_manifest(path) == load_checkpoint_reference(ckpt).digests
+    ckpt = make_ckpt("qwen3_tied")
+    path = write_manifest(tmp_path / "m.json", read_stream(ckpt), step=3, algorithm=algorithm)
+    digests = read_manifest(path)
+    assert {d.algorithm for d in digests.values()} == {algorithm}
+    assert digests == load_checkpoint_reference(ckpt, algorithms=[algorithm]).digests
 
 
 # ---- training-loop entry point --------------------------------------------------------------------

@@ -1,22 +1,33 @@
 """Per-tensor digests and the weightcheck manifest.
 
-A digest is `(dtype, shape, sha256)` where sha256 covers the tensor's bytes exactly as safetensors stores
-them: C order, little-endian, no header. Hashing bytes rather than values is deliberate: `-0.0` and
+A digest is `(dtype, shape, hash, algorithm)` where the hash covers the tensor's bytes exactly as
+safetensors stores them: C order, little-endian, no header. Hashing bytes rather than values is deliberate: `-0.0` and
 `0.0` differ, identical NaN payloads agree, and a packed int32 word is compared bit for bit (a float
 comparison would lose its low bits). dtype and shape are part of the digest because equal bytes can be
 a different tensor (a transposed or reinterpreted one).
 
+Algorithms (`ALGORITHMS`): `"sha256"` (cryptographic, ~1 GB/s per core: the default for manifests that
+are published next to a checkpoint) and `"xxh3_128"` (from the optional `xxhash` package: not
+cryptographic, but ~8 GB/s per core and it releases the GIL, so the live-sync tap can hash at the speed
+the engine copies; it detects corruption and mix-ups, not a forger). Two digests of different algorithms
+are never equal; comparing them needs one side recomputed (`TensorDigest.comparable`).
+
 Public API (kept small; the live-sync verifier reuses it):
 
-- `TensorDigest(dtype, shape, sha256)`: one tensor; `dtype` is the safetensors name (`"BF16"`).
-- `digest_tensor(tensor)`: digest of an in-memory torch tensor, equal to `digest_stored` of the same
-  tensor after `safetensors.torch.save_file` (any device, any strides).
-- `digest_bytes(data, dtype, shape)`: digest of raw stored bytes (what `digest_stored` uses).
-- `digest_stored(store, name)`: digest of one tensor of a `weightcheck.tensors.TensorStore`.
+- `TensorDigest(dtype, shape, hexdigest, algorithm="sha256")`: one tensor; `dtype` is the safetensors
+  name (`"BF16"`). `.sha256` is the hex digest when the algorithm is sha256, else None.
+- `digest_tensor(tensor, algorithm="sha256")`: digest of an in-memory torch tensor, equal to
+  `digest_stored` of the same tensor after `safetensors.torch.save_file` (any device, any strides).
+- `digest_bytes(data, dtype, shape, algorithm="sha256")`: digest of raw stored bytes.
+- `digest_stored(store, name, algorithm="sha256")`: digest of one tensor of a `weightcheck.tensors.TensorStore`.
+- `live_algorithm(environ=None)`: the algorithm of the live path (tap and trainer manifests): xxh3_128 when
+  `xxhash` is importable, else sha256; `WEIGHTCHECK_DIGEST=sha256|xxh3_128` overrides.
 - `write_manifest(path, digests)` / `read_manifest(path)`: the JSON manifest
-  `{"schema_version": "1.0", "kind": "weightcheck-manifest", "tensors": {name: {"dtype", "shape", "sha256"}}}`;
+  `{"schema_version": "1.0", "kind": "weightcheck-manifest", "tensors": {name: {"dtype", "shape", ALG: hex}}}`
+  where the key `ALG` names the algorithm (`"sha256": ...` or `"xxh3_128": ...`, one per entry);
   `read_manifest` raises `ManifestError` (with a readable message) on anything malformed.
-- `compare_digests(expected, actual)`: which names are missing, extra, or changed.
+- `compare_digests(expected, actual)`: which names are missing, extra, changed, or not comparable
+  (digests of different algorithms).
 """
 
 from __future__ import annotations
@@ -24,6 +35,7 @@ from __future__ import annotations
 import contextlib
 import hashlib
 import json
+import logging
 import os
 import sys
 from collections.abc import Mapping
@@ -37,6 +49,14 @@ if TYPE_CHECKING:
 
     from weightcheck.tensors import TensorStore
 
+log = logging.getLogger("weightcheck.digest")
+
+SHA256 = "sha256"
+XXH3_128 = "xxh3_128"
+ALGORITHMS = (SHA256, XXH3_128)
+# Length of each algorithm's lowercase hex digest: what a manifest or record entry must carry.
+HEX_LENGTH = {SHA256: 64, XXH3_128: 32}
+ENV_DIGEST = "WEIGHTCHECK_DIGEST"
 MANIFEST_KIND = "weightcheck-manifest"
 MANIFEST_SCHEMA_VERSION = "1.0"
 # Large tensors are hashed in slices so that a device tensor is copied to host a slice at a time.
@@ -51,38 +71,119 @@ class ManifestError(ValueError):
 class TensorDigest:
     dtype: str
     shape: tuple[int, ...]
-    sha256: str
+    hexdigest: str
+    # Part of equality and hashing: a sha256 and an xxh3_128 digest are never equal, whatever their hex says.
+    algorithm: str = SHA256
+
+    @property
+    def sha256(self) -> str | None:
+        """The hex digest when this is a sha256 digest (the field's name before other algorithms), else None."""
+        return self.hexdigest if self.algorithm == SHA256 else None
 
     def as_dict(self) -> dict[str, Any]:
-        return {"dtype": self.dtype, "shape": list(self.shape), "sha256": self.sha256}
+        return {"dtype": self.dtype, "shape": list(self.shape), self.algorithm: self.hexdigest}
+
+    def comparable(self, other: TensorDigest) -> bool:
+        """Whether the bytes of the two can be compared (same algorithm)."""
+        return self.algorithm == other.algorithm
 
     def difference(self, other: TensorDigest) -> str | None:
-        """What differs from `other` ("dtype BF16 → F16", "bytes"...), or None when equal."""
+        """What differs from `other` ("dtype BF16 → F16", "bytes"...), or None when equal.
+
+        Digests of different algorithms with equal dtype and shape say "not comparable", never "bytes
+        differ": nothing is known about their bytes."""
         if self.dtype != other.dtype:
             return f"dtype {self.dtype} → {other.dtype}"
         if self.shape != other.shape:
             return f"shape {list(self.shape)} → {list(other.shape)}"
-        if self.sha256 != other.sha256:
-            return "bytes differ (sha256)"
+        if not self.comparable(other):
+            return f"not comparable: digests by {self.algorithm} and {other.algorithm}"
+        if self.hexdigest != other.hexdigest:
+            return f"bytes differ ({self.algorithm})"
         return None
 
 
-def digest_bytes(data: bytes | bytearray | memoryview, dtype: str, shape: tuple[int, ...] | list[int]) -> TensorDigest:
+def check_algorithm(algorithm: str) -> str:
+    """`algorithm` if known, else ValueError naming the known ones."""
+    if algorithm not in ALGORITHMS:
+        raise ValueError(f"unknown digest algorithm {algorithm!r} (known: {', '.join(ALGORITHMS)})")
+    return algorithm
+
+
+def xxhash_available() -> bool:
+    try:
+        import xxhash  # noqa: F401
+    except ImportError:
+        return False
+    return True
+
+
+_warned_fallback: set[str] = set()
+
+
+def live_algorithm(requested: str | None = None, environ: Mapping[str, str] | None = None) -> str:
+    """The digest algorithm of the live path (tap records and trainer manifests): both sides must agree.
+
+    `requested` (an argument) wins, then `WEIGHTCHECK_DIGEST=sha256|xxh3_128`, then xxh3_128 when `xxhash`
+    is importable (sha256 is ~8x slower than the engine's copy and would add several times the load time).
+    xxh3_128 without `xxhash` falls back to sha256 with a warning (once): the record is still verifiable,
+    only slower to take. An unknown name is a ValueError when passed, a warning when it comes from the
+    environment (a typo in an engine's environment must not stop the engine)."""
+    if requested is not None:
+        wanted = check_algorithm(requested)
+    else:
+        env = os.environ if environ is None else environ
+        wanted = (env.get(ENV_DIGEST) or "").strip().lower()
+        if wanted and wanted not in ALGORITHMS:
+            if wanted not in _warned_fallback:
+                _warned_fallback.add(wanted)
+                log.warning("weightcheck: %s=%r is not one of %s; using the default", ENV_DIGEST, wanted, ALGORITHMS)
+            wanted = ""
+    if wanted == SHA256:
+        return SHA256
+    if xxhash_available():
+        return XXH3_128
+    if XXH3_128 not in _warned_fallback:
+        _warned_fallback.add(XXH3_128)
+        log.warning(
+            "weightcheck: the xxhash package is not installed; digesting with sha256 (correct, but several "
+            "times slower than the weight load: pip install xxhash)"
+        )
+    return SHA256
+
+
+def _hasher(algorithm: str) -> Any:
+    """A fresh hashlib-style object (`update`, `hexdigest`) for `algorithm`."""
+    if algorithm == SHA256:
+        return hashlib.sha256()
+    if algorithm == XXH3_128:
+        import xxhash  # optional dependency: imported only when this algorithm is asked for
+
+        return xxhash.xxh3_128()
+    return check_algorithm(algorithm)  # raises
+
+
+def digest_bytes(
+    data: bytes | bytearray | memoryview,
+    dtype: str,
+    shape: tuple[int, ...] | list[int],
+    algorithm: str = SHA256,
+) -> TensorDigest:
     """Digest of a tensor given its stored bytes (for example a `TensorStore.raw` view)."""
-    hasher = hashlib.sha256()
+    hasher = _hasher(algorithm)
     view = memoryview(data).cast("B")
     for start in range(0, len(view), _HASH_SLICE_BYTES):
         hasher.update(view[start : start + _HASH_SLICE_BYTES])
-    return TensorDigest(dtype=dtype, shape=tuple(int(d) for d in shape), sha256=hasher.hexdigest())
+    return TensorDigest(dtype, tuple(int(d) for d in shape), hasher.hexdigest(), algorithm)
 
 
-def digest_stored(store: TensorStore, name: str) -> TensorDigest:
+def digest_stored(store: TensorStore, name: str, algorithm: str = SHA256) -> TensorDigest:
     """Digest of one tensor of a checkpoint, read through its memory mapping (raises TensorReadError)."""
     info = store.info(name)
-    return digest_bytes(store.raw(name), info.dtype, info.shape)
+    return digest_bytes(store.raw(name), info.dtype, info.shape, algorithm)
 
 
-def digest_tensor(tensor: torch.Tensor) -> TensorDigest:
+def digest_tensor(tensor: torch.Tensor, algorithm: str = SHA256) -> TensorDigest:
     """Digest of a torch tensor, equal to the digest of the same tensor saved with safetensors.
 
     Works for any device and strides (the tensor is made contiguous and copied to host a slice at a
@@ -102,8 +203,8 @@ def digest_tensor(tensor: torch.Tensor) -> TensorDigest:
         shape = (*shape[:-1], shape[-1] * 2) if shape else shape
     if dtype is None or dtype not in DTYPE_BITS:
         raise TypeError(f"cannot digest a {tensor.dtype} tensor: safetensors has no such dtype")
+    hasher = _hasher(algorithm)
     flat = tensor.detach().contiguous().reshape(-1)
-    hasher = hashlib.sha256()
     itemsize = flat.element_size()
     step = max(1, _HASH_SLICE_BYTES // max(itemsize, 1))
     for start in range(0, flat.numel(), step):
@@ -113,7 +214,7 @@ def digest_tensor(tensor: torch.Tensor) -> TensorDigest:
         if sys.byteorder == "big" and itemsize > 1:  # safetensors stores little-endian
             data = data.view(f">u{itemsize}").byteswap().view("u1")
         hasher.update(memoryview(data))
-    return TensorDigest(dtype=dtype, shape=shape, sha256=hasher.hexdigest())
+    return TensorDigest(dtype, shape, hasher.hexdigest(), algorithm)
 
 
 # ---- manifest ------------------------------------------------------------------------------------
@@ -123,6 +224,11 @@ def manifest_document(digests: Mapping[str, TensorDigest]) -> dict[str, Any]:
         "kind": MANIFEST_KIND,
         "tensors": {name: digests[name].as_dict() for name in sorted(digests)},
     }
+
+
+def manifest_algorithms(digests: Mapping[str, TensorDigest]) -> set[str]:
+    """The algorithms a manifest's digests use (one, for any manifest weightcheck writes)."""
+    return {digest.algorithm for digest in digests.values()}
 
 
 def write_manifest(path: str | os.PathLike[str], digests: Mapping[str, TensorDigest]) -> None:
@@ -143,14 +249,28 @@ def write_manifest(path: str | os.PathLike[str], digests: Mapping[str, TensorDig
 def _parse_entry(name: str, entry: Any) -> TensorDigest:
     if not isinstance(entry, dict):
         raise ManifestError(f"tensor {name!r}: entry must be an object")
-    dtype, shape, sha = entry.get("dtype"), entry.get("shape"), entry.get("sha256")
+    dtype, shape = entry.get("dtype"), entry.get("shape")
     if not isinstance(dtype, str) or dtype not in DTYPE_BITS:
         raise ManifestError(f"tensor {name!r}: unknown dtype {dtype!r}")
     if not isinstance(shape, list) or not all(isinstance(d, int) and not isinstance(d, bool) and d >= 0 for d in shape):
         raise ManifestError(f"tensor {name!r}: shape must be a list of non-negative integers")
-    if not isinstance(sha, str) or len(sha) != 64 or any(c not in "0123456789abcdef" for c in sha):
-        raise ManifestError(f"tensor {name!r}: sha256 must be 64 lowercase hex digits")
-    return TensorDigest(dtype=dtype, shape=tuple(shape), sha256=sha)
+    algorithms = [key for key in ALGORITHMS if key in entry]
+    if len(algorithms) != 1:
+        # Zero: nothing to compare. Several: which one a reader trusts would be a silent choice.
+        found = "none" if not algorithms else " and ".join(algorithms)
+        raise ManifestError(f"tensor {name!r}: needs exactly one digest ({' or '.join(ALGORITHMS)}), found {found}")
+    algorithm = algorithms[0]
+    hexdigest = entry[algorithm]
+    if not is_hex_digest(hexdigest, algorithm):
+        raise ManifestError(f"tensor {name!r}: {algorithm} must be {HEX_LENGTH[algorithm]} lowercase hex digits")
+    return TensorDigest(dtype, tuple(shape), hexdigest, algorithm)
+
+
+def is_hex_digest(value: Any, algorithm: str) -> bool:
+    """Whether `value` is a well-formed lowercase hex digest of `algorithm` (its exact length)."""
+    return (
+        isinstance(value, str) and len(value) == HEX_LENGTH[algorithm] and all(c in "0123456789abcdef" for c in value)
+    )
 
 
 def parse_manifest(doc: Any) -> dict[str, TensorDigest]:
@@ -185,11 +305,13 @@ class DigestComparison:
     missing: list[str] = field(default_factory=list)  # expected, not found
     extra: list[str] = field(default_factory=list)  # found, not expected
     changed: dict[str, str] = field(default_factory=dict)  # name → what differs
+    # same dtype and shape but digests of different algorithms: unverified, never reported as "changed"
+    incomparable: dict[str, str] = field(default_factory=dict)  # name → "sha256 vs xxh3_128"
     equal: int = 0
 
     @property
     def ok(self) -> bool:
-        return not (self.missing or self.extra or self.changed)
+        return not (self.missing or self.extra or self.changed or self.incomparable)
 
 
 def compare_digests(expected: Mapping[str, TensorDigest], actual: Mapping[str, TensorDigest]) -> DigestComparison:
@@ -199,7 +321,11 @@ def compare_digests(expected: Mapping[str, TensorDigest], actual: Mapping[str, T
         if got is None:
             out.missing.append(name)
             continue
-        why = expected[name].difference(got)
+        want = expected[name]
+        if (want.dtype, want.shape) == (got.dtype, got.shape) and not want.comparable(got):
+            out.incomparable[name] = f"{want.algorithm} vs {got.algorithm}"
+            continue
+        why = want.difference(got)
         if why:
             out.changed[name] = why
         else:

@@ -2,19 +2,23 @@
 
 A training framework records, next to each weight push, the digest of every (name, tensor) it sends; the
 engine-side tap records the digest of every (name, tensor) it receives; `weightcheck verify` compares the
-two. Both digests are `weightcheck.digest.digest_tensor` (sha256 of the bytes as safetensors stores them),
-taken on the same bytes on both sides.
+two. Both digests are `weightcheck.digest.digest_tensor` (a hash of the bytes as safetensors stores them),
+taken on the same bytes on both sides with the same algorithm: `algorithm=` defaults to
+`weightcheck.digest.live_algorithm()`, the tap's rule (xxh3_128 when `xxhash` is installed,
+`WEIGHTCHECK_DIGEST=sha256|xxh3_128` overrides), so a trainer and an engine with the same environment agree.
+Records and a manifest of different algorithms cannot be compared: `weightcheck verify` says so (WC721)
+rather than reporting every tensor as changed.
 
 Each sending rank writes its own part (`manifest-pp1-ep0.json`): a Megatron pipeline stage knows only its
 own layers. A part is the digest manifest format (`weightcheck.digest`, readable by `read_manifest`) plus
 what a verifier needs to localise a wrong push::
 
-    {"schema_version": "1.0", "kind": "weightcheck-manifest", "tensors": {name: {dtype, shape, sha256}},
-     "step": 7, "weight_version": "step-7", "created": 1.7e9,
+    {"schema_version": "1.0", "kind": "weightcheck-manifest", "tensors": {name: {dtype, shape, xxh3_128}},
+     "digest": "xxh3_128", "step": 7, "weight_version": "step-7", "created": 1.7e9,
      "trainer": {"pp_rank": 1, "pp_size": 2, "vp_size": null, "ep_rank": 0, "ep_size": 1,
                  "num_layers": 28, "num_experts": null, "first_stage_layers": null, "last_stage_layers": null,
                  "layout": null},
-     "duplicates": [{"name": ..., "dtype": ..., "shape": [...], "sha256": ...}]}
+     "duplicates": [{"name": ..., "dtype": ..., "shape": [...], "xxh3_128": ...}]}
 
 `duplicates` keeps earlier digests of a name this rank sent more than once (the last one is in `tensors`).
 
@@ -43,6 +47,7 @@ from typing import TYPE_CHECKING, Any
 from weightcheck.digest import (
     ManifestError,
     TensorDigest,
+    live_algorithm,
     manifest_document,
     parse_manifest,
 )
@@ -105,8 +110,11 @@ class ManifestWriter:
         first_stage_layers: int | None = None,
         last_stage_layers: int | None = None,
         layout: str | None = None,
+        algorithm: str | None = None,
     ) -> None:
         self.path = Path(path)
+        # Resolved now (not per tensor): one manifest, one algorithm.
+        self.algorithm = live_algorithm(algorithm)
         self.step = step
         self.weight_version = None if weight_version is None else str(weight_version)
         self.trainer: dict[str, Any] = {
@@ -128,9 +136,12 @@ class ManifestWriter:
         """Digest `tensor` now (before the sender may reuse its buffer) under `name`."""
         from weightcheck.digest import digest_tensor
 
-        return self.add_digest(name, digest_tensor(tensor))
+        return self.add_digest(name, digest_tensor(tensor, self.algorithm))
 
     def add_digest(self, name: str, digest: TensorDigest) -> TensorDigest:
+        """Record a digest taken elsewhere; it must use this manifest's algorithm (ValueError otherwise)."""
+        if digest.algorithm != self.algorithm:
+            raise ValueError(f"{name}: a {digest.algorithm} digest in a {self.algorithm} manifest")
         previous = self.digests.get(name)
         if previous is not None:
             self.duplicates.append((name, previous))
@@ -149,6 +160,7 @@ class ManifestWriter:
 
     def document(self) -> dict[str, Any]:
         doc = manifest_document(self.digests)
+        doc["digest"] = self.algorithm  # informational: each entry names its algorithm itself
         doc["step"] = self.step
         doc["weight_version"] = self.weight_version
         doc["created"] = time.time()
@@ -182,7 +194,8 @@ class ManifestWriter:
 def write_manifest(
     path: str | os.PathLike[str], named_tensors: Iterable[tuple[str, torch.Tensor]], **meta: Any
 ) -> Path:
-    """Digest every `(name, tensor)` and write one manifest part; `meta` as for `ManifestWriter`."""
+    """Digest every `(name, tensor)` and write one manifest part; `meta` (`algorithm=` included) as for
+    `ManifestWriter`."""
     writer = ManifestWriter(path, **meta)
     writer.add_many(named_tensors)
     return writer.write()

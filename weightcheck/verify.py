@@ -3,7 +3,9 @@
 Inputs: the records the load_weights tap wrote (`weightcheck.tap`; one file per engine rank per sync) and a
 reference: the Hugging Face checkpoint on disk (step 0) or the trainer-side manifest parts written with
 `weightcheck.manifest` for the pushed step. Digests are the same function on both sides
-(`weightcheck.digest`), taken on the same bytes.
+(`weightcheck.digest`), taken on the same bytes with the same algorithm: a checkpoint reference is hashed
+with the algorithm the records name (xxh3_128 or sha256); a manifest of another algorithm than the records
+cannot be compared (it holds no data to re-hash) and is reported as such (WC721), never as mismatches.
 
 Per sync and per engine (its rank records together):
 
@@ -31,7 +33,7 @@ from pathlib import Path
 from typing import Any
 
 from weightcheck.collapse import format_ranges, summarize
-from weightcheck.digest import ManifestError, TensorDigest
+from weightcheck.digest import SHA256, ManifestError, TensorDigest
 from weightcheck.findings import EXIT_FINDINGS, Finding, Location, Result, Severity
 from weightcheck.rules import all_rules, matches_selector
 from weightcheck.structure import EXPERT_COUNT_KEYS, QUANT_COMPANIONS
@@ -42,6 +44,7 @@ from weightcheck.tap.records import (
     TensorEntry,
     find_record_files,
     read_record,
+    record_algorithm,
 )
 
 _LAYER = re.compile(r"(^|\.)layers\.(\d+)\.")
@@ -108,7 +111,27 @@ class Reference:
     relabelled: dict[str, str] = field(default_factory=dict)
     problems: list[tuple[str, str, str | None]] = field(default_factory=list)  # (code, message, file)
     store: Any = None  # TensorStore of a checkpoint reference (values for WC730)
+    # Checkpoint references: the digests per algorithm (`digests` is one of them); filled on demand.
+    variants: dict[str, dict[str, TensorDigest]] = field(default_factory=dict)
     _by_digest: dict[TensorDigest, list[str]] | None = None
+
+    @property
+    def algorithms(self) -> set[str]:
+        return {digest.algorithm for digest in self.digests.values()}
+
+    def in_algorithm(self, algorithm: str) -> Reference:
+        """This reference with digests of `algorithm`: a checkpoint is re-hashed (once) from its data; a
+        manifest has no data, so it is returned as it is (its digests then compare as not comparable)."""
+        if self.algorithms <= {algorithm}:
+            return self
+        if algorithm not in self.variants and self.store is not None:
+            digests, _ = _digest_store(self.store, list(self.digests), (algorithm,))
+            self.variants[algorithm] = digests[algorithm]
+        if algorithm not in self.variants:
+            return self
+        import dataclasses
+
+        return dataclasses.replace(self, digests=self.variants[algorithm], _by_digest=None)
 
     def names_with(self, digest: TensorDigest) -> list[str]:
         if self._by_digest is None:
@@ -154,37 +177,56 @@ def _infer_counts(names: Iterable[str]) -> tuple[int | None, int | None]:
     return (max(layers) + 1 if layers else None), (max(experts) + 1 if experts else None)
 
 
-def load_checkpoint_reference(path: Path, threads: int | None = None) -> Reference:
-    """Digests of every readable tensor of a safetensors checkpoint (hashed in parallel threads)."""
+def _digest_store(
+    store: Any, names: Sequence[str], algorithms: Sequence[str], threads: int | None = None
+) -> tuple[dict[str, dict[str, TensorDigest]], dict[str, str]]:
+    """`({algorithm: {name: digest}}, {name: why unreadable})`: every algorithm in one pass per tensor,
+    tensors hashed in parallel threads (both hashes release the GIL)."""
     from concurrent.futures import ThreadPoolExecutor
 
     from weightcheck.digest import digest_stored
-    from weightcheck.structure import config_int
-    from weightcheck.tensors import TensorReadError, TensorStore
+    from weightcheck.tensors import TensorReadError
 
-    store = TensorStore.open(path)
-    names = store.names()
-    if not names and not store.unreadable():
-        store.close()
-        raise ReferenceError(f"{path}: no safetensors tensors to compare against")
-
-    def digest(name: str) -> tuple[str, TensorDigest | str]:
+    def digest(name: str) -> tuple[str, list[TensorDigest] | str]:
         try:
-            return name, digest_stored(store, name)
+            return name, [digest_stored(store, name, algorithm) for algorithm in algorithms]
         except (TensorReadError, OSError, ValueError) as exc:
             return name, f"{exc}"
         finally:
             store.release(name)
 
-    workers = threads or min(8, os.cpu_count() or 1)
-    digests: dict[str, TensorDigest] = {}
-    problems: list[tuple[str, str, str | None]] = []
-    with ThreadPoolExecutor(max_workers=workers) as pool:
+    out: dict[str, dict[str, TensorDigest]] = {algorithm: {} for algorithm in algorithms}
+    failed: dict[str, str] = {}
+    with ThreadPoolExecutor(max_workers=threads or min(8, os.cpu_count() or 1)) as pool:
         for name, value in pool.map(digest, names):
-            if isinstance(value, TensorDigest):
-                digests[name] = value
-            else:
-                problems.append(("WC721", f"reference tensor {name} cannot be read: {value}", None))
+            if isinstance(value, str):
+                failed[name] = value
+                continue
+            for item in value:
+                out[item.algorithm][name] = item
+    return out, failed
+
+
+def load_checkpoint_reference(
+    path: Path, threads: int | None = None, algorithms: Sequence[str] = (SHA256,)
+) -> Reference:
+    """Digests of every readable tensor of a safetensors checkpoint, in each of `algorithms` (the first is
+    `Reference.digests`; the others are `Reference.in_algorithm` views), hashed in parallel threads."""
+    from weightcheck.digest import check_algorithm
+    from weightcheck.structure import config_int
+    from weightcheck.tensors import TensorStore
+
+    wanted = list(dict.fromkeys(check_algorithm(a) for a in algorithms)) or [SHA256]
+    store = TensorStore.open(path)
+    names = store.names()
+    if not names and not store.unreadable():
+        store.close()
+        raise ReferenceError(f"{path}: no safetensors tensors to compare against")
+    variants, failed = _digest_store(store, names, wanted, threads)
+    digests = variants[wanted[0]]
+    problems: list[tuple[str, str, str | None]] = [
+        ("WC721", f"reference tensor {name} cannot be read: {why}", None) for name, why in failed.items()
+    ]
     for name, reason in sorted(store.unreadable().items()):
         problems.append(("WC721", f"reference tensor {name} cannot be read: {reason}", None))
     cfg = store.ckpt.text_config()
@@ -197,6 +239,7 @@ def load_checkpoint_reference(path: Path, threads: int | None = None) -> Referen
         num_experts=config_int(cfg, EXPERT_COUNT_KEYS) or experts_guess,
         problems=problems,
         store=store,
+        variants=variants,
     )
 
 
@@ -231,7 +274,16 @@ def load_manifest_reference(path: Path) -> Reference:
             if true_name != name:
                 relabelled[true_name] = name
             previous = digests.get(true_name)
-            if previous is not None and previous != digest:
+            if previous is not None and not previous.comparable(digest):
+                problems.append(
+                    (
+                        "WC721",
+                        f"manifest parts use different digest algorithms for {true_name} ({previous.algorithm} and "
+                        f"{digest.algorithm}): write every part with the same algorithm",
+                        str(part.path),
+                    )
+                )
+            elif previous is not None and previous != digest:
                 problems.append(
                     (
                         "WC721",
@@ -300,17 +352,18 @@ def _part_relabelling(
     return rename
 
 
-def load_reference(path: str | os.PathLike[str]) -> Reference:
-    """A checkpoint directory/file (safetensors) or a manifest (file, or folder of parts). Raises ReferenceError."""
+def load_reference(path: str | os.PathLike[str], algorithms: Sequence[str] = (SHA256,)) -> Reference:
+    """A checkpoint directory/file (safetensors, hashed with each of `algorithms`) or a manifest (file, or
+    folder of parts; its own algorithm). Raises ReferenceError."""
     target = Path(path)
     if not target.exists():
         raise ReferenceError(f"{target}: no such file or directory")
     if target.is_dir():
         if any(target.glob("*.safetensors")) or (target / "model.safetensors.index.json").exists():
-            return load_checkpoint_reference(target)
+            return load_checkpoint_reference(target, algorithms=algorithms)
         return load_manifest_reference(target)
     if target.suffix == ".safetensors":
-        return load_checkpoint_reference(target)
+        return load_checkpoint_reference(target, algorithms=algorithms)
     return load_manifest_reference(target)
 
 
@@ -358,9 +411,9 @@ class _Findings:
 
 
 def _digest_of(entry: TensorEntry) -> TensorDigest | None:
-    if entry.sha256 is None or entry.dtype is None or entry.shape is None:
+    if entry.hexdigest is None or entry.dtype is None or entry.shape is None:
         return None
-    return TensorDigest(dtype=entry.dtype, shape=entry.shape, sha256=entry.sha256)
+    return TensorDigest(entry.dtype, entry.shape, entry.hexdigest, entry.algorithm)
 
 
 def _rank_key(record: SyncRecord) -> tuple[int, int, int]:
@@ -405,12 +458,23 @@ class _SyncChecker:
         baseline: Mapping[tuple[int, int, int], set[str]],
     ) -> None:
         self.view = view
-        self.ref = reference
+        # The reference in the records' algorithm (a checkpoint is re-hashed if need be); other algorithms
+        # present in this sync (ranks configured differently) get their own view through `_ref_for`.
+        algorithms = Counter(e.algorithm for r in view.records for e in r.tensors if e.hexdigest is not None)
+        primary = algorithms.most_common(1)[0][0] if algorithms else SHA256
+        self.ref = reference.in_algorithm(primary) if reference is not None else None
         self.out = findings
         self.trainer = trainer.filled_from(reference.trainer) if reference is not None else trainer
         self.skip = list(skip)
         self.baseline = baseline
         self.file = f"sync-{view.seq:05d}" if view.seq >= 0 else view.records[0].path.name
+
+    def _ref_for(self, digest: TensorDigest | None) -> Reference:
+        """The reference whose digests are comparable with `digest` (when the reference can provide them)."""
+        assert self.ref is not None
+        if digest is None or self.ref.algorithms <= {digest.algorithm}:
+            return self.ref
+        return self.ref.in_algorithm(digest.algorithm)
 
     def _skipped(self, name: str) -> bool:
         return any(fnmatch.fnmatchcase(name, pattern) for pattern in self.skip)
@@ -498,8 +562,12 @@ class _SyncChecker:
             last: dict[int, tuple[SyncRecord, TensorDigest | None]] = {}
             for record, entry in items:
                 last[id(record)] = (record, _digest_of(entry))
+            # Ranks that hashed with different algorithms cannot be told apart by their digests: compare each
+            # algorithm's group on its own (and dtype/shape across all of them).
             digests = {d for _, d in last.values() if d is not None}
-            if len(digests) > 1:
+            by_algorithm = Counter(d.algorithm for d in digests)
+            forms = {(d.dtype, d.shape) for d in digests}
+            if any(n > 1 for n in by_algorithm.values()) or len(forms) > 1:
                 differing.append(name)
         if differing:
             self._add(
@@ -756,14 +824,36 @@ class _SyncChecker:
             )
         mismatched: dict[str, list[str]] = defaultdict(list)
         messages: dict[str, str] = {}
+        incomparable: dict[tuple[str, str], list[str]] = defaultdict(list)
         for name in sorted(sent & set(ref.digests)):
             digest, entry = effective[name]
-            want = ref.digests[name]
+            want = self._ref_for(digest).digests.get(name, ref.digests[name])
             if digest == want or name in shifted_sent or (entry.error and entry.dtype is None):
                 continue  # equal, explained by a shift, or not a tensor at all (reported by the content checks)
+            if (
+                digest is not None
+                and not digest.comparable(want)
+                and (digest.dtype, digest.shape)
+                == (
+                    want.dtype,
+                    want.shape,
+                )
+            ):
+                incomparable[(digest.algorithm, want.algorithm)].append(name)
+                continue  # nothing is known about these bytes: not a mismatch
             klass, message = self._classify(name, digest, want, entry)
             mismatched[klass].append(name)
             messages.setdefault(klass, message)
+        for (mine, theirs), names in incomparable.items():
+            self._add(
+                "WC721",
+                f"{summarize(names)} not compared: the records hash with {mine}, the reference manifest with "
+                f"{theirs}, and a manifest holds no data to re-hash; record and write manifests with one algorithm "
+                f"(WEIGHTCHECK_DIGEST={theirs} in the engine, or ManifestWriter(algorithm={mine!r}) in the trainer)",
+                tensor=summarize(names, limit=1),
+                count=len(names),
+                details={"names": names, "records_digest": mine, "reference_digest": theirs},
+            )
         for klass, names in mismatched.items():
             code = {"zeros": "WC728", "within-rounding": "WC730", "nonfinite": "WC729"}.get(klass, "WC727")
             if klass == "nonfinite":
@@ -787,7 +877,7 @@ class _SyncChecker:
             return "nonfinite", f"{name} holds {entry.nonfinite} NaN/Inf values"
         if entry.zeros:
             return "zeros", "all zeros, the reference is not"
-        others = [n for n in self.ref.names_with(digest) if n != name]
+        others = [n for n in self._ref_for(digest).names_with(digest) if n != name]
         if others:
             return f"data-of:{others[0]}", f"{name} carries the data of {others[0]}"
         if digest.shape != want.shape:
@@ -797,7 +887,7 @@ class _SyncChecker:
             return values
         if digest.dtype != want.dtype:
             return "dtype", f"sent as {digest.dtype}, reference {want.dtype} (bytes cannot match)"
-        return "bytes", "bytes differ from the reference (sha256)"
+        return "bytes", f"bytes differ from the reference ({digest.algorithm})"
 
     def _compare_values(self, name: str, entry: TensorEntry) -> tuple[str, str] | None:
         """With kept tensors and a checkpoint reference: numeric comparison through weightcheck.compare."""
@@ -831,7 +921,10 @@ class _SyncChecker:
         for name, items in occurrences.items():
             for _, entry in items:
                 digest = _digest_of(entry)
-                if digest is None or (name, digest) in seen or ref.digests.get(name) == digest:
+                if digest is None or (name, digest) in seen:
+                    continue
+                ref = self._ref_for(digest)
+                if ref.digests.get(name) == digest:
                     continue
                 seen.add((name, digest))
                 options: list[_ShiftPair] = []
@@ -1102,11 +1195,13 @@ def verify(
                 findings.add("WC720", f"{path.name}: {exc}", file=str(path))
     reference: Reference | None = None
     owns_reference = not isinstance(against, Reference)
+    # A checkpoint is hashed with the algorithm(s) the records used, in one pass.
+    algorithms = sorted({record_algorithm(r.header) for r in loaded}) or [SHA256]
     if isinstance(against, Reference):
         reference = against
     elif against is not None:
         try:
-            reference = load_reference(against)
+            reference = load_reference(against, algorithms)
         except (ReferenceError, ManifestError) as exc:
             findings.add("WC721", f"reference unusable: {exc}; only engine-side checks ran", file=str(against))
     if reference is not None:

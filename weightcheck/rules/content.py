@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import re
 import sys
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from weightcheck.collapse import summarize
@@ -44,12 +44,30 @@ class TensorScan:
     dtype: str
     shape: tuple[int, ...]
     value_range: ValueRange | None = None
-    digest: TensorDigest | None = None
+    digests: dict[str, TensorDigest] = field(default_factory=dict)  # algorithm → digest
     error: str | None = None
 
+    @property
+    def digest(self) -> TensorDigest | None:
+        """The sha256 digest (what `--hash` writes), when one was taken."""
+        return self.digests.get("sha256")
 
-def _wants_digest(ctx: LintContext) -> bool:
-    return bool(ctx.options.get("hash_out") or ctx.options.get("against_manifest"))
+
+def _digest_algorithms(ctx: LintContext) -> list[str]:
+    """Algorithms to hash with: sha256 for `--hash` (a published manifest should be cryptographic), and
+    whatever the `--against-manifest` file uses (an xxh3_128 trainer manifest is checked with xxh3_128)."""
+    wanted: list[str] = []
+    if ctx.options.get("hash_out"):
+        wanted.append("sha256")
+    path = ctx.options.get("against_manifest")
+    if path:
+        import contextlib
+
+        from weightcheck.digest import ManifestError, manifest_algorithms, read_manifest
+
+        with contextlib.suppress(ManifestError):  # WC607 reports an unreadable manifest
+            wanted.extend(sorted(manifest_algorithms(read_manifest(path))))
+    return list(dict.fromkeys(wanted))
 
 
 def content_scan(ctx: LintContext) -> list[TensorScan]:
@@ -69,7 +87,7 @@ def _scan(ctx: LintContext) -> list[TensorScan]:
     from weightcheck.tensors import TensorReadError
 
     store = _store(ctx)
-    want_digest = _wants_digest(ctx)
+    algorithms = _digest_algorithms(ctx)
     names = store.names()
     out: list[TensorScan] = []
     total = sum(store.info(n).nbytes for n in names)
@@ -83,8 +101,8 @@ def _scan(ctx: LintContext) -> list[TensorScan]:
                     tensor = store.get(name)
                     scan.value_range = value_range(tensor)
                     del tensor
-                if want_digest:
-                    scan.digest = digest_bytes(store.raw(name), stored.dtype, stored.shape)
+                for algorithm in algorithms:
+                    scan.digests[algorithm] = digest_bytes(store.raw(name), stored.dtype, stored.shape, algorithm)
             except TensorReadError as exc:
                 scan.error = str(exc)
             finally:
@@ -329,14 +347,14 @@ def tied_weights_differ(ctx: LintContext) -> None:
     Severity.ERROR,
     summary="A tensor's digest differs from the manifest given with --against-manifest.",
     bad="model.layers.7.mlp.up_proj.weight: bytes differ (sha256) from manifest.json",
-    good="every tensor's dtype, shape and sha256 match the manifest; no tensor missing or extra",
+    good="every tensor's dtype, shape and digest match the manifest; no tensor missing or extra",
     needs=CONTENT_NEEDS,
 )
 def manifest_mismatch(ctx: LintContext) -> None:
-    """`lint --content --against-manifest FILE` re-hashes every tensor (sha256 of its bytes as stored,
-    with dtype and shape) and compares with a manifest written earlier by `--hash`: after a copy, an
-    upload, or a conversion that should have been lossless. Bytes, not values: -0.0 vs 0.0 and NaN
-    payloads count as differences."""
+    """`lint --content --against-manifest FILE` re-hashes every tensor (its bytes as stored, with dtype and
+    shape, with the algorithm each manifest entry names: sha256 from `--hash`, or xxh3_128 from a trainer
+    manifest) and compares with the manifest: after a copy, an upload, or a conversion that should have been
+    lossless. Bytes, not values: -0.0 vs 0.0 and NaN payloads count as differences."""
     from weightcheck.digest import ManifestError, compare_digests, read_manifest
 
     path = ctx.options.get("against_manifest")
@@ -346,8 +364,14 @@ def manifest_mismatch(ctx: LintContext) -> None:
         expected = read_manifest(path)
     except ManifestError:
         return  # WC607 reports it
-    actual = {s.name: s.digest for s in content_scan(ctx) if s.digest is not None}
-    unreadable = {s.name for s in content_scan(ctx) if s.digest is None}
+    scans = content_scan(ctx)
+    # Each name compared in the algorithm its manifest entry uses (the scan hashed with all of them).
+    actual = {
+        s.name: s.digests[expected[s.name].algorithm if s.name in expected else next(iter(s.digests))]
+        for s in scans
+        if s.digests
+    }
+    unreadable = {s.name for s in scans if not s.digests}
     result = compare_digests(expected, actual)
     missing = [n for n in result.missing if n not in unreadable]
     if missing:

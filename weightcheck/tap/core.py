@@ -29,6 +29,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from weightcheck.digest import live_algorithm
 from weightcheck.tap.coverage import CallCoverage, ParamCoverage
 from weightcheck.tap.records import (
     RECORD_KIND,
@@ -47,6 +48,7 @@ ENV_STRICT = "WEIGHTCHECK_STRICT"
 ENV_SYNC_DIGEST = "WEIGHTCHECK_TAP_SYNC_DIGEST"
 ENV_THREADS = "WEIGHTCHECK_DIGEST_THREADS"
 ENV_ENGINE = "WEIGHTCHECK_ENGINE"
+ENV_DIGEST = "WEIGHTCHECK_DIGEST"  # sha256 | xxh3_128 (default: xxh3_128 when xxhash is installed)
 # Loggers whose warnings during a call are kept in the record ("Parameter X not found in params_dict").
 ENGINE_LOGGERS = ("sglang.srt",)
 _MAX_WARNINGS_PER_CALL = 50
@@ -66,6 +68,8 @@ class TapConfig:
     synchronous_digest: bool = False  # digest before handing each tensor on (senders that reuse buffers)
     digest_threads: int = 2
     engine: str | None = None  # engine id in the record; default host:port from SGLang, else the host name
+    # Digest algorithm (`weightcheck.digest.live_algorithm`): the trainer manifest must use the same one.
+    digest: str = field(default_factory=lambda: live_algorithm())
 
 
 def config_from_env(environ: Mapping[str, str] | None = None) -> TapConfig | None:
@@ -85,6 +89,7 @@ def config_from_env(environ: Mapping[str, str] | None = None) -> TapConfig | Non
         synchronous_digest=_truthy(env.get(ENV_SYNC_DIGEST)),
         digest_threads=max(1, threads),
         engine=env.get(ENV_ENGINE) or None,
+        digest=live_algorithm(environ=env),
     )
 
 
@@ -142,8 +147,12 @@ def configure(
     synchronous_digest: bool = False,
     digest_threads: int | None = None,
     engine: str | None = None,
+    digest: str | None = None,
 ) -> TapConfig | None:
-    """Turn the tap on (records under `directory`) or off (`None`). Closes a sync left open."""
+    """Turn the tap on (records under `directory`) or off (`None`). Closes a sync left open.
+
+    `digest`: "sha256" or "xxh3_128"; default `weightcheck.digest.live_algorithm()` (xxh3_128 when xxhash is
+    installed, `WEIGHTCHECK_DIGEST` overrides)."""
     if isinstance(directory, TapConfig) or directory is None:
         config = directory
     else:
@@ -154,6 +163,7 @@ def configure(
             synchronous_digest=synchronous_digest,
             digest_threads=max(1, digest_threads or min(4, os.cpu_count() or 1)),
             engine=engine,
+            digest=live_algorithm(digest),
         )
     with _STATE.lock:
         if _STATE.current is not None:
@@ -330,7 +340,7 @@ def _close_sync(*, incomplete: bool) -> Path | None:
         "model": current.model,
         "sglang_version": _engine_value(hooks.engine_version),
         "weightcheck_version": __version__,
-        "digest": "sha256",
+        "digest": config.digest,
         "tensors_file": tensors_file,
     }
     entries = [current.entries[seq] for seq in sorted(current.entries)]
@@ -432,18 +442,20 @@ class _Call:
         self.sync.entries[seq] = entry
         self.names += 1
         if not isinstance(tensor, torch.Tensor):
-            entry.update(dtype=None, shape=None, sha256=None, error=f"not a tensor: {type(tensor).__name__}")
+            entry.update(dtype=None, shape=None, error=f"not a tensor: {type(tensor).__name__}")
+            entry[self.config.digest] = None
             return
-        entry.update(dtype=None, shape=list(tensor.shape), sha256=None)
+        entry.update(dtype=None, shape=list(tensor.shape))
+        entry[self.config.digest] = None
         self.coverage.note_incoming(seq, tensor)
         if self.config.keep_tensors:
             key = str(seq)
             self.sync.kept[key] = tensor.detach().to("cpu", copy=True).contiguous()
             entry["tensor_key"] = key
         if self.config.synchronous_digest:
-            _fill_digest(entry, tensor)
+            _fill_digest(entry, tensor, self.config.digest)
         else:
-            self.futures.append(_digest_pool(self.config).submit(_fill_digest, entry, tensor))
+            self.futures.append(_digest_pool(self.config).submit(_fill_digest, entry, tensor, self.config.digest))
 
     def wrap(self, weights: Any) -> Any:
         """The weights to pass on: a list is recorded now and passed unchanged, an iterator lazily."""
@@ -488,10 +500,10 @@ class _Call:
         )
 
 
-def _fill_digest(entry: dict[str, Any], tensor: Any) -> None:
+def _fill_digest(entry: dict[str, Any], tensor: Any, algorithm: str) -> None:
     from weightcheck.tap.digesting import describe_tensor
 
-    entry.update(describe_tensor(tensor))
+    entry.update(describe_tensor(tensor, algorithm))
 
 
 def _split_weights(args: tuple[Any, ...], kwargs: dict[str, Any]) -> tuple[Any, tuple[Any, ...], dict[str, Any]]:

@@ -1,9 +1,9 @@
 """Digest and cheap statistics of one incoming tensor: what the tap records per (name, tensor).
 
-The digest is `weightcheck.digest.digest_tensor` (sha256 of the bytes as safetensors would store them), so
-a tensor sent by the trainer and the same tensor read from a checkpoint or a trainer manifest agree bit
-for bit. The statistics (all bytes zero, count of NaN/Inf) cost about a tenth of the hash: the zero test reads
-the bytes once at memory speed and NaN/Inf presence comes from one min/max pass.
+The digest is `weightcheck.digest.digest_tensor` (the tap's algorithm, xxh3_128 by default, over the bytes
+as safetensors would store them), so a tensor sent by the trainer and the same tensor read from a checkpoint
+or a trainer manifest agree bit for bit. The statistics (all bytes zero, count of NaN/Inf) are cheap: the
+zero test reads the bytes once at memory speed and NaN/Inf presence comes from one min/max pass.
 """
 
 from __future__ import annotations
@@ -53,19 +53,20 @@ def tensor_stats(tensor: torch.Tensor) -> tuple[bool | None, int | None]:
     return _all_bytes_zero(tensor), _nonfinite_count(tensor)
 
 
-def describe_tensor(tensor: torch.Tensor) -> dict[str, Any]:
-    """dtype (safetensors name), shape, sha256, zeros, nonfinite; `error` when the tensor cannot be digested."""
+def describe_tensor(tensor: torch.Tensor, algorithm: str = "sha256") -> dict[str, Any]:
+    """dtype (safetensors name), shape, the hex digest under the algorithm's name (`"xxh3_128": ...`), zeros,
+    nonfinite; `error` when the tensor cannot be digested."""
     from weightcheck.digest import digest_tensor
     from weightcheck.tensors import safetensors_dtype
 
     out: dict[str, Any] = {}
     try:
-        digest = digest_tensor(tensor)
-        out["dtype"], out["shape"], out["sha256"] = digest.dtype, list(digest.shape), digest.sha256
+        digest = digest_tensor(tensor, algorithm)
+        out["dtype"], out["shape"], out[algorithm] = digest.dtype, list(digest.shape), digest.hexdigest
     except (TypeError, RuntimeError, ValueError) as exc:
         out["dtype"] = safetensors_dtype(tensor.dtype) or str(tensor.dtype)
         out["shape"] = list(tensor.shape)
-        out["sha256"] = None
+        out[algorithm] = None
         out["error"] = f"cannot digest: {exc}"[:300]
     try:
         out["zeros"], out["nonfinite"] = tensor_stats(tensor)

@@ -8,16 +8,18 @@ One JSON-lines file per engine rank per sync, written once, atomically (temp fil
      "rank": {"tp_rank": 0, "tp_size": 2, "pp_rank": 1, "pp_size": 2, "ep_rank": 0, "ep_size": 1, ...},
      "engine": "host:30000", "host": "...", "pid": 1234, "model": {"class": "Qwen3ForCausalLM",
      "start_layer": 2, "end_layer": 4, "num_hidden_layers": 4}, "sglang_version": "0.5.23",
-     "weightcheck_version": "0.1.0", "digest": "sha256", "tensors_file": null}
+     "weightcheck_version": "0.1.0", "digest": "xxh3_128", "tensors_file": null}
     {"t": "call", "call": 0, "names": 25, "seconds": 0.01, "error": null, "engine_warnings": [...],
      "unattributed_writes": 0}
     {"t": "tensor", "seq": 0, "call": 0, "name": "model.embed_tokens.weight", "dtype": "BF16",
-     "shape": [128, 64], "sha256": "…", "zeros": false, "nonfinite": 0, "wrote": ["model.embed_tokens.weight"]}
+     "shape": [128, 64], "xxh3_128": "…", "zeros": false, "nonfinite": 0, "wrote": ["model.embed_tokens.weight"]}
     {"t": "param", "name": "model.layers.0.self_attn.qkv_proj.weight", "dtype": "F32", "shape": [128, 64],
      "tracked": true, "writes": 3, "shards_expected": ["k", "q", "v"], "shards_written": ["k", "q", "v"],
      "experts_local": null, "experts_written": null}
     {"t": "end", "calls": 1, "tensors": 25, "params": 19}
 
+The header's `digest` names the algorithm (`weightcheck.digest.ALGORITHMS`; `sha256` when absent, as in
+records written before there was a choice) and each tensor line carries its hex digest under that key.
 `wrote` lists the engine parameters an incoming tensor wrote into (`name:shard` or `name:shard:expert` for
 stacked or expert parameters; the bare name otherwise); an empty list means the engine dropped it on this
 rank. `tracked: false` marks a parameter whose writes could not be observed (its coverage is unknown, not
@@ -38,11 +40,12 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from weightcheck.digest import ALGORITHMS, HEX_LENGTH, SHA256, is_hex_digest
+
 RECORD_KIND = "weightcheck-sync-record"
 RECORD_SCHEMA_VERSION = "1.0"
 RECORD_SUFFIX = ".jsonl"
 SYNC_DIR_RE = re.compile(r"^sync-(\d+)$")
-_HEX64 = re.compile(r"^[0-9a-f]{64}$")
 
 
 class RecordError(ValueError):
@@ -94,7 +97,8 @@ class TensorEntry:
     name: str
     dtype: str | None
     shape: tuple[int, ...] | None
-    sha256: str | None
+    hexdigest: str | None
+    algorithm: str = SHA256
     zeros: bool | None = None
     nonfinite: int | None = None
     error: str | None = None
@@ -104,6 +108,11 @@ class TensorEntry:
     offrank: bool = False
     # The safetensors file holding the tensor itself (`tensor_key`), when the tap kept tensors.
     tensors_path: Path | None = None
+
+    @property
+    def sha256(self) -> str | None:
+        """The hex digest when the record used sha256, else None."""
+        return self.hexdigest if self.algorithm == SHA256 else None
 
     @property
     def wrote_params(self) -> set[str]:
@@ -217,16 +226,27 @@ def _parse_header(doc: dict[str, Any]) -> dict[str, Any]:
     for key in ("rank", "model"):
         if doc.get(key) is not None and not isinstance(doc.get(key), dict):
             raise RecordError(f"header '{key}' must be an object")
+    algorithm = doc.get("digest", SHA256)
+    if algorithm not in ALGORITHMS:
+        raise RecordError(f"unknown digest algorithm {algorithm!r} (this reader: {', '.join(ALGORITHMS)})")
     return doc
 
 
-def _parse_tensor(doc: dict[str, Any]) -> TensorEntry:
+def record_algorithm(header: Mapping[str, Any]) -> str:
+    """The digest algorithm of a (validated) header; records from before the choice existed are sha256."""
+    return str(header.get("digest") or SHA256)
+
+
+def _parse_tensor(doc: dict[str, Any], algorithm: str) -> TensorEntry:
     name = doc.get("name")
     if not isinstance(name, str) or not name:
         raise RecordError("tensor entry without a name")
-    sha = doc.get("sha256")
-    if sha is not None and (not isinstance(sha, str) or not _HEX64.match(sha)):
-        raise RecordError(f"tensor {name!r}: sha256 must be 64 lowercase hex digits")
+    other = [key for key in ALGORITHMS if key != algorithm and doc.get(key) is not None]
+    if other:  # a digest under another algorithm's key would be compared as if it were the header's
+        raise RecordError(f"tensor {name!r}: carries a {other[0]} digest but the header says {algorithm}")
+    hexdigest = doc.get(algorithm)
+    if hexdigest is not None and not is_hex_digest(hexdigest, algorithm):
+        raise RecordError(f"tensor {name!r}: {algorithm} must be {HEX_LENGTH[algorithm]} lowercase hex digits")
     zeros = doc.get("zeros")
     if zeros is not None and not isinstance(zeros, bool):
         raise RecordError(f"tensor {name!r}: zeros must be a boolean")
@@ -239,7 +259,8 @@ def _parse_tensor(doc: dict[str, Any]) -> TensorEntry:
         name=name,
         dtype=_opt_str(doc.get("dtype"), f"tensor {name!r}: dtype"),
         shape=_shape(doc.get("shape"), f"tensor {name!r}: shape"),
-        sha256=sha,
+        hexdigest=hexdigest,
+        algorithm=algorithm,
         zeros=zeros,
         nonfinite=nonfinite,
         error=_opt_str(doc.get("error"), f"tensor {name!r}: error"),
@@ -321,7 +342,7 @@ def read_record(path: str | os.PathLike[str]) -> SyncRecord:
             elif kind == "call":
                 calls.append(_parse_call(doc))
             elif kind == "tensor":
-                tensors.append(_parse_tensor(doc))
+                tensors.append(_parse_tensor(doc, record_algorithm(header)))
             elif kind == "param":
                 entry = _parse_param(doc)
                 params[entry.name] = entry
