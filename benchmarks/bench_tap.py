@@ -6,12 +6,14 @@ loads it the way SGLang models do: stacked `qkv_proj` / `gate_up_proj` parameter
 engine is SGLang's own `Qwen2ForCausalLM`, built on CPU in BF16 with a single-process gloo group.
 
 In one run, alternating, it times `load_weights` over the streamed checkpoint with the tap off and on
-(digest-only: sha256 + zero/NaN statistics of every tensor, engine coverage). The stream is what SGLang's
+(digest-only: the tap's digest, xxh3_128 by default or `--digest sha256`, + zero/NaN statistics of every
+tensor, engine coverage). The stream is what SGLang's
 startup loader iterates (`safe_open(...).get_tensor(name)` shard by shard, page cache warm), so reading is
 part of the load. Then it times `weightcheck verify` of the recorded sync against the checkpoint (which
 hashes the whole checkpoint) and against a trainer manifest.
 
-    .venv/bin/python benchmarks/bench_tap.py [--gb 1.0] [--repeats 5] [--engine generic|sglang] [--json out.json]
+    .venv/bin/python benchmarks/bench_tap.py [--gb 1.0] [--repeats 5] [--engine generic|sglang]
+        [--digest xxh3_128|sha256] [--threads N] [--json out.json]
 """
 
 from __future__ import annotations
@@ -216,11 +218,13 @@ def main() -> int:
     parser.add_argument("--repeats", type=int, default=5)
     parser.add_argument("--engine", choices=("generic", "sglang"), default="generic")
     parser.add_argument("--threads", type=int, default=None, help="digest threads (default: min(4, cores))")
+    parser.add_argument("--digest", choices=("xxh3_128", "sha256"), default=None, help="default: the tap's default")
     parser.add_argument("--json", type=Path, default=None, help="also write the figures here")
     parser.add_argument("--keep", type=Path, default=None, help="use/keep the checkpoint in this folder")
     args = parser.parse_args()
 
     from weightcheck import tap
+    from weightcheck.digest import live_algorithm
     from weightcheck.manifest import write_manifest
     from weightcheck.tensors import TensorStore
     from weightcheck.verify import verify
@@ -260,9 +264,11 @@ def main() -> int:
     for shard in shards:  # warm the page cache outside the timed region
         shard.read_bytes()
 
+    algorithm = live_algorithm(args.digest)
+
     def load_once(enabled: bool) -> float:
         if enabled:
-            tap.configure(records, digest_threads=args.threads)
+            tap.configure(records, digest_threads=args.threads, digest=algorithm)
         else:
             tap.configure(None)
         started = time.perf_counter()
@@ -291,7 +297,7 @@ def main() -> int:
     manifest = work / "manifest.json"
     with TensorStore.open(ckpt) as store:
         started = time.perf_counter()
-        write_manifest(manifest, store.iter_tensors())
+        write_manifest(manifest, store.iter_tensors(), algorithm=algorithm)
         manifest_s = time.perf_counter() - started
     started = time.perf_counter()
     result = verify(records, manifest, skip=skip)
@@ -306,6 +312,7 @@ def main() -> int:
         "cpu_cores": cpu,
         "torch_threads": torch.get_num_threads(),
         "digest_threads": args.threads or min(4, cpu),
+        "digest": algorithm,
         "repeats": args.repeats,
         "load_off_s": off,
         "load_on_s": on,
@@ -317,6 +324,7 @@ def main() -> int:
         "trainer_manifest_write_s": manifest_s,
     }
     print(f"engine {figures['engine']}, {size / 1e9:.2f} GB, {figures['tensors']} tensors, {cpu} cores")
+    print(f"digest {algorithm}, {figures['digest_threads']} digest threads")
     print("| measurement | seconds |")
     print("|---|---|")
     print(f"| load_weights, tap off (median of {args.repeats}) | {median_off:.3f} |")

@@ -47,9 +47,27 @@ def _nonfinite_count(tensor: torch.Tensor) -> int | None:
 def tensor_stats(tensor: torch.Tensor) -> tuple[bool | None, int | None]:
     """`(all bytes zero, number of NaN/Inf values)`; None where the dtype does not support the question.
 
-    "All zero" is judged on the bytes: `-0.0` is not zero here (the same convention as the digest)."""
+    "All zero" is judged on the bytes: `-0.0` is not zero here (the same convention as the digest).
+
+    One min/max pass answers both questions for real dtypes: all bytes zero implies min == max == 0, so the
+    byte test runs only on tensors whose values are all ±0 (a second full pass on every tensor cost as much
+    as the digest itself)."""
+    import torch
+
     if tensor.numel() == 0:
         return None, 0
+    flat = tensor.detach().reshape(-1)
+    if not flat.is_complex() and flat.dtype != torch.bool:
+        try:
+            low, high = torch.aminmax(flat)
+        except (RuntimeError, TypeError):  # float8 and friends lack reductions on some devices
+            low = high = None
+        if low is not None and high is not None:
+            nonfinite = 0
+            if flat.is_floating_point() and not (bool(torch.isfinite(low)) and bool(torch.isfinite(high))):
+                nonfinite = int(flat.numel() - int(torch.isfinite(flat).sum()))
+            zeros = nonfinite == 0 and bool(low == 0) and bool(high == 0) and _all_bytes_zero(flat)
+            return zeros, nonfinite
     return _all_bytes_zero(tensor), _nonfinite_count(tensor)
 
 
