@@ -251,3 +251,20 @@ def test_manifest_write_read_compare(tmp_path: Path) -> None:
     result = compare_digests(digests, changed)
     assert (result.missing, result.extra, result.changed) == (["b"], ["c"], {"a": "bytes differ (sha256)"})
     assert compare_digests(digests, dict(digests)).ok
+
+
+def test_against_an_xxh3_manifest(make_ckpt, tmp_path: Path) -> None:
+    """A trainer-side xxh3_128 manifest checks a checkpoint too: hashed with the manifest's algorithm."""
+    path = make_ckpt("llama")
+    manifest = tmp_path / "manifest.json"
+    with TensorStore.open(path) as store:
+        write_manifest(manifest, {name: digest_stored(store, name, "xxh3_128") for name in store.names()})
+    assert "xxh3_128" in json.loads(manifest.read_text())["tensors"][Q_PROJ]
+    assert not wc6(content(path, against_manifest=str(manifest)))
+    # --hash still writes sha256 (a published manifest stays cryptographic) in the same run
+    out = tmp_path / "out.json"
+    assert not wc6(content(path, against_manifest=str(manifest), hash_out=str(out)))
+    assert len(json.loads(out.read_text())["tensors"][Q_PROJ]["sha256"]) == 64
+    set_tensor(path, Q_PROJ, lambda w: w * 2)
+    (finding,) = wc6(content(path, against_manifest=str(manifest)))["WC606"]
+    assert finding.location.tensor == Q_PROJ and finding.message.startswith("bytes differ (xxh3_128)")

@@ -562,3 +562,84 @@ def test_record_cannot_point_its_tensors_outside_its_folder(bench: Callable[[str
     path.write_text(path.read_text().replace('"tensors_file":null', '"tensors_file":"../../etc/passwd"'))
     (bad,) = by_code(verify(b.records, b.ckpt), "WC720")
     assert "next to the record" in bad.message
+
+
+# ---- digest algorithms ------------------------------------------------------------------------------------
+
+
+def _configure_digest(b: Bench, algorithm: str) -> None:
+    tap.configure(b.records, digest_threads=2, digest=algorithm)
+
+
+@pytest.mark.parametrize("algorithm", ["xxh3_128", "sha256"])
+def test_records_of_either_algorithm_against_the_checkpoint(bench: Callable[[str], Bench], algorithm: str) -> None:
+    b = bench("llama")
+    _configure_digest(b, algorithm)
+    b.push(b.stream, "step-1")
+    corrupted = [(n, t * 1.5 if n == "model.layers.3.mlp.down_proj.weight" else t) for n, t in b.stream]
+    b.push(corrupted, "step-2")
+    (record,) = [r for p in sorted(b.records.glob("sync-00000/*.jsonl")) for r in [tap.read_record(p)]]
+    assert record.header["digest"] == algorithm and {e.algorithm for e in record.tensors} == {algorithm}
+    assert verify(b.records, b.ckpt, weight_version="step-1").findings == []  # the checkpoint is re-hashed
+    (bad,) = by_code(verify(b.records, b.ckpt, weight_version="step-2"), "WC727")
+    assert bad.details["names"] == ["model.layers.3.mlp.down_proj.weight"] and f"({algorithm})" in bad.message
+
+
+def test_a_sha256_checkpoint_reference_is_rehashed_for_xxh3_records(bench: Callable[[str], Bench]) -> None:
+    from weightcheck.verify import load_reference
+
+    b = bench("llama")
+    _configure_digest(b, "xxh3_128")
+    b.push(b.stream)
+    reference = load_reference(b.ckpt)  # sha256, loaded before the records' algorithm was known
+    try:
+        assert {d.algorithm for d in reference.digests.values()} == {"sha256"}
+        assert verify(b.records, reference).findings == []
+    finally:
+        reference.store.close()
+
+
+def test_xxh3_records_against_an_xxh3_manifest(bench: Callable[[str], Bench], tmp_path: Path) -> None:
+    b = bench("llama")
+    _configure_digest(b, "xxh3_128")
+    manifest = write_manifest(tmp_path / "m.json", b.stream, algorithm="xxh3_128")
+    assert json.loads(manifest.read_text())["digest"] == "xxh3_128"
+    b.push(b.stream, "step-1")
+    b.push([(n, t + 1 if n == "model.norm.weight" else t) for n, t in b.stream], "step-2")
+    assert verify(b.records, manifest, weight_version="step-1").findings == []
+    (bad,) = by_code(verify(b.records, manifest, weight_version="step-2"), "WC727")
+    assert bad.details["names"] == ["model.norm.weight"]
+
+
+def test_a_manifest_of_another_algorithm_is_not_compared_not_mismatched(
+    bench: Callable[[str], Bench], tmp_path: Path
+) -> None:
+    b = bench("llama")
+    _configure_digest(b, "xxh3_128")
+    manifest = write_manifest(tmp_path / "m.json", b.stream, algorithm="sha256")
+    b.push(b.stream)
+    result = verify(b.records, manifest)
+    assert not {"WC725", "WC727", "WC728", "WC730"} & codes(result)  # no false mismatch or shift
+    (finding,) = by_code(result, "WC721")
+    assert "not compared" in finding.message and "WEIGHTCHECK_DIGEST=sha256" in finding.message
+    assert finding.details["records_digest"] == "xxh3_128" and finding.details["reference_digest"] == "sha256"
+    assert finding.count == len(b.stream) and result.exit_code() == 1  # unverified is not green
+
+
+def test_ranks_hashing_with_different_algorithms_do_not_disagree(bench: Callable[[str], Bench]) -> None:
+    b = bench("llama")
+    tp = [({"tp_rank": r, "tp_size": 2}, range(4)) for r in range(2)]
+    _configure_digest(b, "xxh3_128")
+    b.push(b.stream, ranks=tp[:1])
+    _configure_digest(b, "sha256")
+    b.push(b.stream, ranks=tp[1:], seq=0)
+    result = verify(b.records, b.ckpt, sync=0)
+    assert result.findings == []  # each rank checked against the checkpoint in its own algorithm
+
+
+def test_manifest_writer_refuses_a_digest_of_another_algorithm(tmp_path: Path) -> None:
+    from weightcheck.digest import digest_tensor
+
+    writer = ManifestWriter(tmp_path / "m.json", algorithm="xxh3_128")
+    with pytest.raises(ValueError, match="sha256 digest in a xxh3_128 manifest"):
+        writer.add_digest("w", digest_tensor(torch.ones(2), "sha256"))
