@@ -42,10 +42,13 @@ _verify_rule(
     "WC721",
     "sync-reference-invalid",
     Severity.ERROR,
-    "The reference (checkpoint or trainer manifest) cannot be read, or its parts disagree.",
+    "The reference (checkpoint or trainer manifest) cannot be read, its parts disagree, or its digests cannot "
+    "be compared with the records'.",
     """
     Without a readable reference only the engine-side checks (dropped names, parameters never written) run.
-    Manifest parts written by several trainer ranks must agree on every name they share.
+    Manifest parts written by several trainer ranks must agree on every name they share. A manifest whose
+    digests use another algorithm than the records (sha256 vs xxh3_128) holds no data to re-hash: its
+    tensors are reported here as not compared, never as mismatches.
     """,
     "weightcheck verify rec/ --against broken-manifest.json",
     "weightcheck verify rec/ --against manifests/step-7/",
