@@ -373,3 +373,21 @@ def test_wc407_tie_flag(make_ckpt) -> None:
     write_index(untied, index)
     [finding] = by_code(run(untied), "WC407")
     assert finding.severity.label == "error"
+
+
+def test_hostile_counts_in_config_and_names_do_not_explode(make_ckpt) -> None:
+    import torch
+
+    path = make_ckpt("qwen3_moe")
+    config = json.loads((path / "config.json").read_text())
+    config.update(num_hidden_layers=10**12, num_local_experts=10**15, num_nextn_predict_layers=10**9)
+    (path / "config.json").write_text(json.dumps(config))
+    last = shards(path)[-1]
+    index = read_index(path)
+    rewrite_shard(last, add={"model.layers.0.mlp.experts.99999999999.down_proj.weight": torch.zeros(2, 2)})
+    index["weight_map"]["model.layers.0.mlp.experts.99999999999.down_proj.weight"] = last.name
+    write_index(path, index)
+    result = run(path)  # must return promptly, with findings, not MemoryError
+    messages = [f.message for f in by_code(result, "WC107")]
+    assert any("beyond any real model" in m for m in messages)
+    assert result.exit_code() == 1

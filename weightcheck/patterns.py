@@ -332,14 +332,19 @@ def config_env(pattern: Pattern, config: dict[str, Any]) -> dict[str, Any]:
     return env
 
 
-def _count(expr: str | None, env: dict[str, Any]) -> int:
+def _count(expr: str | None, env: dict[str, Any], kind: str) -> int:
+    """A layer/expert count from the config; implausible values (hostile config.json) count as 0."""
+    from weightcheck.structure import MAX_PLAUSIBLE
+
     if not expr:
         return 0
     try:
         value = evaluate(expr, env)
-    except KeyError:
+    except (KeyError, TypeError, ValueError, ZeroDivisionError):
         return 0
-    return value if isinstance(value, int) and not isinstance(value, bool) else 0
+    if not isinstance(value, int) or isinstance(value, bool) or not 0 <= value <= MAX_PLAUSIBLE[kind]:
+        return 0
+    return value
 
 
 def layer_root(pattern: Pattern, names: Iterable[str] | None) -> str:
@@ -364,9 +369,9 @@ def expand(
     evaluated (a missing config key). `names` (the checkpoint's tensors) picks a root alias."""
     env = config_env(pattern, config)
     notes: list[str] = []
-    n_layers = _count(pattern.num_layers, env)
-    n_mtp = _count(pattern.mtp_layers, env)
-    n_experts = _count(pattern.experts, env)
+    n_layers = _count(pattern.num_layers, env, "layers")
+    n_mtp = _count(pattern.mtp_layers, env, "mtp")
+    n_experts = _count(pattern.experts, env, "experts")
     out: list[ExpectedModule] = []
 
     # Shapes, params and `when` rarely depend on the layer: evaluate them once per spec unless they do.

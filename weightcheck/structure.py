@@ -54,10 +54,18 @@ def normalize_param(rest: str) -> str:
     return head + ".weight" if dot and leaf in _COMPANION_SET else rest
 
 
-def config_int(cfg: dict[str, Any], keys: Iterable[str]) -> int | None:
+# Counts beyond these are not a model but a hostile or corrupt config.json: treated as absent (WC107 says
+# so) instead of allocating range(10**12). The largest real models have ~100 layers and ~400 experts.
+MAX_PLAUSIBLE = {"layers": 10_000, "experts": 100_000, "mtp": 64}
+
+
+def config_int(cfg: dict[str, Any], keys: Iterable[str], kind: str | None = None) -> int | None:
+    limit = MAX_PLAUSIBLE.get(kind or "")
     for key in keys:
         value = cfg.get(key)
         if isinstance(value, int) and not isinstance(value, bool):
+            if value < 0 or (limit is not None and value > limit):
+                return None
             return value
     return None
 
@@ -133,8 +141,8 @@ def analyze(names: Iterable[str], text_config: dict[str, Any]) -> LayerStructure
         else:
             unsplit.append(name)
 
-    num_layers = config_int(text_config, ("num_hidden_layers", "n_layer", "num_layers"))
-    mtp = config_int(text_config, MTP_COUNT_KEYS) or 0
+    num_layers = config_int(text_config, ("num_hidden_layers", "n_layer", "num_layers"), "layers")
+    mtp = config_int(text_config, MTP_COUNT_KEYS, "mtp") or 0
 
     def score(prefix: str) -> tuple[int, int, int]:
         ids = by_prefix[prefix]
@@ -147,7 +155,7 @@ def analyze(names: Iterable[str], text_config: dict[str, Any]) -> LayerStructure
     for layers in by_prefix.values():
         for entries in layers.values():
             structure.distinct_parts.update(t for _, t in entries)
-    structure.num_experts = config_int(text_config, EXPERT_COUNT_KEYS)
+    structure.num_experts = config_int(text_config, EXPERT_COUNT_KEYS, "experts")
     if not by_prefix:
         return structure
     prefix = max(by_prefix, key=score)

@@ -9,6 +9,7 @@ from weightcheck.collapse import format_ranges, summarize
 from weightcheck.findings import Severity
 from weightcheck.rules import LintContext, rule
 from weightcheck.safetensors_header import LAYOUT_KINDS, TRUNCATION_KINDS
+from weightcheck.structure import EXPERT_COUNT_KEYS, MAX_PLAUSIBLE, MTP_COUNT_KEYS
 
 # Files that legitimately sit next to HF shards without being indexed (Mistral's consolidated format).
 KNOWN_UNINDEXED = ("consolidated.safetensors", "consolidated-")
@@ -216,7 +217,16 @@ def config_invalid(ctx: LintContext) -> None:
         )
     nl = text.get("num_hidden_layers")
     if nl is not None and (not isinstance(nl, int) or isinstance(nl, bool) or nl < 0):
-        ctx.report(f"num_hidden_layers is {nl!r}, not a non-negative integer", file="config.json")
+        ctx.report(f"num_hidden_layers is {str(nl)[:40]!r}, not a non-negative integer", file="config.json")
+    for kind, keys in (("layers", ("num_hidden_layers",)), ("experts", EXPERT_COUNT_KEYS), ("mtp", MTP_COUNT_KEYS)):
+        for key in keys:
+            value = text.get(key)
+            if isinstance(value, int) and not isinstance(value, bool) and value > MAX_PLAUSIBLE[kind]:
+                ctx.report(
+                    f"{key} is {value}, beyond any real model (> {MAX_PLAUSIBLE[kind]}): treated as absent, "
+                    "checks that need it are skipped",
+                    file="config.json",
+                )
 
 
 @rule(

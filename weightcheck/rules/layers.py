@@ -12,7 +12,7 @@ from collections import defaultdict
 from weightcheck.collapse import ids_pattern, summarize
 from weightcheck.findings import Severity
 from weightcheck.rules import LintContext, rule
-from weightcheck.structure import LayerStructure, analyze, majority
+from weightcheck.structure import MAX_PLAUSIBLE, LayerStructure, analyze, majority
 
 
 def structure_of(ctx: LintContext) -> LayerStructure:
@@ -136,7 +136,8 @@ def experts_incomplete(ctx: LintContext) -> None:
     partial: dict[tuple[str, frozenset[str]], list[str]] = defaultdict(list)
     for layer, heads in sorted(s.experts.items()):
         for head, experts in heads.items():
-            expected = s.num_experts if s.num_experts is not None else max(experts) + 1
+            # Without a config count, the highest id seen decides (capped: ids come from untrusted names).
+            expected = s.num_experts if s.num_experts is not None else min(max(experts) + 1, MAX_PLAUSIBLE["experts"])
             ids = set(experts)
             missing = sorted(set(range(expected)) - ids)
             beyond = sorted(i for i in ids if i >= expected)
