@@ -74,7 +74,21 @@ def build_qwen2_5_vl(path: Path) -> Path:
     return _save(Qwen2_5_VLForConditionalGeneration(cfg), path, "100KB")
 
 
+def build_qwen2_moe(path: Path) -> Path:
+    """Singular `shared_expert` + `shared_expert_gate` (Qwen2-MoE), unlike GLM/DeepSeek's `shared_experts`."""
+    import torch
+    from transformers import AutoModelForCausalLM, Qwen2MoeConfig
+
+    torch.manual_seed(0)
+    tiny = {k: v for k, v in TINY.items() if k != "head_dim"}
+    cfg = Qwen2MoeConfig(intermediate_size=128, moe_intermediate_size=32, shared_expert_intermediate_size=48,
+                         num_hidden_layers=2, num_experts=4, num_experts_per_tok=2, tie_word_embeddings=False,
+                         **tiny)  # fmt: skip
+    return _save(AutoModelForCausalLM.from_config(cfg), path, "100KB")
+
+
 BUILDERS: dict[str, Callable[[Path], Path]] = {
+    "qwen2_moe": build_qwen2_moe,
     "qwen2_5_vl": build_qwen2_5_vl,
     "llama": build_llama,
     "qwen3_moe": build_qwen3_moe,

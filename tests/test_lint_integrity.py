@@ -14,6 +14,13 @@ from helpers import by_code, codes, rewrite_shard, run
 INTEGRITY = ["WC1", "WC2", "WC4"]
 
 
+@pytest.mark.parametrize("kind", ["llama", "qwen3_moe", "qwen3_tied", "qwen2_moe", "qwen2_5_vl"])
+def test_real_checkpoints_pass_every_rule(make_ckpt, kind: str) -> None:
+    result = run(make_ckpt(kind))
+    assert result.findings == [], [f"{f.code}: {f.message}" for f in result.findings]
+    assert not any("no architecture pattern" in n for n in result.notes)  # each family has a pattern
+
+
 @pytest.mark.parametrize("kind", ["llama", "qwen3_moe", "qwen3_tied"])
 def test_real_checkpoints_are_clean(make_ckpt, kind: str) -> None:
     path = make_ckpt(kind)
