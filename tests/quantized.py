@@ -84,6 +84,10 @@ def edit_tensors(path: Path, drop: set[str] = frozenset(), add: dict[str, Any] |
         wm.pop(n, None)
     for n in add:
         wm[n] = target_shard
+    if "total_size" in index.get("metadata", {}):  # keep the index honest: only the planted defect shows
+        from weightcheck.safetensors_header import read_header
+
+        index["metadata"]["total_size"] = sum(read_header(path / s).data_end for s in set(wm.values()))
     (path / "model.safetensors.index.json").write_text(json.dumps(index, indent=2))
 
 
