@@ -102,7 +102,7 @@ class LayerStructure:
         return self.num_hidden_layers is not None and layer >= self.num_hidden_layers
 
 
-def _split_layer(name: str) -> tuple[str, int, str] | None:
+def split_layer(name: str) -> tuple[str, int, str] | None:
     """`model.layers.3.mlp.gate.weight` → (`model.layers`, 3, `mlp.gate.weight`)."""
     i = name.find(".layers.")
     if i > 0:
@@ -115,7 +115,7 @@ def _split_layer(name: str) -> tuple[str, int, str] | None:
     return None
 
 
-def _split_tail(tail: str) -> tuple[str | None, int, str]:
+def split_tail(tail: str) -> tuple[str | None, int, str]:
     """`mlp.experts.7.down_proj.weight_packed` → (`mlp.experts`, 7, `down_proj.weight`)."""
     em = _EXPERT_RE.match(tail) if "experts." in tail else None
     if em:
@@ -128,14 +128,14 @@ def analyze(names: Iterable[str], text_config: dict[str, Any]) -> LayerStructure
     by_prefix: dict[str, dict[int, list[tuple[str, str]]]] = defaultdict(lambda: defaultdict(list))
     unsplit: list[str] = []
     for name in names:
-        # Inlined fast path of _split_layer for the common `<prefix>.layers.<i>.<tail>` shape.
+        # Inlined fast path of split_layer for the common `<prefix>.layers.<i>.<tail>` shape.
         i = name.find(".layers.")
         if i > 0:
             idx, _, tail = name[i + 8 :].partition(".")
             if idx.isdigit() and tail:
                 by_prefix[name[: i + 7]][int(idx)].append((name, tail))
                 continue
-        split = _split_layer(name)
+        split = split_layer(name)
         if split is not None:
             by_prefix[split[0]][split[1]].append((name, split[2]))
         else:
@@ -175,7 +175,7 @@ def analyze(names: Iterable[str], text_config: dict[str, Any]) -> LayerStructure
         for _, tail in entries:
             got = parsed.get(tail)
             if got is None:
-                got = parsed[tail] = _split_tail(tail)
+                got = parsed[tail] = split_tail(tail)
             head, expert, suffix = got
             if head is None:
                 sig.add(suffix)

@@ -8,13 +8,12 @@ pattern applies.
 
 from __future__ import annotations
 
-import re
 from dataclasses import dataclass, field
 from typing import Any
 
 from weightcheck.patterns import ExpectedModule, Pattern, expand
 from weightcheck.safetensors_header import TensorInfo
-from weightcheck.structure import QUANT_COMPANIONS
+from weightcheck.structure import QUANT_COMPANIONS, split_layer, split_tail
 
 # Companions whose presence means "this module is stored quantized".
 QUANTIZED_MARKERS = frozenset(
@@ -24,8 +23,6 @@ QUANTIZED_MARKERS = frozenset(
 LOW_PRECISION_DTYPES = frozenset({"F8_E4M3", "F8_E5M2", "F8_E4M3FNUZ", "F8_E5M2FNUZ", "I8", "F4"})
 _ROUTER_LEAVES = {"gate", "router"}
 _MOE_PARENTS = {"mlp", "block_sparse_moe", "moe", "feed_forward", "mixer"}
-_EXPERT_RE = re.compile(r"\.experts\.(\d+)\.")
-_LAYER_RE = re.compile(r"\.(?:layers|h|blocks)\.(\d+)\.")
 
 
 @dataclass(slots=True)
@@ -104,9 +101,12 @@ def split_param(name: str) -> tuple[str, str]:
 
 
 def _positions(module: str) -> tuple[int | None, int | None]:
-    layer = _LAYER_RE.search("." + module + ".")
-    expert = _EXPERT_RE.search("." + module + ".")
-    return (int(layer.group(1)) if layer else None, int(expert.group(1)) if expert else None)
+    """(layer id, expert id) of a module, parsed as the pattern-free layer analysis parses names."""
+    split = split_layer(module)
+    if split is None:
+        return None, None
+    head, expert, _ = split_tail(split[2])
+    return split[1], (expert if head is not None else None)
 
 
 def from_checkpoint(

@@ -70,14 +70,14 @@ def layer_keys_differ(ctx: LintContext) -> None:
     for layer in s.signatures:
         kind = "mtp" if s.is_mtp(layer) else ("moe" if s.is_moe(layer) else "dense")
         kinds[kind].append(layer)
-    missing_groups: dict[tuple[str, frozenset[str]], list[int]] = defaultdict(list)
-    extra_groups: dict[tuple[str, frozenset[str]], list[int]] = defaultdict(list)
     for kind, layers in kinds.items():
         if len(layers) < 2:
             continue
         ref = majority(s.signatures[layer] for layer in layers)
         assert ref is not None
         peers = sum(1 for layer in layers if s.signatures[layer] == ref)
+        missing_groups: dict[frozenset[str], list[int]] = defaultdict(list)
+        extra_groups: dict[frozenset[str], list[int]] = defaultdict(list)
         for layer in layers:
             sig = s.signatures[layer]
             if sig == ref:
@@ -87,12 +87,10 @@ def layer_keys_differ(ctx: LintContext) -> None:
             if len(missing) + len(extra) > max(2, len(ref) // 3) and missing and extra:
                 continue
             if missing:
-                missing_groups[(kind, frozenset(missing))].append(layer)
+                missing_groups[frozenset(missing)].append(layer)
             if extra and peers > 1:
-                extra_groups[(kind, frozenset(extra))].append(layer)
-        for (k, keys), ids in sorted(missing_groups.items(), key=lambda kv: min(kv[1])):
-            if k != kind:
-                continue
+                extra_groups[frozenset(extra)].append(layer)
+        for keys, ids in sorted(missing_groups.items(), key=lambda kv: min(kv[1])):
             names = _layer_names(s, ids, sorted(keys))
             ctx.report(
                 f"{kind} layers {ids_pattern(ids)} lack {len(keys)} key(s) that their {peers} peer "
@@ -101,9 +99,7 @@ def layer_keys_differ(ctx: LintContext) -> None:
                 count=len(names),
                 details={"layers": ids, "missing": sorted(keys)},
             )
-        for (k, keys), ids in sorted(extra_groups.items(), key=lambda kv: min(kv[1])):
-            if k != kind:
-                continue
+        for keys, ids in sorted(extra_groups.items(), key=lambda kv: min(kv[1])):
             names = _layer_names(s, ids, sorted(keys))
             ctx.report(
                 f"{kind} layers {ids_pattern(ids)} carry {len(keys)} key(s) that their {peers} peer "
