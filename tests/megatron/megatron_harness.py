@@ -114,6 +114,7 @@ def int4_router_quantizer(config_json: Path) -> Any:
     import json
 
     import torch
+
     try:
         from compressed_tensors.compressors.pack_quantized.helpers import pack_to_int32
     except ImportError:  # compressed-tensors < 0.13
@@ -260,7 +261,7 @@ def export_rank_local(bridge: Any, model: Any) -> Iterator[tuple[str, Any]]:
         if ".mlp.experts." not in name and bridge.mpu.ep_rank != 0:
             continue
         names, tensors = bridge._weight_to_hf_format(mapping[name], param.detach())
-        yield from zip(names, tensors)
+        yield from zip(names, tensors, strict=True)
 
 
 class _Ownership:
@@ -306,9 +307,7 @@ def trainer_worker(
 
         torch.cuda.current_device = lambda: "cpu"  # mbridge allocates broadcast buffers there
         os.environ["HF_HUB_OFFLINE"] = "1"
-        torch.distributed.init_process_group(
-            "gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=world
-        )
+        torch.distributed.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=world)
         from megatron.core import parallel_state
 
         if parallel == "pp":
@@ -392,7 +391,6 @@ class Trainer:
 
     def __init__(self, parallel: str, kind: str, checkpoint: Path, world: int = 2) -> None:
         import torch.multiprocessing as mp
-
         from sglang_harness import free_port  # type: ignore[import-not-found]
 
         context = mp.get_context("spawn")

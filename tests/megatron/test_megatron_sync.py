@@ -58,8 +58,9 @@ def push(model: Any, buckets: list[list[tuple[str, Any]]], version: str) -> None
 
 def cli_verify(records: Path, against: Path, *extra: str) -> tuple[int, dict[str, Any]]:
     """`weightcheck verify` as a user runs it."""
+    command = [sys.executable, "-m", "weightcheck", "verify", str(records), "--against", str(against)]
     proc = subprocess.run(
-        [sys.executable, "-m", "weightcheck", "verify", str(records), "--against", str(against), "--format", "json", *extra],
+        [*command, "--format", "json", *extra],
         capture_output=True,
         text=True,
         timeout=120,
@@ -123,7 +124,9 @@ def test_pp2_clean_sync_gives_no_finding(pp_trainer: Any, engine: Any, records_d
     assert rc == 0 and doc["findings"] == []
 
 
-def test_pp2_last_stage_without_its_layer_offset(pp_trainer: Any, engine: Any, records_dir: Path, tmp_path: Path) -> None:
+def test_pp2_last_stage_without_its_layer_offset(
+    pp_trainer: Any, engine: Any, records_dir: Path, tmp_path: Path
+) -> None:
     trainer, ckpt = pp_trainer
     model = engine("qwen3")
     manifests = tmp_path / "manifests"
