@@ -1,0 +1,35 @@
+#!/usr/bin/env bash
+# Megatron group (pytest marker `megatron`): a real megatron-core trainer (PP=2, EP=2 in gloo processes),
+# exported by mbridge, feeding SGLang 0.5.23 model classes with the tap on; and the framework adapters
+# (weightcheck.integrations). It reuses .venv-sglang (built by 20-sglang, or here when run alone) and adds
+# megatron-core and mbridge to it: both are pure Python and need only torch, numpy and packaging, which
+# SGLang already pins, so SGLang stays importable (checked below).
+# Time on the 2-core CI machine: installs ~20 s when .venv-sglang exists (~5 min more without it);
+# tests ~4-6 min (each trainer process spends ~30 s importing megatron-core and mbridge).
+set -euo pipefail
+cd "$(dirname "$0")/../.."
+PY="${PYTHON:-python3}"
+VENV=.venv-sglang
+if [ ! -x "$VENV/bin/python" ]; then
+  "$PY" -m venv "$VENV"
+fi
+VPY="$VENV/bin/python"
+if ! "$VPY" -c "import sglang" 2>/dev/null; then
+  "$VPY" -m pip install -q --upgrade pip
+  "$VPY" -m pip install -q "sglang==0.5.23" pytest
+  "$VPY" -m pip install -q --no-deps -e .
+  "$VPY" -m pip install -q click rich orjson "xxhash>=3"
+fi
+# megatron-core as pinned for the main suite (scripts/constraints.txt); mbridge 0.15.1 (the bridge verl and
+# slime use; NVIDIA's megatron-bridge needs Transformer Engine, see tests/megatron/megatron_harness.py).
+MCORE=$(grep -E '^megatron-core==' scripts/constraints.txt)
+"$VPY" -m pip install -q "$MCORE" "mbridge==0.15.1"
+"$VPY" -c "import sglang.srt.models.qwen3, megatron.core, mbridge" >/dev/null
+set +e
+WEIGHTCHECK_REQUIRE_MEGATRON=1 "$VPY" -m pytest -m megatron tests/megatron -q -rs -p no:cacheprovider \
+  -W ignore::DeprecationWarning -W ignore::UserWarning "$@"
+rc=$?
+set -e
+# pytest exit 5 = no tests collected: never green.
+if [ "$rc" -eq 5 ]; then echo "no Megatron tests were collected" >&2; exit 1; fi
+exit "$rc"
