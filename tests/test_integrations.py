@@ -1,5 +1,5 @@
 """weightcheck.integrations without any framework or engine: off unless enabled, never breaks the sync it
-observes, strict only on request. (The adapters against SGLang: tests/megatron/test_integrations.py.)"""
+observes, strict only on request. (The adapters against SGLang: tests/megatron/test_framework_adapters.py.)"""
 
 from __future__ import annotations
 
