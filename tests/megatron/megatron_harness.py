@@ -19,8 +19,9 @@ What is adapted to run without a GPU or Transformer Engine, and why (nothing els
   after mbridge's own layer/expert offsets, so mbridge still computes every id.
 * Config overrides for a CPU build: `use_cpu_initialization` (else `torch.cuda.current_device()`),
   `persist_layer_norm=False` (asserted by megatron's torch norm), the `allgather` MoE dispatcher (the
-  `alltoall` one creates a `torch.cuda.Stream`) with `variable_seq_lengths=False` (required by it). The
-  forward pass is never run.
+  `alltoall` one creates a `torch.cuda.Stream`) with `variable_seq_lengths=False` (required by it), and
+  `moe_grouped_gemm=False` (megatron's GroupedMLP needs the CUDA `grouped_gemm` package): experts are a
+  SequentialMLP. The forward pass is never run.
 * `hf_config.rope_theta`: mbridge reads it; transformers 5 moved it into `rope_parameters`.
 * `torch.cuda.current_device` returns "cpu" in the trainer processes: `broadcast_from_megatron_pp` allocates
   the receive buffer of non-owning stages on it.
@@ -202,6 +203,7 @@ def cpu_bridge(config: Any) -> Any:
         masked_softmax_fusion=False,
         moe_token_dispatcher_type="allgather",
         variable_seq_lengths=False,
+        moe_grouped_gemm=False,
     )
     return bridge
 
