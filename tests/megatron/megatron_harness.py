@@ -15,8 +15,9 @@ What is adapted to run without a GPU or Transformer Engine, and why (nothing els
   parameter names mbridge's mapping tables do not know into the TE names they do know:
   `input_layernorm.weight` → `self_attention.linear_qkv.layer_norm_weight`, dense `pre_mlp_layernorm.weight`
   → `mlp.linear_fc1.layer_norm_weight`, SequentialMLP `experts.local_experts.{i}.linear_fc{1,2}.weight` →
-  TEGroupedMLP `experts.linear_fc{1,2}.weight{i}`. The renaming sits in `_weight_name_mapping_mcore_local_to_global`,
-  after mbridge's own layer/expert offsets, so mbridge still computes every id.
+  TEGroupedMLP `experts.linear_fc{1,2}.weight{i}`. The renaming sits in `_weight_name_mapping_mcore_local_to_global`:
+  mbridge's own map runs on a view of the model that shows TE names, so mbridge still computes every layer
+  and expert id.
 * Config overrides for a CPU build: `use_cpu_initialization` (else `torch.cuda.current_device()`),
   `persist_layer_norm=False` (asserted by megatron's torch norm), the `allgather` MoE dispatcher (the
   `alltoall` one creates a `torch.cuda.Stream`) with `variable_seq_lengths=False` (required by it), and
@@ -166,9 +167,23 @@ _LOCAL_TO_TE = [
 ]
 
 
+class _TeNamedView:
+    """What mbridge's local→global map reads of a model (`decoder.layers`, `state_dict().keys()`), with the
+    local-spec parameter names shown as the TE names mbridge's code matches."""
+
+    def __init__(self, model: Any, te_names: dict[str, str]) -> None:
+        if hasattr(model, "decoder"):
+            self.decoder = model.decoder
+        self._keys = list(te_names.values())
+
+    def state_dict(self) -> dict[str, None]:
+        return dict.fromkeys(self._keys)
+
+
 def cpu_bridge(config: Any) -> Any:
     """mbridge's registered bridge for `config.model_type`, on megatron-core's local (non-TE) layer spec."""
     from mbridge.core.bridge import _MODEL_REGISTRY
+    from mbridge.core.util import unwrap_model
     from megatron.core.models.gpt.gpt_layer_specs import get_gpt_decoder_block_spec
 
     base = _MODEL_REGISTRY[config.model_type]
@@ -180,8 +195,12 @@ def cpu_bridge(config: Any) -> Any:
             )
 
         def _weight_name_mapping_mcore_local_to_global(self, model: Any, consider_ep: bool = True) -> dict[str, str]:
-            mapping = super()._weight_name_mapping_mcore_local_to_global(model, consider_ep)
-            return {local: self._te_name(name) for local, name in mapping.items()}
+            # mbridge's own map (layer offsets from `layer.layer_number - 1`, expert offsets on
+            # `.mlp.experts.linear_fc*.weight{i}` names) run on a view of the model that shows TE names.
+            model = unwrap_model(model)
+            te_names = {k: self._te_name(k) for k in model.state_dict() if "_extra_state" not in k}
+            mapping = super()._weight_name_mapping_mcore_local_to_global(_TeNamedView(model, te_names), consider_ep)
+            return {local: mapping[te] for local, te in te_names.items()}
 
         def _te_name(self, name: str) -> str:
             for pattern, replacement in _LOCAL_TO_TE:
