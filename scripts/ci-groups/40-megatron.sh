@@ -4,8 +4,9 @@
 # (weightcheck.integrations). It reuses .venv-sglang (built by 20-sglang, or here when run alone) and adds
 # megatron-core and mbridge to it: both are pure Python and need only torch, numpy and packaging, which
 # SGLang already pins, so SGLang stays importable (checked below).
-# Time on the 2-core CI machine: installs ~20 s when .venv-sglang exists (~5 min more without it);
-# tests ~4-6 min (each trainer process spends ~30 s importing megatron-core and mbridge).
+# Time: the 10 tests took 333 s on the shared 2-core machine (load ~14; two trainer groups of two
+# processes start in ~85 s each, importing megatron-core and mbridge); adding the two pure-Python wheels to
+# an existing .venv-sglang takes seconds (a fresh .venv-sglang adds the 4-7 min sglang install of 20-sglang).
 set -euo pipefail
 cd "$(dirname "$0")/../.."
 PY="${PYTHON:-python3}"
