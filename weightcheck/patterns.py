@@ -312,7 +312,33 @@ def generated_pattern(file: str) -> Pattern:
         doc = json.loads(path.read_text(encoding="utf-8"))
     except (OSError, ValueError) as exc:
         raise PatternError(f"{path}: {exc}") from None
-    return parse_pattern(doc, str(path))
+    pattern = parse_pattern(doc, str(path))
+    facts = _sglang_facts().get(pattern.model_types[0] if pattern.model_types else "", {})
+    if facts.get("sglang_class"):
+        pattern.engines.setdefault("sglang_class", facts["sglang_class"])
+        pattern.engines.setdefault("sglang_packed_modules_mapping", bool(facts.get("packed_modules_mapping")))
+    return pattern
+
+
+@lru_cache(maxsize=1)
+def _sglang_facts() -> dict[str, Any]:
+    """The SGLang half (patterns/generated/sglang.json, generated in the SGLang environment)."""
+    folder = _pattern_dir()
+    path = folder / "generated" / "sglang.json" if folder is not None else None
+    if path is None or not path.is_file():
+        return {}
+    try:
+        doc = json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return {}
+    types = doc.get("model_types") if isinstance(doc, dict) else None
+    return types if isinstance(types, dict) else {}
+
+
+def sglang_registered_model_types() -> list[str]:
+    """Generated model_types whose architecture SGLang registers too (the covered set)."""
+    facts = _sglang_facts()
+    return [t for t in generated_model_types() if (facts.get(t) or {}).get("sglang_class")]
 
 
 def generated_model_types() -> list[str]:

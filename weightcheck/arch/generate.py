@@ -231,9 +231,10 @@ def _kind(module: str, obs: Observation, shape: tuple[int, ...] | None, n_expert
         return "conv"
     if leaf == "shared_expert_gate" or leaf.endswith("shared_expert_gate"):
         return "router"
+    parent = module.rsplit(".", 2)[-2] if module.count(".") else ""
     if shape is not None and len(shape) == 2 and n_experts and shape[0] == n_experts and (
-        leaf in _ROUTER_LEAVES or "Router" in cls or "Gate" in cls or "TopK" in cls
-    ):
+        leaf in _ROUTER_LEAVES or parent in _ROUTER_LEAVES or "Router" in cls or "Gate" in cls or "TopK" in cls
+    ):  # the MoE block's gate/router whatever its class (GraniteMoE: `router.layer`, a Linear)
         return "router"
     if module in obs.linear:
         return "linear"

@@ -127,11 +127,12 @@ TRANSFORMERS_METHODS = frozenset({
     "compressed-tensors", "fbgemm_fp8", "higgs", "torchao", "bitnet", "vptq", "spqr", "fp8", "nvfp4", "mxfp8",
     "auto-round", "mxfp4", "metal", "sinq", "gemma",
 })  # fmt: skip
-SGLANG_METHODS = frozenset({
-    "fp8", "mxfp8", "blockwise_int8", "modelopt", "modelopt_fp8", "modelopt_fp4", "modelopt_mixed", "w8a8_int8",
-    "w8a8_fp8", "awq", "awq_marlin", "bitsandbytes", "gguf", "gptq", "gptq_marlin", "moe_wna16",
-    "compressed-tensors", "qoq", "w4afp8", "petit_nvfp4", "fbgemm_fp8", "quark", "quark_int4fp8_moe", "mxfp4",
-    "auto-round", "modelslim", "quark_w4a4_mxfp4", "marlin", "gptq_marlin_24", "awq_int4_marlin",
+SGLANG_METHODS = frozenset({  # BASE_QUANTIZATION_METHODS plus the per-platform additions (mxfp4, gptq, mlx)
+    "fp8", "mxfp8", "minimax_m3_nvfp4", "blockwise_int8", "modelopt", "modelopt_fp8", "modelopt_fp4",
+    "nvfp4_online", "modelopt_mixed", "w8a8_int8", "w8a8_fp8", "awq", "awq_marlin", "bitsandbytes", "gguf",
+    "gptq_marlin", "moe_wna16", "compressed-tensors", "w4afp8", "petit_nvfp4", "quark", "quark_mxfp4",
+    "auto-round", "auto-round-int8", "modelslim", "quark_int4fp8_moe", "humming", "mxfp_w4a8", "mxfp4", "gptq",
+    "mlx_q4", "mlx_q8",
 })  # fmt: skip
 KNOWN_METHODS = TRANSFORMERS_METHODS | SGLANG_METHODS
 # Spellings of the FP8 element format: `e4m3` (transformers' writer), the torch dtype names

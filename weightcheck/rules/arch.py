@@ -90,19 +90,29 @@ def fused_experts_incomplete(ctx: LintContext) -> None:
     total = config_int(ctx.ckpt.text_config(), EXPERT_COUNT_KEYS, "experts")
     if not total:
         return
+    # Stacked expert modules: what the pattern says (kind `experts`, e.g. GraniteMoE's
+    # `block_sparse_moe.input_linear`), else any `.experts.<param>` 3-D tensor.
+    qa = analysis_of(ctx)
+    stacked = set()
+    if qa.inventory is not None:
+        stacked = {m.name for m in qa.inventory.modules.values() if m.kind == "experts"}
     groups: dict[tuple[int, str], list[str]] = defaultdict(list)
     for name, info in ctx.ckpt.all_tensors().items():
-        if ".experts." not in name or len(info.shape) < 3:
+        if len(info.shape) < 3:
             continue
-        tail = name.rsplit(".experts.", 1)[1]
-        if tail.split(".", 1)[0].isdigit():  # per-expert names: WC403's business
+        module, _, param = name.rpartition(".")
+        if module in stacked:
+            tail = f"{module.rsplit('.', 1)[-1]}.{param}"
+        elif ".experts." in name and not name.rsplit(".experts.", 1)[1].split(".", 1)[0].isdigit():
+            tail = "experts." + name.rsplit(".experts.", 1)[1]
+        else:  # per-expert names are WC403's business
             continue
         if info.shape[0] != total:
             groups[(info.shape[0], tail)].append(name)
     for (got, tail), names in sorted(groups.items()):
         verb = "missing" if got < total else "extra"
         ctx.report(
-            f"{len(names)} stacked expert tensor(s) `experts.{tail}` hold {got} experts, config says {total} "
+            f"{len(names)} stacked expert tensor(s) `{tail}` hold {got} experts, config says {total} "
             f"({abs(total - got)} {verb}): {summarize(names)}",
             tensor=summarize(names, limit=3),
             count=len(names),
