@@ -476,6 +476,8 @@ def expand(
                     return False, None, (), ()
             except KeyError as exc:
                 notes.append(f"{spec.name}: config lacks {exc.args[0]!r}; assumed present")
+            except (IndexError, TypeError, ValueError, ZeroDivisionError):  # layer_types shorter than the layers
+                notes.append(f"{spec.name}: {spec.when!r} does not evaluate on this config; assumed present")
         shape: tuple[int, ...] | None = None
         if spec.shape:
             try:
