@@ -206,3 +206,37 @@ def test_generated_patterns_load_lazily_and_lint_stays_torch_free(tmp_path: Path
     assert proc.returncode == 0, proc.stderr
     assert proc.stdout.strip() == "1"  # one architecture parsed, not all of them
     assert generated_pattern("gpt_oss.json").name == "gen_gpt_oss"
+
+
+def _rename_model_type(path: Path) -> None:
+    cfg = json.loads((path / "config.json").read_text())
+    cfg["model_type"], cfg["architectures"] = "unheard_of_moe", ["UnheardOfMoeForCausalLM"]
+    (path / "config.json").write_text(json.dumps(cfg))
+
+
+def test_unknown_architecture_says_what_was_inferred(copy_of, tiny_checkpoints: dict[str, Path]) -> None:
+    path = copy_of("gpt_oss")
+    _rename_model_type(path)
+    result = run(path)
+    [info] = by_code(result, "WC427")
+    text = " ".join(info.details["inferences"])
+    assert "decoder layers" in text and "stacked experts" in text and "routers" in text
+    assert not by_code(run(tiny_checkpoints["gpt_oss"]), "WC427")  # good: a pattern, nothing inferred
+
+
+def test_unknown_architecture_catches_packed_router_and_short_stacked_experts(copy_of) -> None:
+    path = copy_of("gpt_oss")
+    router = _routers(path)[0]  # found with gpt_oss's pattern; the lint below runs without one
+    weight = read_tensor(path, f"{router}.weight")
+    packed = {f"{router}.{k}": v.contiguous() for k, v in pack_int4(weight, group_size=16).items()}
+    _, stacked = _expert_tensors(path)
+    _rename_model_type(path)
+    victim = sorted(stacked.values())[0][0]
+    short = read_tensor(path, victim)[:-1].clone()
+    edit_tensors(path, drop={f"{router}.weight", victim}, add={**packed, victim: short})
+    cfg = json.loads((path / "config.json").read_text())
+    cfg["quantization_config"] = W4A16
+    (path / "config.json").write_text(json.dumps(cfg))
+    result = run(path)
+    assert [f for f in by_code(result, "WC308") if router in f.details.get("modules", [])], _problems(result)
+    assert victim in by_code(result, "WC428")[0].details["tensors"]

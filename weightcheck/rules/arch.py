@@ -118,3 +118,62 @@ def fused_experts_incomplete(ctx: LintContext) -> None:
             count=len(names),
             details={"expected": total, "found": got, "tensors": names[:200]},
         )
+
+
+@rule(
+    "WC427",
+    "architecture-inferred",
+    Severity.INFO,
+    summary="No architecture pattern: what was inferred from the checkpoint itself instead.",
+    bad="model_type 'my_moe' (no pattern): layers, experts, routers and embeddings inferred from names/shapes",
+    good="a model_type with a pattern (see `patterns/`; `weightcheck lint --pattern FILE` for a new one)",
+)
+def architecture_inferred(ctx: LintContext) -> None:
+    """Without a pattern, lint still checks what the checkpoint says about itself: decoder layers against
+    their peers (WC401/WC402), experts as repeated sub-trees (WC403) or as the leading dim of 3-D tensors
+    equal to the config's expert count (WC428), 2-D `[num_experts, hidden]` weights treated as routers and
+    `[vocab, hidden]` as embeddings by the quantization rules. This finding lists those inferences, so a
+    reader knows which expectations came from the checkpoint rather than from the architecture."""
+    from weightcheck.rules.layers import structure_of
+
+    qa = analysis_of(ctx)
+    if qa.pattern is not None or qa.inventory is None or qa.inventory.from_config_only:
+        return
+    text = ctx.ckpt.text_config()
+    s = structure_of(ctx)
+    made: list[str] = []
+    if s.prefix is not None:
+        made.append(f"decoder layers: `{s.prefix}.N` ({len(s.ids)} found; config says {s.num_hidden_layers}), "
+                    "each checked against its peers")  # fmt: skip
+    moe_layers = [layer for layer in s.ids if s.is_moe(layer)]
+    if moe_layers:
+        made.append(f"experts: repeated sub-trees in {len(moe_layers)} layer(s) (config count {s.num_experts})")
+    total = config_int(text, EXPERT_COUNT_KEYS, "experts")
+    hidden = text.get("hidden_size") if isinstance(text.get("hidden_size"), int) else None
+    vocab = text.get("vocab_size") if isinstance(text.get("vocab_size"), int) else None
+    stacked = routers = embeds = 0
+    for module in qa.inventory.modules.values():
+        weight = module.params.get("weight")
+        shapes = [tuple(p.shape) for p in module.params.values() if p is not None]
+        if total and any(len(sh) == 3 and sh[0] == total for sh in shapes):
+            stacked += 1
+        if weight is not None and len(weight.shape) == 2:
+            rows, cols = weight.shape
+            if total and hidden and (rows, cols) == (total, hidden):
+                routers += 1
+            elif vocab and hidden and (rows, cols) == (vocab, hidden) and module.kind == "embedding" \
+                    and "embed" not in module.name.rsplit(".", 1)[-1]:  # fmt: skip
+                embeds += 1
+    if stacked:
+        made.append(f"{stacked} module(s) with 3-D tensors whose leading dim is the expert count {total}: "
+                    "stacked experts")
+    if routers:
+        made.append(f"{routers} 2-D [num_experts={total}, hidden={hidden}] weight(s): routers")
+    if embeds:
+        made.append(f"{embeds} 2-D [vocab={vocab}, hidden={hidden}] weight(s) not named as embeddings: embeddings")
+    if made:
+        ctx.report(
+            f"no architecture pattern for model_type {text.get('model_type')!r}; inferred from the checkpoint: "
+            + "; ".join(made),
+            details={"inferences": made},
+        )
