@@ -35,6 +35,19 @@ def main() -> int:
         if args.model_types:  # partial run: keep the index of everything
             files.pop("index.json")
     stale = []
+    if not args.model_types:  # the README's covered list, from the index and sglang.json
+        import json
+
+        from weightcheck.arch.generate import readme_with_coverage
+
+        index = json.loads(files.get("index.json") or (args.out / "index.json").read_text())
+        sglang_doc = json.loads(files.get("sglang.json") or (args.out / "sglang.json").read_text())
+        readme = Path(__file__).resolve().parent.parent / "README.md"
+        text = readme_with_coverage(readme.read_text(), index, sglang_doc)
+        if text != readme.read_text():
+            stale.append("README.md")
+            if not args.check:
+                readme.write_text(text)
     for name, text in sorted(files.items()):
         path = args.out / name
         old = path.read_text() if path.exists() else ""

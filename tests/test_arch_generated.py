@@ -56,6 +56,10 @@ def test_generated_data_is_current() -> None:
     assert on_disk == set(files), on_disk ^ set(files)
     sglang = json.loads((GENERATED_DIR / "sglang.json").read_text())
     assert set(sglang["model_types"]) == set(json.loads(files["index.json"])["model_types"])
+    from weightcheck.arch.generate import readme_with_coverage
+
+    readme = (ROOT / "README.md").read_text()
+    assert readme_with_coverage(readme, json.loads(files["index.json"]), sglang) == readme, "README list stale"
 
 
 @pytest.fixture(scope="session")

@@ -449,3 +449,30 @@ def generate(model_types: tuple[str, ...] = ARCHITECTURES, out: Path = GENERATED
     index["failed"] = failed
     files["index.json"] = dump(index)
     return files
+
+
+README_START, README_END = "<!-- generated: model types (scripts/generate_patterns.py) -->", "<!-- end generated -->"
+
+
+def coverage_markdown(index: dict[str, Any], sglang: dict[str, Any]) -> str:
+    """The README's list of covered model_types, from the generated index and the SGLang half."""
+    facts = sglang.get("model_types", {})
+    both = sorted(t for t in index["model_types"] if (facts.get(t) or {}).get("sglang_class"))
+    only = sorted(t for t in index["model_types"] if t not in both)
+    lines = [
+        README_START,
+        f"Generated from transformers {index.get('transformers')} and SGLang {sglang.get('sglang')}: "
+        f"**{len(both)} model_types** that both provide: " + ", ".join(f"`{t}`" for t in both) + ".",
+        "",
+        "Also generated (transformers only; SGLang 0.5.23 registers no class of theirs): "
+        + ", ".join(f"`{t}`" for t in only) + ".",
+        README_END,
+    ]
+    return "\n".join(lines)
+
+
+def readme_with_coverage(readme: str, index: dict[str, Any], sglang: dict[str, Any]) -> str:
+    start, end = readme.find(README_START), readme.find(README_END)
+    if start < 0 or end < 0:
+        raise ValueError("README.md lacks the generated model-types markers")
+    return readme[:start] + coverage_markdown(index, sglang) + readme[end + len(README_END) :]
