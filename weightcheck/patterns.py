@@ -12,11 +12,12 @@ whitelisted evaluator over config values — never `eval`.
 from __future__ import annotations
 
 import ast
+import json
 import operator
 import sys
 from collections.abc import Iterable
 from dataclasses import dataclass, field
-from functools import lru_cache
+from functools import cache, lru_cache
 from importlib import resources
 from pathlib import Path
 from typing import Any, NamedTuple
@@ -26,14 +27,16 @@ if sys.version_info >= (3, 11):
 else:  # pragma: no cover
     import tomli as tomllib
 
-KINDS = {"linear", "router", "embedding", "norm", "conv", "other"}
+# `experts`: stacked 3-D expert parameters (gpt-oss `mlp.experts.gate_up_proj` [E, ...]), not a Linear.
+KINDS = {"linear", "router", "embedding", "norm", "conv", "other", "experts"}
 _MODULE_KEYS = {"kind", "shape", "bias", "params", "optional", "when", "quantized_by", "fused", "dtype"}
 _FAMILY_KEYS = {
     "name", "description", "model_types", "architectures", "layer_prefix", "num_layers", "mtp_layers",
     "experts", "moe_layers", "allowed_prefixes", "root_aliases",
 }  # fmt: skip
 _ENGINE_KEYS = {"sglang_class", "sglang_packed_modules_mapping", "sglang_separate_lm_head", "vllm_class"}
-_SECTIONS = {"family", "defaults", "engines", "globals", "layer", "dense_layer", "moe_layer", "mtp_layer"}
+_SECTIONS = {"family", "defaults", "engines", "globals", "layer", "dense_layer", "moe_layer", "mtp_layer",
+             "provenance"}  # fmt: skip
 
 
 class PatternError(ValueError):
@@ -70,7 +73,7 @@ def parse_expr(text: str) -> ast.Expression:
     for node in ast.walk(tree):
         allowed = (
             ast.Expression, ast.BinOp, ast.BoolOp, ast.Compare, ast.UnaryOp, ast.Name, ast.Constant, ast.Load,
-            ast.And, ast.Or, ast.Not, ast.USub, ast.List, ast.Tuple, *_BINOPS, *_CMPOPS,
+            ast.And, ast.Or, ast.Not, ast.USub, ast.List, ast.Tuple, ast.Subscript, *_BINOPS, *_CMPOPS,
         )  # fmt: skip
         if not isinstance(node, allowed):
             raise PatternError(f"expression {text!r} uses {type(node).__name__}, which patterns do not allow")
@@ -97,6 +100,11 @@ def _eval(node: ast.AST, env: dict[str, Any]) -> Any:
         return env[node.id]
     if isinstance(node, (ast.List, ast.Tuple)):
         return [_eval(e, env) for e in node.elts]
+    if isinstance(node, ast.Subscript):  # `layer_types[layer]`: an int index into a config list
+        seq, index = _eval(node.value, env), _eval(node.slice, env)
+        if not isinstance(seq, (list, str)) or not isinstance(index, int) or isinstance(index, bool):
+            raise TypeError("subscript needs a list and an integer")
+        return seq[index]
     if isinstance(node, ast.BinOp):
         return _BINOPS[type(node.op)](_eval(node.left, env), _eval(node.right, env))
     if isinstance(node, ast.UnaryOp):
@@ -244,8 +252,9 @@ def parse_pattern(doc: dict[str, Any], where: str) -> Pattern:
 def load_pattern_file(path: str | Path) -> Pattern:
     path = Path(path)
     try:
-        doc = tomllib.loads(path.read_text(encoding="utf-8"))
-    except (OSError, UnicodeDecodeError, tomllib.TOMLDecodeError) as exc:
+        text = path.read_text(encoding="utf-8")
+        doc = json.loads(text) if path.suffix == ".json" else tomllib.loads(text)
+    except (OSError, UnicodeDecodeError, ValueError) as exc:  # TOMLDecodeError and JSONDecodeError too
         raise PatternError(f"{path}: {exc}") from None
     return parse_pattern(doc, str(path))
 
@@ -276,34 +285,115 @@ def builtin_patterns() -> dict[str, Pattern]:
     return out
 
 
+# ---- generated patterns (patterns/generated/, from scripts/generate_patterns.py) -------------------
+# Loaded lazily: start-up reads only the small index, and a pattern file is parsed the first time its
+# model_type is asked for, so lint's start-up does not grow with the number of architectures.
+
+
+@lru_cache(maxsize=1)
+def generated_index() -> dict[str, Any]:
+    folder = _pattern_dir()
+    path = folder / "generated" / "index.json" if folder is not None else None
+    if path is None or not path.is_file():
+        return {"model_types": {}, "architectures": {}}
+    try:
+        doc = json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, ValueError) as exc:
+        raise PatternError(f"{path}: {exc}") from None
+    return doc if isinstance(doc, dict) else {"model_types": {}, "architectures": {}}
+
+
+@cache
+def generated_pattern(file: str) -> Pattern:
+    folder = _pattern_dir()
+    assert folder is not None
+    path = folder / "generated" / Path(file).name  # index entries are bare file names
+    try:
+        doc = json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, ValueError) as exc:
+        raise PatternError(f"{path}: {exc}") from None
+    pattern = parse_pattern(doc, str(path))
+    facts = _sglang_facts().get(pattern.model_types[0] if pattern.model_types else "", {})
+    if facts.get("sglang_class"):
+        pattern.engines.setdefault("sglang_class", facts["sglang_class"])
+        pattern.engines.setdefault("sglang_packed_modules_mapping", bool(facts.get("packed_modules_mapping")))
+    return pattern
+
+
+@lru_cache(maxsize=1)
+def _sglang_facts() -> dict[str, Any]:
+    """The SGLang half (patterns/generated/sglang.json, generated in the SGLang environment)."""
+    folder = _pattern_dir()
+    path = folder / "generated" / "sglang.json" if folder is not None else None
+    if path is None or not path.is_file():
+        return {}
+    try:
+        doc = json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return {}
+    types = doc.get("model_types") if isinstance(doc, dict) else None
+    return types if isinstance(types, dict) else {}
+
+
+def sglang_registered_model_types() -> list[str]:
+    """Generated model_types whose architecture SGLang registers too (the covered set)."""
+    facts = _sglang_facts()
+    return [t for t in generated_model_types() if (facts.get(t) or {}).get("sglang_class")]
+
+
+def generated_model_types() -> list[str]:
+    return sorted(generated_index().get("model_types", {}))
+
+
+def _generated_for(model_type: Any) -> Pattern | None:
+    file = generated_index().get("model_types", {}).get(model_type) if isinstance(model_type, str) else None
+    return generated_pattern(file) if file else None
+
+
 def detect_pattern(config: dict[str, Any]) -> Pattern | None:
-    """Pick a pattern by `model_type` (also of `text_config`), then by `architectures`."""
+    """Pick a pattern: hand-written by the top-level `model_type`, generated by it, hand-written by the
+    `text_config` model_type, generated by it, then by `architectures`. A VLM wrapper's own pattern (its
+    vision and projector prefixes, its language-model root) beats a text-only pattern borrowed through
+    its text_config."""
     patterns = builtin_patterns()
-    types = [config.get("model_type")]
-    for sub in ("text_config", "llm_config"):
-        if isinstance(config.get(sub), dict):
-            types.insert(0, config[sub].get("model_type"))
-    for t in types:
+    top = config.get("model_type")
+    texts = [config[sub].get("model_type") for sub in ("text_config", "llm_config")
+             if isinstance(config.get(sub), dict)]  # fmt: skip
+    for t in (top, *texts):
+        if not t:
+            continue
         for p in patterns.values():
-            if t and t in p.model_types:
+            if t in p.model_types:
                 return p
-    archs = config.get("architectures") or []
+        found = _generated_for(t)
+        if found is not None:
+            return found
+    archs = [a for a in config.get("architectures") or [] if isinstance(a, str)]
     for p in patterns.values():
-        if any(a in p.architectures for a in archs if isinstance(a, str)):
+        if any(a in p.architectures for a in archs):
             return p
+    by_arch = generated_index().get("architectures", {})
+    for a in archs:
+        if a in by_arch:
+            return generated_pattern(by_arch[a])
     return None
 
 
 def resolve_pattern(choice: str | None, config: dict[str, Any]) -> Pattern | None:
-    """`--pattern NAME|FILE` overrides detection. Unknown names/files raise PatternError."""
+    """`--pattern NAME|FILE` overrides detection (NAME: a hand-written family, or a generated model_type,
+    also as `gen_<model_type>`). Unknown names/files raise PatternError."""
     if not choice:
         return detect_pattern(config)
-    if choice.endswith(".toml") or "/" in choice:
+    if choice.endswith((".toml", ".json")) or "/" in choice:
         return load_pattern_file(choice)
     patterns = builtin_patterns()
-    if choice not in patterns:
-        raise PatternError(f"no pattern {choice!r}; shipped: {', '.join(sorted(patterns))}")
-    return patterns[choice]
+    if choice in patterns:
+        return patterns[choice]
+    found = _generated_for(choice.removeprefix("gen_"))
+    if found is None:
+        raise PatternError(f"no pattern {choice!r}; shipped: {', '.join(sorted(patterns))} and generated "
+                           f"{', '.join(generated_model_types())}")  # fmt: skip
+    return found
 
 
 # ---- expansion against a config --------------------------------------------------------------------
@@ -386,6 +476,8 @@ def expand(
                     return False, None, (), ()
             except KeyError as exc:
                 notes.append(f"{spec.name}: config lacks {exc.args[0]!r}; assumed present")
+            except (IndexError, TypeError, ValueError, ZeroDivisionError):  # layer_types shorter than the layers
+                notes.append(f"{spec.name}: {spec.when!r} does not evaluate on this config; assumed present")
         shape: tuple[int, ...] | None = None
         if spec.shape:
             try:

@@ -90,6 +90,8 @@ class QuantSpec:
     # FP8: block size; None means per-tensor/channel.
     weight_block_size: list[int] | None = None
     problems: list[str] = field(default_factory=list)
+    # Checks that could not run (a method whose weight format weightcheck does not model): warnings.
+    unchecked: list[str] = field(default_factory=list)
     kv_cache: bool = False
 
     @property
@@ -116,6 +118,39 @@ def find_quant_config(config: dict[str, Any]) -> tuple[dict[str, Any] | None, st
     return None, ""
 
 
+# quant_method values a consumer accepts. transformers 5.17: the keys of
+# `transformers.quantizers.auto.AUTO_QUANTIZATION_CONFIG_MAPPING` (bitsandbytes_4bit/_8bit are spelled
+# `bitsandbytes` in configs). SGLang 0.5.23: `sglang.srt.layers.quantization.QUANTIZATION_METHODS`. Both
+# lists are cross-checked against the installed packages in tests (main suite and the SGLang group).
+TRANSFORMERS_METHODS = frozenset({
+    "gguf", "awq", "bitsandbytes", "eetq", "gptq", "aqlm", "quanto", "quark", "fouroversix", "fp_quant", "hqq",
+    "compressed-tensors", "fbgemm_fp8", "higgs", "torchao", "bitnet", "vptq", "spqr", "fp8", "nvfp4", "mxfp8",
+    "auto-round", "mxfp4", "metal", "sinq", "gemma",
+})  # fmt: skip
+SGLANG_METHODS = frozenset({  # BASE_QUANTIZATION_METHODS plus the per-platform additions (mxfp4, gptq, mlx)
+    "fp8", "mxfp8", "minimax_m3_nvfp4", "blockwise_int8", "modelopt", "modelopt_fp8", "modelopt_fp4",
+    "nvfp4_online", "modelopt_mixed", "w8a8_int8", "w8a8_fp8", "awq", "awq_marlin", "bitsandbytes", "gguf",
+    "gptq_marlin", "moe_wna16", "compressed-tensors", "w4afp8", "petit_nvfp4", "quark", "quark_mxfp4",
+    "auto-round", "auto-round-int8", "modelslim", "quark_int4fp8_moe", "humming", "mxfp_w4a8", "mxfp4", "gptq",
+    "mlx_q4", "mlx_q8",
+})  # fmt: skip
+KNOWN_METHODS = TRANSFORMERS_METHODS | SGLANG_METHODS
+# Spellings of the FP8 element format: `e4m3` (transformers' writer), the torch dtype names
+# (`float8_e4m3fn`, as several FP8 releases spell it) and the fnuz variants. No consumer validates `fmt`
+# (transformers' FineGrainedFP8Config and SGLang's Fp8Config never read it), so an odd one is a warning.
+FP8_FMTS = frozenset({
+    "e4m3", "e4m3fn", "e4m3fnuz", "float8_e4m3fn", "float8_e4m3fnuz", "fp8_e4m3", "e5m2", "e5m2fnuz",
+    "float8_e5m2", "float8_e5m2fnuz", "fp8_e5m2",
+})  # fmt: skip
+# Methods whose ignore list is `modules_to_not_convert` as transformers reads it (substring of the
+# module name) and whose weight format is one scheme over every Linear.
+_MODULES_TO_NOT_CONVERT = {
+    "mxfp4": (4, "float", "group", 32), "nvfp4": (4, "float", "tensor_group", 16), "mxfp8": (8, "float", "group", 32),
+    "fbgemm_fp8": (8, "float", "channel", None), "eetq": (8, "int", "channel", None),
+    "auto-round": (4, "int", "group", 128),
+}  # fmt: skip
+
+
 def parse_quant_spec(config: dict[str, Any], hf_quant_config: dict[str, Any] | None = None) -> QuantSpec | None:
     raw, source = find_quant_config(config)
     if raw is None and isinstance(hf_quant_config, dict) and isinstance(hf_quant_config.get("quantization"), dict):
@@ -126,14 +161,49 @@ def parse_quant_spec(config: dict[str, Any], hf_quant_config: dict[str, Any] | N
     method = str(raw.get("quant_method", "")).lower()
     if method in ("compressed-tensors", "compressed_tensors") or ("config_groups" in raw and not method):
         return _compressed_tensors(raw, source)
+    if not method and (raw.get("load_in_4bit") or raw.get("load_in_8bit")):
+        method = "bitsandbytes"  # transformers' AutoQuantizationConfig: bnb configs may omit quant_method
     if method == "fp8":
         return _hf_fp8(raw, source)
-    if method == "modelopt":
-        return _modelopt(raw, source, field_name="ignore")
-    if method in ("awq", "gptq", "bitsandbytes"):
-        return _simple(raw, source, method)
+    if method in ("modelopt", "modelopt_fp8", "modelopt_fp4", "modelopt_mixed"):
+        spec = _modelopt(raw, source, field_name="ignore" if "ignore" in raw else "exclude_modules")
+        if not spec.schemes and method != "modelopt_mixed":
+            fp4 = method == "modelopt_fp4"
+            spec.schemes.append(WeightScheme(method, ["Linear"], 4 if fp4 else 8, "float",
+                                             "tensor_group" if fp4 else "tensor", 16 if fp4 else None))  # fmt: skip
+        return spec
+    if method in ("awq", "gptq", "bitsandbytes", "awq_marlin", "gptq_marlin"):
+        return _simple(raw, source, method.removesuffix("_marlin"))
+    if method in _MODULES_TO_NOT_CONVERT:
+        return _one_scheme(raw, source, method)
     spec = QuantSpec(method=method or "unknown", source=source, raw=raw)
-    spec.problems.append(f"unknown quant_method {raw.get('quant_method')!r}: quantization checks are limited")
+    spec.ignore_field = next((f for f in IGNORE_FIELDS if f in raw), "modules_to_not_convert")
+    spec.ignore = _str_list(raw.get(spec.ignore_field), spec, spec.ignore_field)
+    if method in KNOWN_METHODS:
+        who = " and ".join(n for n, m in (("transformers", TRANSFORMERS_METHODS), ("SGLang", SGLANG_METHODS))
+                           if method in m)  # fmt: skip
+        spec.unchecked.append(f"quant_method {method!r} ({who} load it) has no weight-format model in weightcheck")
+    else:
+        spec.unchecked.append(f"unknown quant_method {raw.get('quant_method')!r} (neither transformers nor SGLang "
+                              "registers it)")  # fmt: skip
+    return spec
+
+
+IGNORE_FIELDS = ("ignore", "modules_to_not_convert", "ignored_layers", "exclude_modules", "llm_int8_skip_modules")
+
+
+def _one_scheme(raw: dict[str, Any], source: str, method: str) -> QuantSpec:
+    """Methods with one weight format over every Linear and an ignore list read as `modules_to_not_convert`
+    (mxfp4 as gpt-oss ships it: `{"quant_method": "mxfp4", "modules_to_not_convert": [...]}`)."""
+    spec = QuantSpec(method=method, source=source, raw=raw)
+    spec.ignore_field = next((f for f in IGNORE_FIELDS if f in raw), "modules_to_not_convert")
+    spec.ignore = _str_list(raw.get(spec.ignore_field), spec, spec.ignore_field)
+    bits, typ, strategy, group = _MODULES_TO_NOT_CONVERT[method]
+    if isinstance(raw.get("bits"), int):
+        bits = raw["bits"]
+    if isinstance(raw.get("group_size"), int):
+        group = raw["group_size"]
+    spec.schemes.append(WeightScheme(method, ["Linear"], bits, typ, strategy, group))
     return spec
 
 
@@ -232,10 +302,14 @@ def _hf_fp8(raw: dict[str, Any], source: str) -> QuantSpec:
         else:
             spec.problems.append(f"weight_block_size must be two positive integers, got {block!r}")
     fmt = raw.get("fmt")
-    if fmt is not None and fmt not in ("e4m3", "e5m2"):
-        spec.problems.append(f"fmt {fmt!r} is not e4m3 or e5m2")
+    if fmt is not None and str(fmt).lower() not in FP8_FMTS:
+        spec.unchecked.append(f"fmt {fmt!r} is not an FP8 element format weightcheck knows (e4m3, float8_e4m3fn, "
+                              "e5m2...); no consumer validates it")  # fmt: skip
+    scale_fmt = raw.get("scale_fmt")
+    if scale_fmt is not None and scale_fmt not in ("float", "ue8m0"):
+        spec.problems.append(f"scale_fmt {scale_fmt!r} is not 'float' or 'ue8m0' (transformers rejects it)")
     act = raw.get("activation_scheme", "dynamic")
-    if act not in ("dynamic", "static"):
+    if not isinstance(act, str) or act.lower() not in ("dynamic", "static"):
         spec.problems.append(f"activation_scheme {act!r} is not dynamic or static")
     spec.schemes.append(
         WeightScheme(
@@ -260,7 +334,7 @@ def _modelopt(raw: dict[str, Any], source: str, field_name: str) -> QuantSpec:
     elif algo.startswith("FP8"):
         spec.schemes.append(WeightScheme("fp8", ["Linear"], 8, "float", "tensor"))
     elif algo:
-        spec.problems.append(f"quant_algo {algo!r} is not one weightcheck knows")
+        spec.unchecked.append(f"quant_algo {algo!r} has no weight-format model in weightcheck")
     return spec
 
 

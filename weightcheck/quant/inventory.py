@@ -91,6 +91,25 @@ def heuristic_kind(module: str, params: dict[str, TensorInfo | None]) -> str:
     return "other"
 
 
+def _shape_kind(module: str, entry: ModuleInfo, config: dict[str, Any]) -> str:
+    """No pattern: a 2-D `[num_experts, hidden]` weight is a router and `[vocab, hidden]` an embedding
+    (unless it is the head), whatever their names (reported by WC427)."""
+    from weightcheck.structure import EXPERT_COUNT_KEYS, config_int
+
+    weight = entry.params.get("weight")
+    if weight is None or len(weight.shape) != 2 or entry.kind in ("router", "embedding", "norm"):
+        return entry.kind
+    hidden, vocab = config.get("hidden_size"), config.get("vocab_size")
+    experts = config_int(config, EXPERT_COUNT_KEYS, "experts")
+    shape = tuple(weight.shape)
+    if experts and isinstance(hidden, int) and shape == (experts, hidden) and experts != hidden:
+        return "router"
+    leaf = module.rsplit(".", 1)[-1]
+    if isinstance(vocab, int) and shape == (vocab, hidden) and leaf not in ("lm_head", "embed_out", "output"):
+        return "embedding"
+    return entry.kind
+
+
 def split_param(name: str) -> tuple[str, str]:
     """`a.b.weight_packed` → (`a.b`, `weight_packed`); bitsandbytes `a.weight.absmax` → (`a`, `weight.absmax`)."""
     if ".weight." in name:
@@ -128,6 +147,8 @@ def from_checkpoint(
         exp = expected.get(module)
         entry.expected = exp
         entry.kind = exp.spec.kind if exp is not None else heuristic_kind(module, entry.params)
+        if pattern is None:
+            entry.kind = _shape_kind(module, entry, config)
         entry.layer, entry.expert = (exp.layer, exp.expert) if exp is not None else _positions(module)
         entry.finalize()
     return Inventory(

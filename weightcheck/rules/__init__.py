@@ -28,6 +28,7 @@ RULE_MODULES = (
     "weightcheck.rules.layers",
     "weightcheck.rules.quant",
     "weightcheck.rules.patterns",
+    "weightcheck.rules.arch",
     "weightcheck.rules.content",
     "weightcheck.rules.verify",
 )

@@ -77,8 +77,13 @@ def ignore_entry_unmatched(ctx: LintContext) -> None:
         return
     modules = list(qa.inventory.modules)
     params = qa.inventory.params
+    # A tied head has no lm_head module (it is the embedding); llm-compressor still writes its default
+    # `ignore: ["lm_head"]`, which is harmless.
+    tied = ctx.ckpt.text_config().get("tie_word_embeddings") is True and "lm_head" not in qa.inventory.modules
     for entry in qa.spec.ignore:
         if is_class_entry(entry) or regex_error(entry) or _looks_like_param(entry, modules, params):
+            continue
+        if tied and any(c.match("lm_head", entry) for c in qa.module_consumers()):
             continue
         matched_by = [
             c for c in qa.consumers if any(c.match(n, entry) for n in (params if c.level == "param" else modules))

@@ -1,0 +1,54 @@
+"""The SGLang half of the generated architecture knowledge, against the installed SGLang 0.5.23 (group
+scripts/ci-groups/25-arch-knowledge.sh, in .venv-sglang)."""
+
+from __future__ import annotations
+
+import json
+import os
+
+import pytest
+
+pytestmark = pytest.mark.sglang
+
+if os.environ.get("WEIGHTCHECK_REQUIRE_SGLANG"):  # the CI group: a broken install must fail, not skip
+    import sglang  # noqa: F401
+else:
+    pytest.importorskip("sglang")
+
+
+def test_sglang_facts_are_current() -> None:
+    from weightcheck.arch.generate import GENERATED_DIR
+    from weightcheck.arch.sglang_facts import generate_sglang
+
+    [(name, text)] = generate_sglang().items()
+    assert (GENERATED_DIR / name).read_text() == text, "stale: run scripts/generate_patterns.py --sglang"
+
+
+def test_named_classes_are_registered_and_cover_forty_architectures() -> None:
+    from sglang.srt.models.registry import ModelRegistry
+
+    from weightcheck.arch.generate import GENERATED_DIR
+
+    facts = json.loads((GENERATED_DIR / "sglang.json").read_text())["model_types"]
+    registered = set(ModelRegistry.get_supported_archs())
+    named = {t: f["sglang_class"] for t, f in facts.items() if f.get("sglang_class")}
+    assert len(named) >= 40
+    assert {t: c for t, c in named.items() if c not in registered} == {}
+    # and the ones recorded as not registered really are not (by any of their transformers names)
+    index = json.loads((GENERATED_DIR / "index.json").read_text())
+    for t, f in facts.items():
+        if not f.get("sglang_class"):
+            doc = json.loads((GENERATED_DIR / index["model_types"][t]).read_text())
+            assert not set(doc["family"]["architectures"]) & registered, t
+
+
+def test_router_facts_match_sglang_classes() -> None:
+    """gpt-oss and Llama-4 build their router without the quant config (never quantized by the engine);
+    Qwen3-MoE passes it only on the ModelSlim path."""
+    from weightcheck.arch.generate import GENERATED_DIR
+
+    facts = json.loads((GENERATED_DIR / "sglang.json").read_text())["model_types"]
+    assert facts["gpt_oss"]["routers"] == {"router": "none"}
+    assert facts["llama4_text"]["routers"] == {"router": "none"}
+    assert facts["qwen3_moe"]["routers"]["gate"].startswith("conditional")
+    assert facts["qwen3_moe"]["packed_modules_mapping"]["qkv_proj"] == ["q_proj", "k_proj", "v_proj"]

@@ -1,0 +1,478 @@
+"""Derive architecture patterns from the real definitions: transformers (and SGLang where installed).
+
+For each architecture, a tiny model is built from its own config class in two variants of dimensions (A,
+B), saved with transformers' `save_pretrained` (so names are what the real writer puts on disk, after its
+key conversions), and read back header-only. From the two:
+
+- the language-model layer container and the module templates of its layers, with expert indices as `*`;
+- each module's kind from the instantiated module class (Embedding, *Norm, Linear, a router: the MoE
+  block's gate/router whatever its class, i.e. a 2-D weight whose rows are the experts; fused 3-D expert
+  parameters as kind `experts`);
+- weight shapes as expressions over config keys, kept only when the expression reproduces the shape in
+  both variants (else the shape is left out: WC501 does not guess);
+- which layers carry a module (hybrid attention, dense-then-MoE), as an expression over the config kept
+  only when it reproduces the layer sets of both variants (else the module is marked optional);
+- vision towers and projectors as allowed prefixes.
+
+Run `python scripts/generate_patterns.py` (writes `patterns/generated/`); `--check` compares instead.
+"""
+
+from __future__ import annotations
+
+import itertools
+import json
+import re
+import tempfile
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from weightcheck.arch.tiny import EXPERT_KEYS, build
+
+# Decoder architectures transformers provides and SGLang 0.5.23 registers (by their transformers
+# architecture class; the SGLang group's test checks each against SGLang's ModelRegistry).
+ARCHITECTURES = (
+    "llama", "mistral", "mixtral", "qwen2", "qwen2_moe", "qwen3", "qwen3_moe", "qwen3_next", "gemma", "gemma2",
+    "gemma3_text", "gemma3", "deepseek_v2", "deepseek_v3", "glm", "glm4", "glm4_moe", "glm4_moe_lite", "gpt_oss",
+    "llama4_text", "granite", "granitemoe", "granitemoeshared", "granitemoehybrid", "olmo", "olmo2", "olmo3",
+    "olmoe", "phi", "phi3", "phimoe", "starcoder2", "stablelm", "cohere", "cohere2", "exaone4", "ernie4_5",
+    "ernie4_5_moe", "hunyuan_v1_dense", "hunyuan_v1_moe", "minicpm3", "jamba", "bamba", "nemotron",
+    "persimmon", "seed_oss", "smollm3", "arcee", "apertus", "lfm2", "minimax_m2",
+    "qwen3_5", "qwen3_5_moe", "ministral", "mistral3", "qwen2_vl", "qwen2_5_vl", "qwen3_vl", "qwen3_vl_moe",
+    "glm4v", "glm4v_moe", "mllama",
+)  # fmt: skip
+
+GENERATED_DIR = Path(__file__).resolve().parent.parent.parent / "patterns" / "generated"
+_LAYER = re.compile(r"^(?P<prefix>.+?\.layers)\.(?P<idx>\d+)\.(?P<rest>.+)$")
+_EXPERT = re.compile(r"(^|\.)experts\.(\d+)\.")
+_ROUTER_LEAVES = ("gate", "router", "gate_network", "wg")
+
+
+@dataclass
+class Observation:
+    """One variant: what save_pretrained wrote, the config as lint reads it, and module classes."""
+
+    config: dict[str, Any]  # the merged text config (as Checkpoint.text_config() builds it)
+    top: dict[str, Any]
+    shapes: dict[str, tuple[int, ...]]
+    classes: dict[str, str]  # on-disk module name -> class name of the module that owns it
+    linear: set[str] = field(default_factory=set)
+    embedding: set[str] = field(default_factory=set)
+    tied: list[list[str]] = field(default_factory=list)
+
+
+def _text_config(cfg: dict[str, Any]) -> dict[str, Any]:
+    for key in ("text_config", "llm_config", "language_config"):
+        sub = cfg.get(key)
+        if isinstance(sub, dict) and sub:
+            merged = dict(sub)
+            for k, v in cfg.items():
+                merged.setdefault(k, v)
+            return merged
+    return cfg
+
+
+def observe(model_type: str, variant: str) -> Observation:
+    import torch
+    from safetensors import safe_open
+
+    model = build(model_type, variant)
+    modules = dict(model.named_modules())
+    with tempfile.TemporaryDirectory() as tmp:
+        model.save_pretrained(tmp, max_shard_size="10MB")
+        top = json.loads((Path(tmp) / "config.json").read_text())
+        shapes: dict[str, tuple[int, ...]] = {}
+        for file in sorted(Path(tmp).glob("*.safetensors")):
+            with safe_open(str(file), framework="pt") as fh:
+                for key in fh.keys():
+                    shapes[key] = tuple(fh.get_slice(key).get_shape())
+    obs = Observation(config=_text_config(top), top=top, shapes=shapes, classes={})
+    for name in shapes:
+        module_name = name.rsplit(".", 1)[0]
+        owner = _owner(module_name, modules)
+        if owner is not None:
+            obs.classes[module_name] = type(owner).__name__
+            if isinstance(owner, torch.nn.Linear):
+                obs.linear.add(module_name)
+            elif isinstance(owner, torch.nn.Embedding):
+                obs.embedding.add(module_name)
+    tied = getattr(model, "_tied_weights_keys", None)
+    if isinstance(tied, dict):
+        obs.tied = [[k, v] for k, v in sorted(tied.items())]
+    return obs
+
+
+def _owner(module_name: str, modules: dict[str, Any]) -> Any:
+    """The in-memory module behind an on-disk module name (per-expert names map to the fused experts)."""
+    if module_name in modules:
+        return modules[module_name]
+    m = _EXPERT.search(module_name)
+    if m:
+        return modules.get(module_name[: m.start()] + (".experts" if m.start() else "experts"))
+    return None
+
+
+# ---- expressions ----------------------------------------------------------------------------------
+
+
+def _int_vars(a: dict[str, Any], b: dict[str, Any]) -> list[str]:
+    """Config keys whose value the variants change (the only names a derived expression may use)."""
+    out = []
+    for k, va in a.items():
+        vb = b.get(k)
+        if (isinstance(va, int) and isinstance(vb, int) and not isinstance(va, bool) and not isinstance(vb, bool)
+                and va > 0 and vb > 0 and va != vb):  # fmt: skip
+            out.append(k)
+    pref = ("hidden_size", "intermediate_size", "vocab_size", "head_dim", "num_attention_heads",
+            "num_key_value_heads", "moe_intermediate_size")  # fmt: skip
+    return sorted(out, key=lambda k: (pref.index(k) if k in pref else len(pref), k))
+
+
+def _candidates(keys: list[str], a: dict[str, Any], b: dict[str, Any]) -> dict[tuple[int, int], str]:
+    """(value in A, value in B) -> the simplest expression producing both."""
+    table: dict[tuple[int, int], str] = {}
+
+    def put(expr: str, va: int, vb: int) -> None:
+        table.setdefault((va, vb), expr)
+
+    for k in keys:
+        put(k, a[k], b[k])
+    for k in keys:
+        for c in (2, 3, 4):
+            put(f"{c} * {k}", c * a[k], c * b[k])
+        if a[k] % 2 == 0 and b[k] % 2 == 0:
+            put(f"{k} // 2", a[k] // 2, b[k] // 2)
+    for k1, k2 in itertools.combinations_with_replacement(keys, 2):
+        put(f"{k1} * {k2}", a[k1] * a[k2], b[k1] * b[k2])
+    for k1, k2 in itertools.combinations(keys, 2):
+        put(f"{k1} + {k2}", a[k1] + a[k2], b[k1] + b[k2])
+        if a[k2] and b[k2] and a[k1] % a[k2] == 0 and b[k1] % b[k2] == 0:
+            put(f"{k1} // {k2}", a[k1] // a[k2], b[k1] // b[k2])
+    for k1, k2 in itertools.combinations_with_replacement(keys, 2):
+        put(f"2 * {k1} * {k2}", 2 * a[k1] * a[k2], 2 * b[k1] * b[k2])
+    for k1, k2, k3 in itertools.permutations(keys, 3):  # kv heads * (hidden // heads): head_dim not stored
+        if a[k2] % a[k3] == 0 and b[k2] % b[k3] == 0:
+            put(f"{k1} * ({k2} // {k3})", a[k1] * (a[k2] // a[k3]), b[k1] * (b[k2] // b[k3]))
+    for k1 in keys:
+        for k2, k3 in itertools.combinations(keys, 2):
+            put(f"{k1} * ({k2} + {k3})", a[k1] * (a[k2] + a[k3]), b[k1] * (b[k2] + b[k3]))
+        for k2 in keys:
+            for k3 in keys:
+                if len({k1, k2, k3}) == 3 and k2 < k3:
+                    continue
+                put(f"{k1} * {k2} + {k3}", a[k1] * a[k2] + a[k3], b[k1] * b[k2] + b[k3])
+    return table
+
+
+def _when_candidates(cfg: dict[str, Any], n_layers: int) -> list[str]:
+    out: list[str] = []
+    for k, v in sorted(cfg.items()):
+        if isinstance(v, list) and len(v) == n_layers and all(isinstance(x, (str, int, bool)) for x in v):
+            for value in dict.fromkeys(v):
+                out.append(f"{k}[layer] == {json.dumps(value)}")
+        elif isinstance(v, list) and all(isinstance(x, int) and not isinstance(x, bool) for x in v):
+            out += [f"layer in {k}", f"layer not in {k}"]
+        elif isinstance(v, int) and not isinstance(v, bool) and 0 < v <= n_layers + 1:
+            out += [f"layer >= {k}", f"layer < {k}", f"(layer + 1) % {k} == 0"]
+            out += [f"layer % {k} == {j}" for j in range(v)]
+    return out
+
+
+def _layers_where(expr: str, cfg: dict[str, Any], n: int) -> frozenset[int] | None:
+    from weightcheck.patterns import evaluate
+
+    try:
+        return frozenset(i for i in range(n) if evaluate(expr, {**cfg, "layer": i}))
+    except Exception:  # a candidate over a config value of the wrong type
+        return None
+
+
+# ---- derivation -----------------------------------------------------------------------------------
+
+
+def _split(shapes: dict[str, tuple[int, ...]], text_layers: int) -> tuple[str, dict[int, dict[str, tuple]]]:
+    """The language-model layer container (layer count == text num_hidden_layers) and per-layer tails."""
+    by_prefix: dict[str, dict[int, dict[str, tuple]]] = {}
+    for name, shape in shapes.items():
+        m = _LAYER.match(name)
+        if m:
+            by_prefix.setdefault(m["prefix"], {}).setdefault(int(m["idx"]), {})[m["rest"]] = shape
+    fits = [p for p, layers in by_prefix.items() if len(layers) == text_layers and not _is_vision(p)]
+    if not fits:
+        raise ValueError(f"no layer container with {text_layers} layers among {sorted(by_prefix)}")
+    prefix = max(fits, key=lambda p: sum(len(t) for t in by_prefix[p].values()))
+    return prefix, by_prefix[prefix]
+
+
+_VISION_HINTS = ("visual", "vision", "image", "audio", "projector", "mm_", "patch", "merger")
+
+
+def _is_vision(name: str) -> bool:
+    return any(h in name for h in _VISION_HINTS)
+
+
+def _template(rest: str) -> tuple[str, int | None]:
+    m = _EXPERT.search(rest)
+    if not m:
+        return rest, None
+    return rest[: m.start()] + f"{m.group(1)}experts.*." + rest[m.end() :], int(m.group(2))
+
+
+def _kind(module: str, obs: Observation, shape: tuple[int, ...] | None, n_experts: int | None, per_expert: bool) -> str:
+    leaf = module.rsplit(".", 1)[-1]
+    cls = obs.classes.get(module, "")
+    if per_expert:
+        return "linear"
+    if module in obs.embedding or "Embedding" in cls:
+        return "embedding"
+    if "Norm" in cls or "norm" in leaf.lower() or leaf.startswith("ln"):
+        return "norm"
+    if "Conv" in cls or "conv" in leaf.lower():
+        return "conv"
+    if leaf == "shared_expert_gate" or leaf.endswith("shared_expert_gate"):
+        return "router"
+    parent = module.rsplit(".", 2)[-2] if module.count(".") else ""
+    if shape is not None and len(shape) == 2 and n_experts and shape[0] == n_experts and (
+        leaf in _ROUTER_LEAVES or parent in _ROUTER_LEAVES or "Router" in cls or "Gate" in cls or "TopK" in cls
+    ):  # the MoE block's gate/router whatever its class (GraniteMoE: `router.layer`, a Linear)
+        return "router"
+    if module in obs.linear:
+        return "linear"
+    if leaf == "experts":
+        return "experts"
+    if shape is not None and len(shape) == 2:
+        return "linear" if "lm_head" in module or "proj" in leaf else "other"
+    return "other"
+
+
+def derive(model_type: str) -> dict[str, Any]:
+    a, b, c = observe(model_type, "A"), observe(model_type, "B"), observe(model_type, "C")
+    la, lb, lc = (o.config["num_hidden_layers"] for o in (a, b, c))
+    prefix, layers_a = _split(a.shapes, la)
+    prefix_b, layers_b = _split(b.shapes, lb)
+    prefix_c, layers_c = _split(c.shapes, lc)
+    if not prefix == prefix_b == prefix_c:
+        raise ValueError(f"layer container differs between variants: {prefix} vs {prefix_b}")
+    root = prefix.rsplit(".", 1)[0]
+    keys = _int_vars(a.config, b.config)
+    table = _candidates(keys, a.config, b.config)
+    inferred: list[str] = []
+
+    expert_key = None
+    counts: dict[str, tuple[int, int]] = {}
+    for which, layers in (("A", layers_a), ("B", layers_b)):
+        ids = {e for tails in layers.values() for r in tails if (e := _template(r)[1]) is not None}
+        fused = [s[0] for tails in layers.values() for r, s in tails.items() if _template(r)[1] is None and len(s) == 3]
+        n = (max(ids) + 1) if ids else (fused[0] if fused else None)
+        counts[which] = n  # type: ignore[assignment]
+    if counts["A"]:
+        for k in EXPERT_KEYS:
+            if a.config.get(k) == counts["A"] and b.config.get(k) == counts["B"]:
+                expert_key = k
+                break
+        if expert_key is None and any(_template(r)[1] is not None for t in layers_a.values() for r in t):
+            raise ValueError(f"no config key holds the expert count {counts}")
+    stacked = set()  # modules holding 3-D parameters whose leading dim is the expert count
+    if expert_key:
+        for tails in layers_a.values():
+            for r, s in tails.items():
+                if len(s) == 3 and s[0] == a.config[expert_key] and _template(r)[1] is None:
+                    stacked.add(r.rpartition(".")[0])
+
+    def shape_expr(sa: tuple[int, ...], sb: tuple[int, ...], sc: tuple[int, ...] | None) -> list[str] | None:
+        """Derived from A and B, kept only when it also gives C's shape."""
+        from weightcheck.patterns import evaluate
+
+        if sc is None or not len(sa) == len(sb) == len(sc):
+            return None
+        out = []
+        for va, vb, vc in zip(sa, sb, sc, strict=True):
+            if va == vb == vc == 1:
+                out.append("1")
+                continue
+            expr = table.get((va, vb))
+            try:
+                if expr is None or evaluate(expr, c.config) != vc:
+                    return None
+            except Exception:
+                return None
+            out.append(expr)
+        return out
+
+    # ---- layer modules
+    def modules_of(layers: dict[int, dict[str, tuple]]) -> dict[str, dict[str, Any]]:
+        mods: dict[str, dict[str, Any]] = {}
+        for idx, tails in sorted(layers.items()):
+            for rest, shape in tails.items():
+                tmpl, expert = _template(rest)
+                module, _, param = tmpl.rpartition(".")
+                entry = mods.setdefault(module, {"layers": set(), "params": {}, "expert": expert is not None})
+                entry["layers"].add(idx)
+                entry["params"].setdefault(param, {})[idx] = shape
+        return mods
+
+    mods_a, mods_b, mods_c = modules_of(layers_a), modules_of(layers_b), modules_of(layers_c)
+    layer_specs: dict[str, dict[str, Any]] = {}
+    whens = _when_candidates(a.config, la)
+    for module in sorted(set(mods_a) | set(mods_b)):
+        ea, eb = mods_a.get(module), mods_b.get(module)
+        if ea is None or eb is None:
+            inferred.append(f"{module}: present in one variant only; optional")
+            layer_specs[module] = {"kind": "other", "optional": True}
+            continue
+        spec: dict[str, Any] = {}
+        full = f"{prefix}.0.{module}"
+        sample_a = next(iter(ea["params"].get("weight", {}).values()), None)
+        spec["kind"] = _kind(full.replace("*", "0"), a, sample_a, counts["A"], ea["expert"])
+        if module in stacked:
+            spec["kind"] = "experts"
+        if spec["kind"] in ("other", "linear") and not ea["expert"] and module not in stacked:
+            # classes are recorded per concrete name: look up the module in any layer that has it
+            idx = min(ea["layers"])
+            sample = next(iter(ea["params"].get("weight", {}).values()), None)
+            spec["kind"] = _kind(f"{prefix}.{idx}.{module}", a, sample, counts["A"], False)
+        params = sorted(set(ea["params"]) & set(eb["params"]))
+        if params != ["weight"]:
+            required = [p for p in params if set(ea["params"][p]) == ea["layers"]]
+            spec["params"] = required + [f"{p}?" for p in params if p not in required]
+        # bias as its own param entry is fine; shapes of `weight` when derivable and layer-independent
+        ec = mods_c.get(module)
+        wa, wb = ea["params"].get("weight"), eb["params"].get("weight")
+        wc = ec["params"].get("weight") if ec else None
+        if wa and wb and wc and all(len(set(w.values())) == 1 for w in (wa, wb, wc)):
+            expr = shape_expr(next(iter(wa.values())), next(iter(wb.values())), next(iter(wc.values())))
+            if expr is not None:
+                spec["shape"] = expr
+            else:
+                inferred.append(f"{module}: weight shape not expressible over the config; not checked")
+        if ea["layers"] != set(range(la)) or eb["layers"] != set(range(lb)):
+            when = next((w for w in whens if _layers_where(w, a.config, la) == frozenset(ea["layers"])
+                         and _layers_where(w, b.config, lb) == frozenset(eb["layers"])
+                         and ec is not None and _layers_where(w, c.config, lc) == frozenset(ec["layers"])),
+                        None)  # fmt: skip
+            if when is None:
+                spec["optional"] = True
+                inferred.append(f"{module}: layers {sorted(ea['layers'])} of {la}: no config expression; optional")
+            else:
+                spec["when"] = when
+        layer_specs[module] = spec
+
+    # ---- globals and vision prefixes
+    globals_: dict[str, dict[str, Any]] = {}
+    allowed: set[str] = set()
+    for name in sorted(set(a.shapes) & set(b.shapes) & set(c.shapes)):
+        if name.startswith(prefix + "."):
+            continue
+        module, _, param = name.rpartition(".")
+        leaf = module.rsplit(".", 1)[-1]
+        # the head sits beside the text root (`lm_head`, `language_model.lm_head`, GPT-NeoX `embed_out`)
+        is_head = leaf in ("lm_head", "embed_out") and module.count(".") <= root.count(".")
+        in_text = name.startswith(root + ".") or is_head
+        if not in_text or _is_vision(module):
+            parts = name.split(".")
+            allowed.add(".".join(parts[: 2 if parts[0] == "model" and len(parts) > 2 else 1]) + ".")
+            continue
+        spec = globals_.setdefault(module, {"kind": _kind(module, a, a.shapes.get(f"{module}.weight"), None, False),
+                                            "params": []})  # fmt: skip
+        spec["params"].append(param)
+        if param == "weight":
+            expr = shape_expr(a.shapes[name], b.shapes[name], c.shapes[name])
+            if expr is not None:
+                spec["shape"] = expr
+        if is_head:
+            spec["when"] = "not tie_word_embeddings"
+    for spec in globals_.values():
+        if spec["params"] == ["weight"]:
+            del spec["params"]
+    for module in set(a.shapes) ^ set(b.shapes):
+        if not module.startswith(prefix + "."):
+            inferred.append(f"{module}: stored in one variant only")
+
+    text_type = a.config.get("model_type")
+    family: dict[str, Any] = {
+        "name": f"gen_{model_type}",
+        "description": f"generated from transformers {_version('transformers')} "
+        f"({', '.join(a.top.get('architectures') or [])})",
+        "model_types": [model_type],
+        "architectures": list(a.top.get("architectures") or []),
+        "layer_prefix": prefix,
+    }
+    if expert_key:
+        family["experts"] = expert_key
+    if allowed:
+        family["allowed_prefixes"] = sorted(allowed)
+    doc: dict[str, Any] = {
+        "family": family,
+        "defaults": {"tie_word_embeddings": False},
+        "globals": globals_,
+        "layer": layer_specs,
+        "provenance": {
+            "generator": "scripts/generate_patterns.py",
+            "transformers": _version("transformers"),
+            "text_model_type": text_type,
+            "notes": sorted(set(inferred)),
+            "tied_weights": a.tied,
+        },
+    }
+    return doc
+
+
+def _version(pkg: str) -> str:
+    from importlib.metadata import version
+
+    return version(pkg)
+
+
+def dump(doc: dict[str, Any]) -> str:
+    return json.dumps(doc, indent=1, sort_keys=False) + "\n"
+
+
+def generate(model_types: tuple[str, ...] = ARCHITECTURES, out: Path = GENERATED_DIR) -> dict[str, str]:
+    """Derive every pattern; returns {file name: text} (index.json included). Failures raise."""
+    import logging
+
+    logging.getLogger("transformers").setLevel(logging.ERROR)
+    files: dict[str, str] = {}
+    index: dict[str, Any] = {"transformers": _version("transformers"), "model_types": {}, "architectures": {}}
+    failed: dict[str, str] = {}
+    for mt in model_types:
+        try:
+            doc = derive(mt)
+        except Exception as exc:  # reported in the index, so a new failure shows up as stale data
+            failed[mt] = f"{type(exc).__name__}: {str(exc).splitlines()[0][:200]}"
+            continue
+        name = f"{mt}.json"
+        files[name] = dump(doc)
+        index["model_types"][mt] = name
+        for arch in doc["family"]["architectures"]:
+            index["architectures"].setdefault(arch, name)
+    index["failed"] = failed
+    files["index.json"] = dump(index)
+    return files
+
+
+README_START, README_END = "<!-- generated: model types (scripts/generate_patterns.py) -->", "<!-- end generated -->"
+
+
+def coverage_markdown(index: dict[str, Any], sglang: dict[str, Any]) -> str:
+    """The README's list of covered model_types, from the generated index and the SGLang half."""
+    facts = sglang.get("model_types", {})
+    both = sorted(t for t in index["model_types"] if (facts.get(t) or {}).get("sglang_class"))
+    only = sorted(t for t in index["model_types"] if t not in both)
+    lines = [
+        README_START,
+        f"Generated from transformers {index.get('transformers')} and SGLang {sglang.get('sglang')}: "
+        f"**{len(both)} model_types** that both provide: " + ", ".join(f"`{t}`" for t in both) + ".",
+        "",
+        "Also generated (transformers only; SGLang 0.5.23 registers no class of theirs): "
+        + ", ".join(f"`{t}`" for t in only) + ".",
+        README_END,
+    ]
+    return "\n".join(lines)
+
+
+def readme_with_coverage(readme: str, index: dict[str, Any], sglang: dict[str, Any]) -> str:
+    start, end = readme.find(README_START), readme.find(README_END)
+    if start < 0 or end < 0:
+        raise ValueError("README.md lacks the generated model-types markers")
+    return readme[:start] + coverage_markdown(index, sglang) + readme[end + len(README_END) :]
