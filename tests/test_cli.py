@@ -112,7 +112,7 @@ def test_rules_listing_and_explain() -> None:
     explained = wc("rules", "WC206").stdout
     assert "Bad:" in explained and "Good:" in explained and "index-path-escapes" in explained
     by_name = json.loads(wc("rules", "shard-truncated", "--format", "json").stdout)
-    assert by_name["code"] == "WC101"
+    assert by_name["rule"]["code"] == "WC101" and by_name["schema_version"] and by_name["tool"]["name"]
 
 
 def test_every_rule_documents_bad_and_good() -> None:

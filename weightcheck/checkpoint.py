@@ -187,9 +187,14 @@ def load_checkpoint(target: str | os.PathLike[str]) -> Checkpoint:
     """Load a checkpoint directory (or a single .safetensors / config.json file) header-only."""
     path = Path(target)
     if path.is_file() and path.suffix == ".safetensors":
+        # A single-file checkpoint: its config.json (and quantization config) sit beside it.
         ckpt = Checkpoint(root=path.parent)
         ckpt.files_on_disk = [path.name]
         ckpt.shards[path.name] = read_header(path)
+        if (path.parent / CONFIG_NAME).is_file():
+            ckpt.config = _read_json(path.parent / CONFIG_NAME)
+        if (path.parent / "hf_quant_config.json").is_file():
+            ckpt.extra_json["hf_quant_config.json"] = _read_json(path.parent / "hf_quant_config.json")
         return ckpt
     if path.is_file() and path.suffix == ".json":
         ckpt = Checkpoint(root=path.parent)

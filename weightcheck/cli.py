@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import os
 import sys
 from collections.abc import Callable
 from pathlib import Path
@@ -11,13 +12,17 @@ from typing import Any
 import click
 
 from weightcheck import __version__
-from weightcheck.findings import EXIT_ERROR, Result, Severity
+from weightcheck.findings import EXIT_ERROR, INTERNAL_ERROR_CODE, Result, Severity
 from weightcheck.reporters import FORMATS, render
 from weightcheck.settings import Settings, SettingsError, load_settings
 
 
 def _split_codes(values: tuple[str, ...]) -> list[str]:
     return [c.strip() for v in values for c in v.split(",") if c.strip()]
+
+
+def _debug_requested() -> bool:
+    return "--debug" in sys.argv[1:] or os.environ.get("WEIGHTCHECK_DEBUG", "") not in ("", "0")
 
 
 def output_options(fn: Callable[..., Any]) -> Callable[..., Any]:
@@ -28,7 +33,7 @@ def output_options(fn: Callable[..., Any]) -> Callable[..., Any]:
             "fmt",
             type=click.Choice(FORMATS),
             default=None,
-            help="Output format (default: text, or [tool.weightcheck] format).",
+            help="Output format (default: text, or the config's format).",
         ),
         click.option("--select", multiple=True, help="Rule codes or prefixes to run (e.g. WC2,WC401). Default ALL."),
         click.option("--ignore", multiple=True, help="Rule codes or prefixes to skip."),
@@ -39,27 +44,45 @@ def output_options(fn: Callable[..., Any]) -> Callable[..., Any]:
             help="Lowest severity that makes the exit code 1 (default: error).",
         ),
         click.option(
-            "--exit-zero", is_flag=True, help="Exit 0 even when findings are reported (not when nothing was checked)."
+            "--exit-zero",
+            is_flag=True,
+            help="Exit 0 even when findings are reported (not when nothing was checked, nor on an internal error).",
         ),
         click.option(
             "--config",
             "config_path",
             type=click.Path(dir_okay=False, path_type=Path),
             default=None,
-            help="pyproject.toml with a [tool.weightcheck] table (default: one next to the target).",
+            help="weightcheck.toml, or a pyproject.toml with [tool.weightcheck] (default: discovered from the "
+            "target's folder upwards, then the working directory's).",
         ),
         click.option(
             "--output", "-o", type=click.File("w"), default="-", help="Write the report here (default: stdout)."
         ),
         click.option("--color/--no-color", default=None, help="Force colour on or off in text output."),
-        click.option("--verbose", "-v", is_flag=True, help="Show every finding in text output."),
+        click.option("--verbose", "-v", is_flag=True, help="Show every finding and every name in text output."),
+        click.option("--debug", is_flag=True, help="Print the traceback of an internal error (WC000) on stderr."),
     ]
     for deco in reversed(decorators):
         fn = deco(fn)
     return fn
 
 
-def resolve_settings(target: Path, config_path: Path | None, **cli: Any) -> Settings:
+def progress_option(fn: Callable[..., Any]) -> Callable[..., Any]:
+    return click.option(
+        "--progress/--no-progress",
+        default=None,
+        help="Progress on stderr for long work: a bar on a terminal, a plain line every 10 s otherwise "
+        "(default: on).",
+    )(fn)
+
+
+def resolve_settings(target: Path | None, config_path: Path | None, command: str | None = None, **cli: Any) -> Settings:
+    """Config file settings (discovered or --config) overridden by the command line; every value checked.
+
+    `command` ("lint", "diff", "verify") also makes a selection that leaves that command no rule an error."""
+    from weightcheck.rules import UnknownSelector, check_selectors
+
     try:
         settings = load_settings(target, config_path)
     except SettingsError as exc:
@@ -72,20 +95,55 @@ def resolve_settings(target: Path, config_path: Path | None, **cli: Any) -> Sett
         settings.fail_on = cli["fail_on"]
     if cli.get("fmt"):
         settings.format = cli["fmt"]
+    where = f" in {settings.source}" if settings.source else ""
     if settings.format not in FORMATS:
-        raise click.UsageError(f"unknown format {settings.format!r} in {settings.source}")
+        raise click.UsageError(f"unknown format {settings.format!r}{where} (choose from {', '.join(FORMATS)})")
     try:
         Severity.parse(settings.fail_on)
     except ValueError as exc:
-        raise click.UsageError(str(exc)) from None
+        raise click.UsageError(f"{exc}{where}") from None
+    try:
+        check_selectors(settings.select, settings.ignore, command=command)
+    except UnknownSelector as exc:
+        raise click.UsageError(f"{exc}{where if settings.source else ''}") from None
     return settings
 
 
+def config_format(target: Path | None, config_path: Path | None, allowed: tuple[str, ...], given: str | None) -> str:
+    """For commands with their own formats (rules, layout, explain-ignore): --format, else the config's format
+    when this command supports it, else text. The config file is still read, so its errors are reported."""
+    try:
+        settings = load_settings(target, config_path)
+    except SettingsError as exc:
+        raise click.UsageError(str(exc)) from None
+    if given:
+        return given
+    return settings.format if settings.format in allowed else "text"
+
+
+def report_internal_errors(result: Result, debug: bool) -> None:
+    """WC000 tracebacks on stderr with --debug (the report itself keeps them in details.traceback)."""
+    internal = [f for f in result.findings if f.code == INTERNAL_ERROR_CODE]
+    for finding in internal:
+        if debug:
+            click.echo(f"weightcheck: {finding.message}\n{finding.details.get('traceback', '')}", err=True)
+    if internal and not debug:
+        click.echo("weightcheck: internal error (WC000); rerun with --debug for the traceback", err=True)
+
+
 def finish(
-    result: Result, settings: Settings, output: Any, *, exit_zero: bool, color: bool | None, verbose: bool
+    result: Result,
+    settings: Settings,
+    output: Any,
+    *,
+    exit_zero: bool,
+    color: bool | None,
+    verbose: bool,
+    debug: bool = False,
 ) -> None:
     render(result, settings.format, output, color=color, verbose=verbose)
     output.flush()
+    report_internal_errors(result, debug or _debug_requested())
     sys.exit(result.exit_code(Severity.parse(settings.fail_on), exit_zero=exit_zero))
 
 
@@ -96,7 +154,7 @@ def cli() -> None:
 
 
 @cli.command()
-@click.argument("target", type=click.Path(path_type=Path))
+@click.argument("targets", nargs=-1, required=True, type=click.Path(path_type=Path))
 @click.option("--pattern", default=None, help="Architecture pattern name or TOML file (default: detected).")
 @click.option("--content", is_flag=True, help="Also read tensor data: NaN/Inf, zeros, bad scales, tied weights.")
 @click.option(
@@ -112,13 +170,15 @@ def cli() -> None:
     default=None,
     help="With --content: compare per-tensor digests with this manifest.",
 )
+@progress_option
 @output_options
 def lint(
-    target: Path,
+    targets: tuple[Path, ...],
     pattern: str | None,
     content: bool,
     hash_out: Path | None,
     against_manifest: Path | None,
+    progress: bool | None,
     fmt: str | None,
     select: tuple[str, ...],
     ignore: tuple[str, ...],
@@ -128,85 +188,92 @@ def lint(
     output: Any,
     color: bool | None,
     verbose: bool,
+    debug: bool,
 ) -> None:
-    """Lint a checkpoint directory (or a config.json). Header-only unless --content is given."""
-    from weightcheck.lint import lint as run_lint
+    """Lint checkpoints: a directory, a .safetensors file, a config.json (config-only), an index file (its
+    folder), or org/name[@rev] in the local Hugging Face cache. Several targets (as pre-commit passes them)
+    give one report. Header-only unless --content is given."""
+    from weightcheck.deps import require
+    from weightcheck.lint import lint_many
     from weightcheck.patterns import PatternError
+    from weightcheck.progress import choose_mode
 
-    settings = resolve_settings(target, config_path, select=select, ignore=ignore, fail_on=fail_on, fmt=fmt)
+    settings = resolve_settings(
+        targets[0], config_path, command="lint", select=select, ignore=ignore, fail_on=fail_on, fmt=fmt
+    )
     if (hash_out or against_manifest) and not content:
         raise click.UsageError("--hash and --against-manifest need --content")
+    if len(targets) > 1 and (hash_out or against_manifest):
+        raise click.UsageError("--hash and --against-manifest take one target")
+    if content:
+        require("lint --content", "content", ("torch", "numpy"))
     options = {
         "pattern": pattern or settings.pattern,
         "content": content,
         "hash_out": hash_out,
         "against_manifest": against_manifest,
-        # Progress bars (drawn on stderr) only for a human watching text output.
-        "progress": settings.format == "text" and sys.stderr.isatty(),
+        "progress": choose_mode(progress),
     }
     try:
-        result = run_lint(target, select=settings.select, ignore=settings.ignore, options=options)
+        result = lint_many(targets, select=settings.select, ignore=settings.ignore, options=options)
     except PatternError as exc:
         raise click.UsageError(str(exc)) from None
-    finish(result, settings, output, exit_zero=exit_zero, color=color, verbose=verbose)
+    finish(result, settings, output, exit_zero=exit_zero, color=color, verbose=verbose, debug=debug)
 
 
 @cli.command()
 @click.argument("code", required=False)
-@click.option("--format", "fmt", type=click.Choice(["text", "json"]), default="text")
-def rules(code: str | None, fmt: str) -> None:
-    """List all rules, or explain one (by code or name)."""
+@click.option("--format", "fmt", type=click.Choice(["text", "json"]), default=None)
+@click.option(
+    "--config",
+    "config_path",
+    type=click.Path(dir_okay=False, path_type=Path),
+    default=None,
+    help="Settings file (default: discovered from the working directory upwards); its format applies.",
+)
+@click.option("--output", "-o", type=click.File("w"), default="-", help="Write here (default: stdout).")
+def rules(code: str | None, fmt: str | None, config_path: Path | None, output: Any) -> None:
+    """List all rules, or explain one (by code or name). Severity lists every severity a rule emits."""
     import json
 
-    from weightcheck.rules import FAMILIES, all_rules, get_rule
+    from weightcheck.reporters import tool_header
+    from weightcheck.rules import FAMILIES, Rule, all_rules, get_rule
+
+    fmt = config_format(None, config_path, ("text", "json"), fmt)
+
+    def entry(r: Rule, full: bool) -> dict[str, Any]:
+        out: dict[str, Any] = {
+            "code": r.code,
+            "name": r.name,
+            "severity": r.severity.label,
+            "severities": [s.label for s in r.severities],
+            "summary": r.summary,
+            "command": r.command,
+        }
+        if full:
+            out.update(doc=r.doc, bad=r.bad.strip(), good=r.good.strip())
+        return out
 
     if code:
         found = get_rule(code)
         if found is None:
             raise click.UsageError(f"no rule {code!r}; run `weightcheck rules` for the list")
         if fmt == "json":
-            click.echo(
-                json.dumps(
-                    {
-                        "code": found.code,
-                        "name": found.name,
-                        "severity": found.severity.label,
-                        "summary": found.summary,
-                        "doc": found.doc,
-                        "bad": found.bad.strip(),
-                        "good": found.good.strip(),
-                        "command": found.command,
-                    },
-                    indent=2,
-                )
-            )
+            click.echo(json.dumps({**tool_header("rules"), "rule": entry(found, True)}, indent=2), file=output)
         else:
-            click.echo(found.explain())
+            click.echo(found.explain(), file=output)
         return
     registry = all_rules()
     if fmt == "json":
-        click.echo(
-            json.dumps(
-                [
-                    {
-                        "code": r.code,
-                        "name": r.name,
-                        "severity": r.severity.label,
-                        "summary": r.summary,
-                        "command": r.command,
-                    }
-                    for r in registry.values()
-                ],
-                indent=2,
-            )
-        )
+        doc = {**tool_header("rules"), "rules": [entry(r, False) for r in registry.values()]}
+        click.echo(json.dumps(doc, indent=2), file=output)
         return
     family = None
     for r in registry.values():
         if r.code[:3] != family:
             family = r.code[:3]
-            click.echo(f"\n{family}xx — {FAMILIES.get(family, '')}")
-        click.echo(f"  {r.code}  {r.name:<32} {r.severity.label:<8} {r.summary}")
+            click.echo(f"\n{family}xx — {FAMILIES.get(family, '')}", file=output)
+        click.echo(f"  {r.code}  {r.name:<32} {r.severity_label:<14} {r.summary}", file=output)
 
 
 # Commands that live in their own modules register themselves on `cli` when imported. Each module is
@@ -231,6 +298,8 @@ def _load_commands() -> None:
 
 
 def main() -> None:
+    from weightcheck.deps import MissingDependency
+
     _load_commands()
     try:
         cli.main(standalone_mode=False)
@@ -239,6 +308,9 @@ def main() -> None:
     except click.ClickException as exc:
         exc.show()
         sys.exit(EXIT_ERROR)
+    except MissingDependency as exc:  # one line naming the extra to install, never a crash per tensor
+        click.echo(f"weightcheck: {exc}", err=True)
+        sys.exit(EXIT_ERROR)
     except click.exceptions.Abort:
         sys.exit(EXIT_ERROR)
     except SystemExit:
@@ -246,7 +318,11 @@ def main() -> None:
     except BrokenPipeError:
         sys.exit(EXIT_ERROR)
     except Exception as exc:  # internal error: exit 2, short message, no silent pass
-        click.echo(f"weightcheck: internal error: {type(exc).__name__}: {exc}", err=True)
+        if _debug_requested():
+            import traceback
+
+            traceback.print_exc()
+        click.echo(f"weightcheck: internal error: {type(exc).__name__}: {exc} (--debug shows the traceback)", err=True)
         sys.exit(EXIT_ERROR)
 
 

@@ -26,6 +26,7 @@ from typing import TYPE_CHECKING, Any
 from weightcheck.checkpoint import load_checkpoint
 from weightcheck.collapse import format_ranges, summarize
 from weightcheck.findings import INTERNAL_ERROR_CODE, Finding, Location, Result, Severity
+from weightcheck.findings import internal_error as make_internal_error
 
 if TYPE_CHECKING:
     from weightcheck.compare.classify import Classification, ReferenceIndex
@@ -266,7 +267,8 @@ class DiffOptions:
     allow_skip: list[str] = field(default_factory=list)
     select: list[str] = field(default_factory=lambda: ["ALL"])
     ignore: list[str] = field(default_factory=list)
-    progress: bool = False
+    # weightcheck.progress mode: "bar", "lines", or False/None (off); True picks by stderr.
+    progress: bool | str | None = False
 
 
 def diff(path_a: str | os.PathLike[str], path_b: str | os.PathLike[str], options: DiffOptions | None = None) -> Result:
@@ -317,7 +319,12 @@ def _run(view_a: LogicalCheckpoint, view_b: LogicalCheckpoint, opts: DiffOptions
 
     outcomes: list[_Outcome] = []
     total = sum(view_a.nbytes(a) + view_b.nbytes(b) for a, b in pairs)
-    progress = _Progress(total) if opts.progress and total >= PROGRESS_MIN_BYTES else None
+    progress = None
+    mode = opts.progress if isinstance(opts.progress, str) else ("bar" if sys.stderr.isatty() else "lines")
+    if opts.progress and (mode != "bar" or total >= PROGRESS_MIN_BYTES):  # lines are gated by their interval
+        from weightcheck.progress import Progress
+
+        progress = Progress("diff", total, mode)
     try:
         for name_a, name_b in pairs:
             outcomes.append(_compare_one(view_a, view_b, name_a, name_b, policy, reference, opts))
@@ -593,39 +600,5 @@ def _only_findings(code: str, side: str, names: list[str], opts: DiffOptions) ->
 def internal_error(target: str, exc: BaseException) -> Result:
     """A crash inside diff, as a result (exit 2) rather than a traceback."""
     result = Result(target=target, command="diff")
-    result.findings.append(
-        Finding(
-            code=INTERNAL_ERROR_CODE,
-            name="internal-error",
-            severity=Severity.ERROR,
-            message=f"diff crashed: {type(exc).__name__}: {exc}",
-            details={"traceback": "".join(traceback.format_exception(exc))},
-        )
-    )
+    result.findings.append(make_internal_error("diff", exc))
     return result
-
-
-class _Progress:
-    """A rich progress bar on stderr (only constructed for a terminal and text output)."""
-
-    def __init__(self, total: int) -> None:
-        from rich.console import Console
-        from rich.progress import BarColumn, DownloadColumn, Progress, TextColumn, TimeRemainingColumn
-
-        self._progress = Progress(
-            TextColumn("[bold]diff"),
-            BarColumn(),
-            DownloadColumn(),
-            TimeRemainingColumn(),
-            TextColumn("{task.description}"),
-            console=Console(file=sys.stderr),
-            transient=True,
-        )
-        self._task = self._progress.add_task("", total=max(total, 1))
-        self._progress.start()
-
-    def advance(self, nbytes: int, name: str) -> None:
-        self._progress.update(self._task, advance=nbytes, description=name[-60:])
-
-    def close(self) -> None:
-        self._progress.stop()

@@ -72,6 +72,21 @@ EXIT_NOTHING_CHECKED = 3
 INTERNAL_ERROR_CODE = "WC000"
 
 
+def internal_error(what: str, exc: BaseException, location: Location | None = None) -> Finding:
+    """WC000 for an exception caught while checking: the message names it, `details.traceback` keeps all of
+    it (taken from the exception object, so it survives being reported outside the `except` block)."""
+    import traceback
+
+    return Finding(
+        code=INTERNAL_ERROR_CODE,
+        name="internal-error",
+        severity=Severity.ERROR,
+        message=f"{what} crashed: {type(exc).__name__}: {exc}",
+        location=location or Location(),
+        details={"traceback": "".join(traceback.format_exception(type(exc), exc, exc.__traceback__))},
+    )
+
+
 @dataclass
 class Result:
     """Outcome of one run (lint, diff, verify): findings plus what was actually checked."""
@@ -83,12 +98,20 @@ class Result:
     checked: dict[str, int] = field(default_factory=dict)
     notes: list[str] = field(default_factory=list)
     nothing_checked: bool = False
+    # The folder finding files are relative to: the checkpoint folder (lint), "" for paths relative to the
+    # working directory (several targets), None when the reporter should use `target`.
+    root: str | None = None
 
     def counts(self) -> dict[str, int]:
         out = {s.label: 0 for s in sorted(Severity, reverse=True)}
         for finding in self.findings:
             out[finding.severity.label] += 1
         return out
+
+    @property
+    def execution_successful(self) -> bool:
+        """False when the run checked nothing or weightcheck itself failed (WC000): not a verdict either way."""
+        return not self.nothing_checked and not any(f.code == INTERNAL_ERROR_CODE for f in self.findings)
 
     def exit_code(self, fail_on: Severity = Severity.ERROR, exit_zero: bool = False) -> int:
         if any(f.code == INTERNAL_ERROR_CODE for f in self.findings):

@@ -4,14 +4,14 @@ from __future__ import annotations
 
 import gc
 import re
-import traceback
 from collections.abc import Iterable, Iterator
 from contextlib import contextmanager
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
 from weightcheck.checkpoint import load_checkpoint
-from weightcheck.findings import INTERNAL_ERROR_CODE, Finding, Location, Result, Severity
+from weightcheck.findings import Result, internal_error
 from weightcheck.rules import LintContext, Rule, all_rules, matches_selector, run_rules
 
 
@@ -48,7 +48,84 @@ def lint(
         return _lint(Path(target), select, ignore, options)
 
 
+def lint_many(
+    targets: Iterable[str | Path],
+    *,
+    select: Iterable[str] = ("ALL",),
+    ignore: Iterable[str] = (),
+    options: dict[str, Any] | None = None,
+) -> Result:
+    """Lint several targets (what pre-commit passes: every changed config.json / index file) into one Result.
+
+    Targets that resolve to the same checkpoint folder are linted once. Finding files become paths relative
+    to the working directory (`Result.root` is ""). The run checked nothing if any target checked nothing:
+    a typo'd path among good ones must not turn the gate green."""
+    paths = [Path(t) for t in targets]
+    if len(paths) == 1:
+        return lint(paths[0], select=select, ignore=ignore, options=options)
+    merged = Result(target=" ".join(str(p) for p in paths), command="lint", root="")
+    seen: set[str] = set()
+    for path in paths:
+        key = str(_checkpoint_root(path))
+        if key in seen:
+            continue
+        seen.add(key)
+        one = lint(path, select=select, ignore=ignore, options=options)
+        root = Path(one.root) if one.root is not None else _checkpoint_root(path)
+        for finding in one.findings:
+            file = finding.location.file
+            file = str(root / file) if file and not Path(file).is_absolute() else file or str(path)
+            finding.location = replace(finding.location, file=file)
+            merged.findings.append(finding)
+        merged.notes.extend(f"{path}: {note}" for note in one.notes)
+        for key_, value in one.checked.items():
+            merged.checked[key_] = merged.checked.get(key_, 0) + value
+        merged.nothing_checked = merged.nothing_checked or one.nothing_checked
+    merged.checked["targets"] = len(seen)
+    return merged
+
+
+def _checkpoint_root(path: Path) -> Path:
+    """The folder whose files a target's findings are relative to."""
+    if path.is_dir():
+        return path
+    if path.name.endswith(INDEX_SUFFIX):
+        return path.parent
+    return path.parent if path.exists() else path
+
+
+INDEX_SUFFIX = ".safetensors.index.json"
+
+
+def _indexed_elsewhere(path: Path) -> bool:
+    """True when an index beside `path` lists it among other shards (then a one-file lint would be partial)."""
+    from weightcheck.checkpoint import INDEX_NAME, _read_json
+
+    index = path.parent / INDEX_NAME
+    if not index.is_file():
+        return False
+    doc = _read_json(index)
+    weight_map = doc.data.get("weight_map") if isinstance(doc.data, dict) else None
+    if not isinstance(weight_map, dict):
+        return False
+    shards = {v for v in weight_map.values() if isinstance(v, str)}
+    return path.name in shards and len(shards) > 1
+
+
 _REPO_ID = re.compile(r"^[A-Za-z0-9][\w.-]*/[\w.-]+(@[\w./-]+)?$")
+
+
+def _in_hf_cache(repo_id: str) -> bool:
+    """Is `models--org--name` in the Hugging Face cache? (Found without huggingface_hub, by its layout.)"""
+    import os
+
+    cache = os.environ.get("HF_HUB_CACHE") or os.environ.get("HUGGINGFACE_HUB_CACHE")
+    if not cache:
+        home = os.environ.get("HF_HOME") or os.path.join(
+            os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache"), "huggingface"
+        )
+        cache = os.path.join(home, "hub")
+    return os.path.isdir(os.path.join(cache, "models--" + repo_id.replace("/", "--")))
 
 
 def resolve_hub_cache(target: str) -> Path | None:
@@ -59,6 +136,11 @@ def resolve_hub_cache(target: str) -> Path | None:
     try:
         from huggingface_hub import snapshot_download
     except ImportError:
+        if _in_hf_cache(target.partition("@")[0]):
+            from weightcheck.deps import MissingDependency
+
+            # Saying "no such file" would hide the real cause: the repo is cached, the hub extra is missing.
+            raise MissingDependency(f"linting the cached Hub repo {target!r}", ["huggingface-hub"], "hub") from None
         return None
     repo_id, _, revision = target.partition("@")
     try:
@@ -73,10 +155,23 @@ def _lint(path: Path, select: Iterable[str], ignore: Iterable[str], options: dic
         cached = resolve_hub_cache(str(path))
         if cached is None:
             result.nothing_checked = True
-            result.notes.append(f"{path}: no such file or directory (nor a repo id in the local Hugging Face cache)")
+            from weightcheck.deps import installed
+
+            hint = "" if installed("huggingface_hub") else "; Hub repo ids need: pip install 'weightcheck[hub]'"
+            result.notes.append(
+                f"{path}: no such file or directory (nor a repo id in the local Hugging Face cache){hint}"
+            )
             return result
         result.notes.append(f"{path}: linting the cached snapshot {cached}")
         path = cached
+    if path.is_file() and path.name.endswith(INDEX_SUFFIX):
+        # An index is not a config: lint the checkpoint it indexes (its folder), header-only.
+        result.notes.append(f"{path.name} is an index: linting its folder {path.parent}")
+        path = path.parent
+    elif path.is_file() and path.suffix == ".safetensors" and _indexed_elsewhere(path):
+        result.notes.append(f"{path.name} is one shard of the indexed checkpoint in {path.parent}: linting the folder")
+        path = path.parent
+    result.root = str(path if path.is_dir() else path.parent)
     ckpt = load_checkpoint(path)
     config_only = not ckpt.has_weights
     if config_only and (ckpt.config is None or not ckpt.config.exists):
@@ -98,17 +193,8 @@ def _lint(path: Path, select: Iterable[str], ignore: Iterable[str], options: dic
         skipped = [r.code for r in rules if "tensors" in r.needs]
         rules = [r for r in rules if "tensors" not in r.needs]
         result.notes.append(f"config-only mode: no tensors to read, {len(skipped)} tensor-level rules could not run")
-    for crashed in run_rules(ctx, rules):
-        ctx.findings.append(
-            Finding(
-                code=INTERNAL_ERROR_CODE,
-                name="internal-error",
-                severity=Severity.ERROR,
-                message=f"rule {crashed.code} crashed: {traceback.format_exc(limit=3).strip().splitlines()[-1]}",
-                location=Location(file=str(path)),
-                details={"traceback": traceback.format_exc()},
-            )
-        )
+    for crashed, exc in run_rules(ctx, rules):
+        ctx.findings.append(internal_error(f"rule {crashed.code}", exc))
     result.findings = ctx.findings
     result.checked = {
         "shards": len(ckpt.shards),

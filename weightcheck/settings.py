@@ -1,7 +1,12 @@
-"""`[tool.weightcheck]` settings from a pyproject.toml next to the checkpoint (or given with --config).
+"""Settings from `weightcheck.toml` or a pyproject.toml `[tool.weightcheck]` table (or `--config FILE`).
 
-Command-line options override file settings. Unknown keys are an error (a typo must not silently
-disable a rule selection).
+Discovery works like ruff's: the closest `weightcheck.toml` / `.weightcheck.toml` / `pyproject.toml` with a
+`[tool.weightcheck]` table, searched from the target's folder upwards, then from the working directory
+upwards. In one folder `.weightcheck.toml` wins over `weightcheck.toml`, which wins over `pyproject.toml`.
+`weightcheck.toml` holds the keys at top level (no `[tool.weightcheck]` header).
+
+Command-line options override file settings. Unknown keys and unknown values are errors (a typo must not
+silently disable a rule selection).
 """
 
 from __future__ import annotations
@@ -40,34 +45,86 @@ def _str_list(value: Any, key: str) -> list[str]:
         return [value]
     if isinstance(value, list) and all(isinstance(v, str) for v in value):
         return list(value)
-    raise SettingsError(f"[tool.weightcheck] {key} must be a string or a list of strings")
+    raise SettingsError(f"weightcheck setting {key!r} must be a string or a list of strings")
 
 
-def find_config(target: Path) -> Path | None:
-    base = target if target.is_dir() else target.parent
-    candidate = base / "pyproject.toml"
-    return candidate if candidate.is_file() else None
+CONFIG_NAMES = (".weightcheck.toml", "weightcheck.toml", "pyproject.toml")
+# A config file larger than this is not a config file (and must not be read whole).
+_MAX_CONFIG_BYTES = 1 << 20
 
 
-def load_settings(target: Path, explicit: Path | None = None) -> Settings:
+def _is_own_file(path: Path) -> bool:
+    return path.name != "pyproject.toml"
+
+
+def _read_toml(path: Path) -> dict[str, Any]:
+    try:
+        if path.stat().st_size > _MAX_CONFIG_BYTES:
+            raise SettingsError(f"{path}: larger than {_MAX_CONFIG_BYTES} bytes; not a config file")
+        return tomllib.loads(path.read_text(encoding="utf-8"))
+    except (OSError, UnicodeDecodeError, tomllib.TOMLDecodeError) as exc:
+        raise SettingsError(f"{path}: {exc}") from None
+
+
+def _has_table(path: Path) -> bool:
+    if _is_own_file(path):
+        return True
+    try:
+        return "[tool.weightcheck" in path.read_text(encoding="utf-8", errors="replace")[:_MAX_CONFIG_BYTES]
+    except OSError:
+        return False
+
+
+def _search_up(start: Path) -> Path | None:
+    try:
+        start = start.resolve()
+    except (OSError, RuntimeError):
+        return None
+    for folder in (start, *start.parents):
+        for name in CONFIG_NAMES:
+            candidate = folder / name
+            try:
+                if candidate.is_file() and _has_table(candidate):
+                    return candidate
+            except OSError:
+                continue
+    return None
+
+
+def find_config(target: Path | None = None, cwd: Path | None = None) -> Path | None:
+    """The settings file for `target`: closest to the target first, then closest to the working directory."""
+    if target is not None:
+        base = target if target.is_dir() else target.parent
+        if base.exists():
+            found = _search_up(base)
+            if found is not None:
+                return found
+    return _search_up(cwd or Path.cwd())
+
+
+def load_settings(target: Path | None = None, explicit: Path | None = None) -> Settings:
     path = explicit or find_config(target)
     settings = Settings()
     if path is None:
         return settings
-    try:
-        doc = tomllib.loads(path.read_text(encoding="utf-8"))
-    except (OSError, UnicodeDecodeError, tomllib.TOMLDecodeError) as exc:
-        raise SettingsError(f"{path}: {exc}") from None
-    table = doc.get("tool", {}).get("weightcheck")
-    if table is None:
-        if explicit is not None:
-            raise SettingsError(f"{path} has no [tool.weightcheck] table")
-        return settings
+    doc = _read_toml(path)
+    nested = doc.get("tool", {}).get("weightcheck") if isinstance(doc.get("tool"), dict) else None
+    if nested is None and _is_own_file(path):  # weightcheck.toml (or any --config file) with top-level keys
+        table: Any = doc
+        where = str(path)
+    else:
+        table = nested
+        where = f"{path} [tool.weightcheck]"
+        if table is None:
+            if explicit is not None:
+                raise SettingsError(f"{path} has no [tool.weightcheck] table")
+            return settings
     if not isinstance(table, dict):
-        raise SettingsError(f"{path}: [tool.weightcheck] must be a table")
+        raise SettingsError(f"{where} must be a table")
     unknown = set(table) - KNOWN_KEYS
     if unknown:
-        raise SettingsError(f"{path}: unknown [tool.weightcheck] keys: {', '.join(sorted(unknown))}")
+        known = ", ".join(sorted(KNOWN_KEYS))
+        raise SettingsError(f"{where}: unknown keys: {', '.join(sorted(unknown))} (known: {known})")
     settings.source = str(path)
     if "select" in table:
         settings.select = _str_list(table["select"], "select")
@@ -78,7 +135,7 @@ def load_settings(target: Path, explicit: Path | None = None) -> Settings:
     for key, attr in (("fail-on", "fail_on"), ("format", "format"), ("pattern", "pattern")):
         if key in table:
             if not isinstance(table[key], str):
-                raise SettingsError(f"[tool.weightcheck] {key} must be a string")
+                raise SettingsError(f"{where}: {key} must be a string")
             setattr(settings, attr, table[key])
     if "allow-skip" in table:
         settings.allow_skip = _str_list(table["allow-skip"], "allow-skip")

@@ -1186,6 +1186,11 @@ def verify(
         why = "no such file or directory" if not root.exists() else "no sync-*/ record files"
         result.notes.append(f"{root}: {why} (is WEIGHTCHECK_DIR set in the engine processes?)")
         return result
+    if against is not None and not isinstance(against, Reference) and not Path(against).exists():
+        # A typo'd reference checks nothing: exit 3, whatever --exit-zero says (never a green gate).
+        result.nothing_checked = True
+        result.notes.append(f"reference {against}: no such file or directory")
+        return result
     loaded: list[SyncRecord] = []
     for paths in files.values():
         for path in paths:
@@ -1226,6 +1231,9 @@ def verify(
             f"no records for {what} (recorded versions: {', '.join(versions[:10])})",
             file=str(root),
         )
+        # The sync or version asked for does not exist: nothing was checked (exit 3, even with --exit-zero).
+        result.nothing_checked = True
+        result.notes.append(f"no records for {what}: nothing was verified")
     baselines = _baselines(loaded)
     layout = trainer or TrainerLayout()
     tensors = params = 0

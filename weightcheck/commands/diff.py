@@ -2,13 +2,12 @@
 
 from __future__ import annotations
 
-import sys
 from pathlib import Path
 from typing import Any
 
 import click
 
-from weightcheck.cli import cli, finish, output_options, resolve_settings
+from weightcheck.cli import cli, finish, output_options, progress_option, resolve_settings
 
 
 @cli.command()
@@ -32,7 +31,7 @@ from weightcheck.cli import cli, finish, output_options, resolve_settings
     multiple=True,
     help="Tensors (glob with `*`, or `re:REGEX`) that may be skipped or missing without failing. Repeatable.",
 )
-@click.option("--progress/--no-progress", default=None, help="Progress bar on stderr (default: on a terminal).")
+@progress_option
 @output_options
 def diff(
     reference: Path,
@@ -50,6 +49,7 @@ def diff(
     output: Any,
     color: bool | None,
     verbose: bool,
+    debug: bool,
 ) -> None:
     """Compare checkpoint CANDIDATE against REFERENCE tensor by tensor (either may be quantized).
 
@@ -57,29 +57,34 @@ def diff(
     their format per element; every mismatch is classified (shifted, transposed, never written...).
     """
     from weightcheck.compare.policy import PolicyError, load_policy
+    from weightcheck.deps import MissingDependency, require
     from weightcheck.diff import DiffOptions, NameMapError, internal_error, load_name_map
     from weightcheck.diff import diff as run_diff
+    from weightcheck.progress import choose_mode
 
-    settings = resolve_settings(reference, config_path, select=select, ignore=ignore, fail_on=fail_on, fmt=fmt)
+    settings = resolve_settings(
+        reference, config_path, command="diff", select=select, ignore=ignore, fail_on=fail_on, fmt=fmt
+    )
     base_dir = Path(settings.source).parent if settings.source else None
     try:
         name_maps = [rule for spec in (*settings.map, *maps) for rule in load_name_map(spec, base_dir)]
         policy_rules = load_policy(policy_path) if policy_path else []
     except (NameMapError, PolicyError) as exc:
         raise click.UsageError(str(exc)) from None
-    if progress is None:
-        # Machine formats and redirected output stay silent.
-        progress = settings.format == "text" and sys.stderr.isatty()
+    if reference.exists() and candidate.exists():  # a missing path is exit 3 below, not a dependency error
+        require("diff", "content", ("torch", "numpy"))
     options = DiffOptions(
         maps=name_maps,
         policy_rules=policy_rules,
         allow_skip=[*settings.allow_skip, *allow_skip],
         select=settings.select,
         ignore=settings.ignore,
-        progress=progress,
+        progress=choose_mode(progress),
     )
     try:
         result = run_diff(reference, candidate, options)
+    except MissingDependency:
+        raise
     except Exception as exc:  # a bug must surface as exit 2 with the usual report, not a traceback
-        result = internal_error(f"{reference} vs {candidate}", exc)
-    finish(result, settings, output, exit_zero=exit_zero, color=color, verbose=verbose)
+        result = internal_error(str(candidate), exc)
+    finish(result, settings, output, exit_zero=exit_zero, color=color, verbose=verbose, debug=debug)

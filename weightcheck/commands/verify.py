@@ -8,14 +8,13 @@ wrong.
 from __future__ import annotations
 
 import time
-import traceback
 from pathlib import Path
 from typing import Any
 
 import click
 
 from weightcheck.cli import cli, finish, output_options, resolve_settings
-from weightcheck.findings import INTERNAL_ERROR_CODE, Finding, Result, Severity
+from weightcheck.findings import Finding, Result, Severity, internal_error
 
 
 def _sync_choice(value: str | None) -> int | str | None:
@@ -25,6 +24,21 @@ def _sync_choice(value: str | None) -> int | str | None:
         return int(value)
     except ValueError:
         raise click.BadParameter("use a sync number (the NNNNN of sync-NNNNN/) or 'latest'") from None
+
+
+def require_verify_deps(records: Path, against: Path | None) -> None:
+    """verify digests with xxh3 (the tap's default); re-hashing a checkpoint reference reads tensors (torch)."""
+    from weightcheck.deps import require
+
+    if not records.exists():
+        return  # exit 3 (nothing to check) says more than a missing package
+    require("verify", "content", ("xxhash",))
+    if against is not None and against.exists():
+        is_checkpoint = against.suffix == ".safetensors" or (
+            against.is_dir() and any(p.suffix == ".safetensors" for p in against.iterdir())
+        )
+        if is_checkpoint:
+            require("verify against a checkpoint", "content", ("torch", "numpy"))
 
 
 @cli.command()
@@ -70,6 +84,7 @@ def verify(
     output: Any,
     color: bool | None,
     verbose: bool,
+    debug: bool,
 ) -> None:
     """Check the weight syncs recorded by the load_weights tap (WEIGHTCHECK_DIR) against a reference.
 
@@ -77,10 +92,14 @@ def verify(
     offset (with the trainer stage named), mismatched (classified), dropped by the engine, and engine
     parameters never or partly written.
     """
+    from weightcheck.deps import MissingDependency
     from weightcheck.verify import TrainerLayout, count_records
     from weightcheck.verify import verify as run_verify
 
-    settings = resolve_settings(records, config_path, select=select, ignore=ignore, fail_on=fail_on, fmt=fmt)
+    settings = resolve_settings(
+        records, config_path, command="verify", select=select, ignore=ignore, fail_on=fail_on, fmt=fmt
+    )
+    require_verify_deps(records, against)
     sync = _sync_choice(sync_choice)
     trainer = TrainerLayout(
         pp_size=trainer_pp,
@@ -116,15 +135,9 @@ def verify(
                         message=f"only {found} of {expect_records} rank records arrived within {wait:g}s",
                     )
                 )
+    except MissingDependency:
+        raise
     except Exception as exc:  # a bug must surface as exit 2 with the usual report, not a traceback
         result = Result(target=str(records), command="verify")
-        result.findings.append(
-            Finding(
-                code=INTERNAL_ERROR_CODE,
-                name="internal-error",
-                severity=Severity.ERROR,
-                message=f"verify crashed: {type(exc).__name__}: {exc}",
-                details={"traceback": traceback.format_exc(limit=8)},
-            )
-        )
-    finish(result, settings, output, exit_zero=exit_zero, color=color, verbose=verbose)
+        result.findings.append(internal_error("verify", exc))
+    finish(result, settings, output, exit_zero=exit_zero, color=color, verbose=verbose, debug=debug)

@@ -10,6 +10,14 @@ FORMATS = ("text", "json", "sarif", "github")
 SCHEMA_VERSION = "1.0"
 
 
+def tool_header(command: str) -> dict[str, object]:
+    """The keys every JSON document of every command starts with."""
+    from weightcheck import __version__
+
+    tool = {"name": "weightcheck", "version": __version__}
+    return {"schema_version": SCHEMA_VERSION, "tool": tool, "command": command}
+
+
 def render(result: Result, fmt: str, stream: TextIO, *, color: bool | None = None, verbose: bool = False) -> None:
     # Emitters are imported on demand so that `--format json` never imports rich.
     if fmt == "text":

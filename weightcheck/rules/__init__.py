@@ -34,6 +34,7 @@ RULE_MODULES = (
 )
 
 FAMILIES = {
+    "WC0": "weightcheck itself",
     "WC1": "files and shards",
     "WC2": "index consistency",
     "WC3": "quantization",
@@ -60,10 +61,26 @@ class Rule:
     # Rules fired by other commands (diff/verify) are registered for docs and SARIF but not run by lint.
     command: str = "lint"
     retired: bool = False
+    # Other severities the rule emits in some cases (e.g. WC309: error when an engine is affected, warning
+    # when only an RL online quantizer is). `rules` shows them all, so the registry never lies.
+    also: frozenset[Severity] = frozenset()
+
+    @property
+    def severities(self) -> list[Severity]:
+        return sorted({self.severity, *self.also}, reverse=True)
+
+    @property
+    def severity_label(self) -> str:
+        """`warning`, or `warning|error` when the rule also emits other severities (default first)."""
+        rest = [s.label for s in self.severities if s != self.severity]
+        return "|".join([self.severity.label, *rest])
 
     def explain(self) -> str:
+        also = ""
+        if self.also:
+            also = f" (also emitted as: {', '.join(s.label for s in self.severities if s != self.severity)})"
         return (
-            f"{self.code} ({self.name}) — default severity: {self.severity.label}\n\n"
+            f"{self.code} ({self.name}) — {self.command}, default severity: {self.severity.label}{also}\n\n"
             f"{self.summary}\n\n{self.doc}\n\n"
             f"Bad:\n{textwrap.indent(self.bad.strip(), '    ')}\n\n"
             f"Good:\n{textwrap.indent(self.good.strip(), '    ')}\n"
@@ -84,6 +101,7 @@ def rule(
     good: str,
     needs: Iterable[str] = ("tensors",),
     command: str = "lint",
+    also: Iterable[Severity] = (),
 ) -> Callable[[Callable[[LintContext], None]], Callable[[LintContext], None]]:
     """Register `fn` as rule `code`. The function's docstring is the rule's long doc."""
 
@@ -100,6 +118,7 @@ def rule(
                 check=fn,
                 needs=frozenset(needs),
                 command=command,
+                also=frozenset(also),
             )
         )
         return fn
@@ -115,10 +134,29 @@ def register(new: Rule) -> None:
     _REGISTRY[new.code] = new
 
 
+INTERNAL_ERROR_RULE = Rule(
+    code="WC000",
+    name="internal-error",
+    severity=Severity.ERROR,
+    summary="weightcheck itself failed while checking (a bug): the run exits 2 whatever --exit-zero says.",
+    doc=(
+        "A rule, comparison or verification step raised an unexpected exception. The other findings are still "
+        "reported, but the run is not a pass: it exits 2. The finding keeps the full traceback in "
+        "`details.traceback` (JSON) and `--debug` prints it on stderr; please attach it to a bug report. "
+        "WC000 cannot be selected away with --ignore."
+    ),
+    bad="WC000 internal-error: rule WC199 crashed: ZeroDivisionError: division by zero",
+    good="(no WC000 finding)",
+    command="any",
+)
+
+
 def all_rules() -> dict[str, Rule]:
     global _LOADED
     if not _LOADED:
         _LOADED = True
+        if INTERNAL_ERROR_RULE.code not in _REGISTRY:
+            _REGISTRY[INTERNAL_ERROR_RULE.code] = INTERNAL_ERROR_RULE
         for module in RULE_MODULES:
             try:
                 importlib.import_module(module)
@@ -148,6 +186,43 @@ def matches_selector(r: Rule, selectors: Iterable[str]) -> bool:
         if s.upper() == "ALL" or r.code.startswith(s.upper()) or r.name == s:
             return True
     return False
+
+
+class UnknownSelector(ValueError):
+    """A --select/--ignore entry (or a config one) that names no rule: a usage error, like ruff's."""
+
+
+def unknown_selectors(selectors: Iterable[str]) -> list[str]:
+    """Entries that are neither ALL, nor a code prefix of some rule (`WC2`, `WC201`), nor a rule name."""
+    rules = all_rules()
+    bad = []
+    for sel in selectors:
+        s = sel.strip()
+        if not s or s.upper() == "ALL":
+            continue
+        if not any(code.startswith(s.upper()) or r.name == s for code, r in rules.items()):
+            bad.append(s)
+    return bad
+
+
+def check_selectors(select: Iterable[str], ignore: Iterable[str], *, command: str | None = None) -> None:
+    """Raise UnknownSelector for a selector that names no rule, or a selection that leaves `command` no rule."""
+    for option, values in (("select", list(select)), ("ignore", list(ignore))):
+        bad = unknown_selectors(values)
+        if bad:
+            raise UnknownSelector(
+                f"unknown rule selector{'s' if len(bad) > 1 else ''} in {option}: {', '.join(bad)} "
+                "(a rule code, a code prefix such as WC2, a rule name, or ALL; see `weightcheck rules`)"
+            )
+    if command is None:
+        return
+    chosen = list(select) or ["ALL"]
+    own = [r for r in all_rules().values() if r.command == command and not r.retired]
+    if own and not any(matches_selector(r, chosen) and not matches_selector(r, ignore) for r in own):
+        raise UnknownSelector(
+            f"the selection ({', '.join(chosen)}" + (f"; ignore {', '.join(ignore)}" if list(ignore) else "")
+            + f") leaves no {command} rule to run: nothing would be checked"
+        )
 
 
 @dataclass
@@ -191,15 +266,19 @@ class LintContext:
         return self.cache[key]
 
 
-def run_rules(ctx: LintContext, rules: Iterable[Rule]) -> Iterator[Rule]:
-    """Run each rule; yields rules that crashed so the caller can report an internal error."""
+def run_rules(ctx: LintContext, rules: Iterable[Rule]) -> Iterator[tuple[Rule, Exception]]:
+    """Run each rule; yields (rule, exception) for rules that crashed so the caller can report WC000."""
+    from weightcheck.deps import MissingDependency
+
     for r in rules:
         if r.check is None or r.retired:
             continue
         ctx.current = r
         try:
             r.check(ctx)
-        except Exception:  # a rule bug must not hide other findings
-            yield r
+        except MissingDependency:  # not a rule bug: one usage error for the whole run
+            raise
+        except Exception as exc:  # a rule bug must not hide other findings
+            yield r, exc
         finally:
             ctx.current = None

@@ -91,7 +91,7 @@ def _scan(ctx: LintContext) -> list[TensorScan]:
     names = store.names()
     out: list[TensorScan] = []
     total = sum(store.info(n).nbytes for n in names)
-    progress = _progress(total) if _show_progress(ctx) and total >= _PROGRESS_MIN_BYTES else None
+    progress = _progress(ctx, total)
     try:
         for name in names:
             stored = store.location(name)
@@ -109,10 +109,10 @@ def _scan(ctx: LintContext) -> list[TensorScan]:
                 store.release(name)
             out.append(scan)
             if progress is not None:
-                progress[0].update(progress[1], advance=stored.nbytes)
+                progress.advance(stored.nbytes, name)
     finally:
         if progress is not None:
-            progress[0].stop()
+            progress.close()
     known = ctx.ckpt.all_tensors()
     for name, reason in sorted(store.unreadable().items()):
         info = known.get(name)
@@ -120,25 +120,16 @@ def _scan(ctx: LintContext) -> list[TensorScan]:
     return out
 
 
-def _show_progress(ctx: LintContext) -> bool:
-    return bool(ctx.options.get("progress")) and sys.stderr.isatty()
+def _progress(ctx: LintContext, total: int) -> Any:
+    """A Progress (weightcheck.progress) when the run asked for one and the work is long enough."""
+    mode = ctx.options.get("progress")
+    if mode is True:  # older callers passed a bool
+        mode = "bar" if sys.stderr.isatty() else "lines"
+    if not mode or (mode == "bar" and total < _PROGRESS_MIN_BYTES):  # lines are gated by their interval
+        return None
+    from weightcheck.progress import Progress
 
-
-def _progress(total: int) -> tuple[Any, Any]:
-    from rich.console import Console
-    from rich.progress import BarColumn, DownloadColumn, Progress, TextColumn, TimeRemainingColumn
-
-    progress = Progress(
-        TextColumn("[bold]content"),
-        BarColumn(),
-        DownloadColumn(),
-        TimeRemainingColumn(),
-        console=Console(file=sys.stderr),
-        transient=True,
-    )
-    task = progress.add_task("", total=max(total, 1))
-    progress.start()
-    return progress, task
+    return Progress("content", total, mode)
 
 
 def _count(ctx: LintContext, name: str, predicate: str) -> int:
@@ -651,9 +642,13 @@ _DIFF_RULES: list[tuple[str, str, Severity, str, str, str, str]] = [
     ),
 ]
 
+# Severities diff emits besides the default: an explicitly allowed skip or name-only tensor is info.
+_DIFF_ALSO = {code: frozenset({Severity.INFO}) for code in ("WC713", "WC714", "WC715", "WC716", "WC717")}
+
 for _code, _name, _severity, _summary, _doc, _bad, _good in _DIFF_RULES:
     register(
         Rule(
+            also=_DIFF_ALSO.get(_code, frozenset()),
             code=_code,
             name=_name,
             severity=_severity,

@@ -113,6 +113,7 @@ def file_refused(ctx: LintContext) -> None:
     "WC105",
     "shard-not-indexed",
     Severity.ERROR,
+    also=(Severity.WARNING,),
     summary="A .safetensors file on disk is not referenced by the index.",
     bad="""
         model.safetensors.index.json names model-00001..00004, but model-00005-of-00005.safetensors
@@ -188,6 +189,7 @@ def shard_numbering(ctx: LintContext) -> None:
     "WC107",
     "config-invalid",
     Severity.ERROR,
+    also=(Severity.WARNING,),
     summary="config.json is missing, is not JSON, or lacks the fields loaders need.",
     bad='config.json: {"hidden_size": 64,   (truncated JSON) — or no config.json at all',
     good='config.json with "model_type", "architectures" and "num_hidden_layers".',
@@ -260,6 +262,7 @@ def shard_metadata_format(ctx: LintContext) -> None:
     "WC109",
     "no-weights",
     Severity.ERROR,
+    also=(Severity.INFO,),
     summary="The target holds no safetensors weights and no index.",
     bad="weightcheck lint ./ckpt   (directory with only tokenizer files, or a typo'd path)",
     good="weightcheck lint ./ckpt   (directory with model.safetensors or an index and its shards)",

@@ -147,6 +147,7 @@ def tensor_in_several_shards(ctx: LintContext) -> None:
     "WC205",
     "index-total-size",
     Severity.WARNING,
+    also=(Severity.INFO,),
     summary="metadata.total_size differs from the sum of tensor bytes in the shards.",
     bad='"metadata": {"total_size": 2301}   (sum of rows, not bytes; the tensors hold 4718592 bytes)',
     good='"metadata": {"total_size": 4718592}',

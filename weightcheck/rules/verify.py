@@ -8,10 +8,19 @@ import textwrap
 from weightcheck.findings import Severity
 from weightcheck.rules import Rule, register
 
+# Severities verify emits besides the default (identical duplicates and untraceable writes are warnings;
+# ranks that never arrived under --expect-records are an error).
+_ALSO = {
+    "WC724": frozenset({Severity.WARNING}),
+    "WC731": frozenset({Severity.WARNING}),
+    "WC734": frozenset({Severity.ERROR}),
+}
+
 
 def _verify_rule(code: str, name: str, severity: Severity, summary: str, doc: str, bad: str, good: str) -> None:
     register(
         Rule(
+            also=_ALSO.get(code, frozenset()),
             code=code,
             name=name,
             severity=severity,

@@ -1,0 +1,43 @@
+"""Optional dependencies: which extra each feature needs, and one clear error when it is missing.
+
+The core (header-only and config-only lint) needs only click, rich and orjson. Reading tensor data
+(`lint --content`, `diff`, `verify` against a checkpoint) needs the `content` extra; Hub repo ids need
+`hub`. A command checks up front, so a missing package is one line and exit 2 — never a crash per tensor.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+
+# extra name -> import names it provides (the pip names are in pyproject.toml's optional-dependencies).
+EXTRAS: dict[str, tuple[str, ...]] = {
+    "content": ("torch", "numpy", "safetensors", "xxhash"),
+    "hub": ("huggingface_hub",),
+    "quant": ("compressed_tensors",),
+}
+
+
+class MissingDependency(ImportError):
+    """A feature's optional package is not installed. `str()` is the one-line message for the user."""
+
+    def __init__(self, feature: str, missing: list[str], extra: str) -> None:
+        self.feature, self.missing, self.extra = feature, missing, extra
+        super().__init__(
+            f"{feature} needs {', '.join(missing)}, which {'is' if len(missing) == 1 else 'are'} not installed: "
+            f"pip install 'weightcheck[{extra}]' (or 'weightcheck[all]')"
+        )
+
+
+def installed(module: str) -> bool:
+    try:
+        return importlib.util.find_spec(module) is not None
+    except (ImportError, ValueError):  # a broken parent package, or a module with __spec__ None
+        return False
+
+
+def require(feature: str, extra: str, modules: tuple[str, ...] | None = None) -> None:
+    """Raise MissingDependency naming `extra` if any of `modules` (default: all of the extra's) is absent."""
+    wanted = EXTRAS[extra] if modules is None else modules
+    missing = [m for m in wanted if not installed(m)]
+    if missing:
+        raise MissingDependency(feature, missing, extra)
