@@ -57,7 +57,7 @@ def test_identical_copy_is_clean_with_full_coverage(make_ckpt, copy_ckpt) -> Non
     assert result.exit_code() == 0 and not result.findings
     assert result.checked["compared"] == result.checked["equal"] == LLAMA_TENSORS
     assert result.checked["failed"] == result.checked["skipped"] == 0
-    assert result.checked["only_in_a"] == result.checked["only_in_b"] == 0
+    assert result.checked["only_in_reference"] == result.checked["only_in_candidate"] == 0
     assert any(note.startswith("coverage: ") for note in result.notes)
 
 
@@ -125,7 +125,7 @@ def test_name_map_pairs_renamed_tensors(make_ckpt, copy_ckpt, tmp_path: Path) ->
     b = copy_ckpt(a)
     edit_tensors(b, lambda t: t.update({k.replace("model.", "model.language_model.", 1): t.pop(k) for k in list(t)}))
     unmapped = run_diff(a, b)
-    assert unmapped.checked["only_in_a"] == unmapped.checked["only_in_b"] == LLAMA_TENSORS - 1
+    assert unmapped.checked["only_in_reference"] == unmapped.checked["only_in_candidate"] == LLAMA_TENSORS - 1
     assert {f.code for f in unmapped.findings} == {"WC713", "WC714"} and unmapped.exit_code() == 1
     rules = parse_name_map("# VLM wrapper\nmodel.* -> model.language_model.*\n")
     mapped = run_diff(a, b, maps=rules)
@@ -148,7 +148,7 @@ def test_missing_tensor_fails_unless_allowed(make_ckpt, copy_ckpt) -> None:
     assert finding.code == "WC713" and finding.severity.label == "error" and result.exit_code() == 1
     allowed = run_diff(a, b, allow_skip=["model.layers.3.mlp.*"])
     assert allowed.exit_code() == 0 and allowed.findings[0].severity.label == "info"
-    assert allowed.checked["only_in_a"] == 1
+    assert allowed.checked["only_in_reference"] == 1
 
 
 def test_tensor_without_policy_rule_is_an_error_not_a_pass(make_ckpt, copy_ckpt) -> None:

@@ -193,6 +193,7 @@ def lint(
     """Lint checkpoints: a directory, a .safetensors file, a config.json (config-only), an index file (its
     folder), or org/name[@rev] in the local Hugging Face cache. Several targets (as pre-commit passes them)
     give one report. Header-only unless --content is given."""
+    from weightcheck.collapse import full_lists
     from weightcheck.deps import require
     from weightcheck.lint import lint_many
     from weightcheck.patterns import PatternError
@@ -215,7 +216,8 @@ def lint(
         "progress": choose_mode(progress),
     }
     try:
-        result = lint_many(targets, select=settings.select, ignore=settings.ignore, options=options)
+        with full_lists(verbose):  # -v: every name pattern, not "(+N more patterns)"
+            result = lint_many(targets, select=settings.select, ignore=settings.ignore, options=options)
     except PatternError as exc:
         raise click.UsageError(str(exc)) from None
     finish(result, settings, output, exit_zero=exit_zero, color=color, verbose=verbose, debug=debug)

@@ -8,7 +8,22 @@ same experts, and as several lines otherwise.
 from __future__ import annotations
 
 from collections import defaultdict
-from collections.abc import Iterable
+from collections.abc import Iterable, Iterator
+from contextlib import contextmanager
+from contextvars import ContextVar
+
+# `--verbose`: summaries list every pattern instead of "(+N more patterns)".
+_FULL_LISTS: ContextVar[bool] = ContextVar("weightcheck_full_lists", default=False)
+
+
+@contextmanager
+def full_lists(enabled: bool = True) -> Iterator[None]:
+    """Within this block `summarize` never truncates (what `-v` asks for)."""
+    token = _FULL_LISTS.set(enabled)
+    try:
+        yield
+    finally:
+        _FULL_LISTS.reset(token)
 
 
 def format_ranges(values: Iterable[int]) -> str:
@@ -71,6 +86,6 @@ def collapse_names(names: Iterable[str]) -> list[str]:
 def summarize(names: Iterable[str], limit: int = 6) -> str:
     """One short string for a message: collapsed patterns, truncated with a count."""
     patterns = collapse_names(names)
-    if len(patterns) <= limit:
+    if len(patterns) <= limit or _FULL_LISTS.get():
         return ", ".join(patterns)
     return ", ".join(patterns[:limit]) + f", … (+{len(patterns) - limit} more patterns)"

@@ -276,19 +276,21 @@ def diff(path_a: str | os.PathLike[str], path_b: str | os.PathLike[str], options
     opts = options or DiffOptions()
     a_path, b_path = Path(path_a), Path(path_b)
     result = Result(target=f"{a_path} vs {b_path}", command="diff")
-    for label, path in (("A", a_path), ("B", b_path)):
+    # Findings point into the candidate (the checkpoint under test); SARIF needs one folder, not "A vs B".
+    result.root = str(b_path if b_path.is_dir() else b_path.parent)
+    for label, path in (("reference", a_path), ("candidate", b_path)):
         if not path.exists():
             result.nothing_checked = True
-            result.notes.append(f"checkpoint {label} {path}: no such file or directory")
+            result.notes.append(f"{label} {path}: no such file or directory")
     if result.nothing_checked:
         return result
     view_a = load_logical(a_path)
     view_b = load_logical(b_path)
     try:
-        for label, view in (("A", view_a), ("B", view_b)):
+        for label, view in (("reference", view_a), ("candidate", view_b)):
             if not view.order:
                 result.nothing_checked = True
-                result.notes.append(f"checkpoint {label} {view.path}: no tensors to compare")
+                result.notes.append(f"{label} {view.path}: no tensors to compare")
         if result.nothing_checked:
             return result
         return _run(view_a, view_b, opts, result)
@@ -346,8 +348,8 @@ def _run(view_a: LogicalCheckpoint, view_b: LogicalCheckpoint, opts: DiffOptions
         "within_tolerance": counts["within_tolerance"],
         "failed": counts["failed"],
         "skipped": counts["skipped"],
-        "only_in_a": len(only_a),
-        "only_in_b": len(only_b),
+        "only_in_reference": len(only_a),
+        "only_in_candidate": len(only_b),
         "tensors_a": len(view_a.names()),
         "tensors_b": len(view_b.names()),
         "bytes_read": view_a.store.bytes_read + view_b.store.bytes_read,
@@ -379,7 +381,7 @@ def _compare_one(
     for view, name in ((view_a, name_a), (view_b, name_b)):
         if name in view.unavailable:
             code, reason = view.unavailable[name]
-            side = "A" if view is view_a else "B"
+            side = "reference" if view is view_a else "candidate"
             return _skip(outcome, f"{side}: {reason}", code, opts)
     rule = policy.rule_for(name_a)
     if rule is None:
@@ -579,7 +581,9 @@ def _index_at(name: str, reference: str) -> int | None:
 
 
 def _only_findings(code: str, side: str, names: list[str], opts: DiffOptions) -> list[Finding]:
-    other = "B" if side == "A" else "A"
+    # One vocabulary: the reference (first argument) and the candidate (second).
+    other = "candidate" if side == "A" else "reference"
+    side_name = "reference" if side == "A" else "candidate"
     groups: dict[tuple[str, Severity | None], list[str]] = defaultdict(list)
     for name in names:
         if skip_allowed(name, opts.allow_skip):
@@ -590,7 +594,11 @@ def _only_findings(code: str, side: str, names: list[str], opts: DiffOptions) ->
             groups[("", None)].append(name)
     out = []
     for (why, severity), group in sorted(groups.items(), key=lambda kv: kv[0][0]):
-        message = f"{len(group)} tensor(s) in {side} have no counterpart in {other}"
+        many = len(group) != 1
+        message = (
+            f"{len(group)} tensor{'s' if many else ''} of the {side_name} {'have' if many else 'has'} "
+            f"no counterpart in the {other}"
+        )
         if why:
             message += f" ({why})"
         out.append(_finding(code, severity, message, group, {"side": side}))

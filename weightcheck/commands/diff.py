@@ -56,6 +56,7 @@ def diff(
     Lossless paths must be bit-exact; quantized tensors are dequantized and compared within one ULP of
     their format per element; every mismatch is classified (shifted, transposed, never written...).
     """
+    from weightcheck.collapse import full_lists
     from weightcheck.compare.policy import PolicyError, load_policy
     from weightcheck.deps import MissingDependency, require
     from weightcheck.diff import DiffOptions, NameMapError, internal_error, load_name_map
@@ -82,7 +83,8 @@ def diff(
         progress=choose_mode(progress),
     )
     try:
-        result = run_diff(reference, candidate, options)
+        with full_lists(verbose):
+            result = run_diff(reference, candidate, options)
     except MissingDependency:
         raise
     except Exception as exc:  # a bug must surface as exit 2 with the usual report, not a traceback

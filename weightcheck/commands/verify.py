@@ -92,6 +92,7 @@ def verify(
     offset (with the trainer stage named), mismatched (classified), dropped by the engine, and engine
     parameters never or partly written.
     """
+    from weightcheck.collapse import full_lists
     from weightcheck.deps import MissingDependency
     from weightcheck.verify import TrainerLayout, count_records
     from weightcheck.verify import verify as run_verify
@@ -114,16 +115,17 @@ def verify(
         while count_records(records, weight_version) < expect_records and time.monotonic() < deadline:
             time.sleep(0.2)
     try:
-        result = run_verify(
-            records,
-            against,
-            select=settings.select,
-            ignore=settings.ignore,
-            weight_version=weight_version,
-            sync=sync,
-            trainer=trainer,
-            skip=[*settings.allow_skip, *skip],
-        )
+        with full_lists(verbose):
+            result = run_verify(
+                records,
+                against,
+                select=settings.select,
+                ignore=settings.ignore,
+                weight_version=weight_version,
+                sync=sync,
+                trainer=trainer,
+                skip=[*settings.allow_skip, *skip],
+            )
         if expect_records is not None:
             found = count_records(records, weight_version)
             if found < expect_records:

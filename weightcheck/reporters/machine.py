@@ -3,19 +3,17 @@
 from __future__ import annotations
 
 import json
+import os
 from typing import Any, TextIO
 
-from weightcheck import __version__
 from weightcheck.findings import Finding, Result, Severity
-from weightcheck.reporters import SCHEMA_VERSION
+from weightcheck.reporters import tool_header
 
 
 def result_document(result: Result) -> dict[str, Any]:
     counts = result.counts()
     return {
-        "schema_version": SCHEMA_VERSION,
-        "tool": {"name": "weightcheck", "version": __version__},
-        "command": result.command,
+        **tool_header(result.command),
         "target": result.target,
         "findings": [f.as_dict() for f in result.sorted_findings()],
         "summary": {
@@ -23,6 +21,8 @@ def result_document(result: Result) -> dict[str, Any]:
             "total": len(result.findings),
             "checked": result.checked,
             "nothing_checked": result.nothing_checked,
+            # False when nothing was checked or weightcheck failed (WC000): the run is no verdict either way.
+            "execution_successful": result.execution_successful,
             "notes": result.notes,
         },
     }
@@ -33,74 +33,25 @@ def emit_json(result: Result, stream: TextIO) -> None:
     stream.write("\n")
 
 
-_SARIF_LEVEL = {Severity.ERROR: "error", Severity.WARNING: "warning", Severity.INFO: "note"}
 
 
 def _artifact(result: Result, finding: Finding) -> str:
-    base = result.target.rstrip("/")
-    file = finding.location.file
-    if not file:
-        return base
-    if file.startswith("/") or file == base:
-        return file
-    return f"{base}/{file}"
+    """The file a GitHub annotation is attached to: an existing file, relative to the working directory."""
+    from weightcheck.reporters.sarif import artifact_path
+
+    path = artifact_path(result, finding)
+    if path is None:
+        return result.target
+    try:
+        return os.path.relpath(path)
+    except ValueError:  # another drive (Windows)
+        return str(path)
 
 
 def emit_sarif(result: Result, stream: TextIO) -> None:
-    from weightcheck.rules import all_rules
+    from weightcheck.reporters.sarif import emit_sarif as emit
 
-    rules = list(all_rules().values())
-    index = {r.code: i for i, r in enumerate(rules)}
-    results = []
-    for finding in result.sorted_findings():
-        entry: dict[str, Any] = {
-            "ruleId": finding.code,
-            "level": _SARIF_LEVEL[finding.severity],
-            "message": {"text": finding.message},
-            "locations": [
-                {
-                    "physicalLocation": {"artifactLocation": {"uri": _artifact(result, finding)}},
-                    **(
-                        {"logicalLocations": [{"fullyQualifiedName": finding.location.tensor, "kind": "member"}]}
-                        if finding.location.tensor
-                        else {}
-                    ),
-                }
-            ],
-            "properties": {"count": finding.count},
-        }
-        if finding.code in index:
-            entry["ruleIndex"] = index[finding.code]
-        results.append(entry)
-    doc = {
-        "$schema": "https://json.schemastore.org/sarif-2.1.0.json",
-        "version": "2.1.0",
-        "runs": [
-            {
-                "tool": {
-                    "driver": {
-                        "name": "weightcheck",
-                        "version": __version__,
-                        "informationUri": "https://pypi.org/project/weightcheck/",
-                        "rules": [
-                            {
-                                "id": r.code,
-                                "name": r.name,
-                                "shortDescription": {"text": r.summary},
-                                "fullDescription": {"text": r.doc or r.summary},
-                                "help": {"text": r.explain()},
-                                "defaultConfiguration": {"level": _SARIF_LEVEL[r.severity]},
-                            }
-                            for r in rules
-                        ],
-                    }
-                },
-                "results": results,
-            }
-        ],
-    }
-    json.dump(doc, stream, indent=2)
-    stream.write("\n")
+    emit(result, stream)
 
 
 def _escape_data(text: str) -> str:

@@ -10,6 +10,19 @@ from weightcheck.findings import Result, Severity
 _STYLE = {Severity.ERROR: "bold red", Severity.WARNING: "yellow", Severity.INFO: "cyan"}
 
 
+_UNCOUNTABLE = {"info", "equal", "failed", "compared", "skipped"}
+
+
+def plural(n: int, noun: str) -> str:
+    """`1 warning`, `2 warnings`, `1 shard` (from the plural key `shards`), `3 info`."""
+    last = noun.rsplit(" ", 1)[-1]
+    if last in _UNCOUNTABLE or not noun:
+        return f"{n} {noun}"
+    if n == 1:
+        return f"{n} {noun[:-1]}" if noun.endswith("s") and not noun.endswith("ss") else f"{n} {noun}"
+    return f"{n} {noun}" if noun.endswith("s") else f"{n} {noun}s"
+
+
 def _lines(result: Result, verbose: bool) -> list[tuple[str, str]]:
     """(style, text) pairs; style "" means plain."""
     out: list[tuple[str, str]] = []
@@ -17,11 +30,18 @@ def _lines(result: Result, verbose: bool) -> list[tuple[str, str]]:
     for (code, name), group in groupby(findings, key=lambda f: (f.code, f.name)):
         items = list(group)
         sev = items[0].severity
-        out.append((_STYLE[sev], f"{code} {name} [{sev.label}] — {len(items)} finding(s)"))
+        out.append((_STYLE[sev], f"{code} {name} [{sev.label}] — {plural(len(items), 'finding')}"))
         shown = items if verbose else items[:20]
         for f in shown:
-            where = " ".join(x for x in (f.location.file, f.location.tensor) if x)
+            # A name list the message already spells out is not printed a second time in front of it.
+            parts = [x for x in (f.location.file, f.location.tensor) if x and x not in f.message]
+            where = " ".join(parts)
             out.append(("", f"  {where}: {f.message}" if where else f"  {f.message}"))
+            related = getattr(f, "related", None)
+            if verbose and related:
+                for rel in related:
+                    text = getattr(rel, "message", rel)
+                    out.append(("dim", f"    related: {getattr(rel, 'code', '')} {text}".rstrip()))
         if len(items) > len(shown):
             out.append(("dim", f"  … {len(items) - len(shown)} more (use --verbose)"))
     for note in result.notes:
@@ -30,14 +50,14 @@ def _lines(result: Result, verbose: bool) -> list[tuple[str, str]]:
     # Counts that describe coverage (lint: shards/tensors/layers; diff/verify: compared, equal, failed...).
     hidden = ("rules", "header_bytes_read", "bytes_read")
     checked = ", ".join(
-        f"{v} {k.replace('_', ' ')}" for k, v in result.checked.items() if isinstance(v, int) and k not in hidden
+        plural(v, k.replace("_", " ")) for k, v in result.checked.items() if isinstance(v, int) and k not in hidden
     )
     if result.nothing_checked:
         out.append(("bold red", "nothing was checked"))
     elif not result.findings:
         out.append(("bold green", f"clean: {checked}"))
     else:
-        summary = ", ".join(f"{n} {k}" for k, n in counts.items() if n)
+        summary = ", ".join(plural(n, k) for k, n in counts.items() if n)
         out.append(("bold", f"{summary} ({checked})"))
     return out
 
