@@ -386,7 +386,8 @@ def test_cli_exit_codes_and_formats(bench: Callable[[str], Bench], tmp_path: Pat
     )
     assert bad.exit_code == 1 and "layers 0..1 from pp_rank 1 shifted by −2" in bad.output
     ignored = runner.invoke(
-        cli, ["verify", str(b.records), "--against", str(b.ckpt), "--sync", "1", "--select", "WC738", "--format", "sarif"]
+        cli,
+        ["verify", str(b.records), "--against", str(b.ckpt), "--sync", "1", "--select", "WC738", "--format", "sarif"],
     )
     assert ignored.exit_code == 0 and json.loads(ignored.output)["version"] == "2.1.0"
     usage = runner.invoke(cli, ["verify", str(b.records), "--sync", "x"])

@@ -8,6 +8,7 @@ The core (header-only and config-only lint) needs only click, rich and orjson. R
 from __future__ import annotations
 
 import importlib.util
+from pathlib import Path
 
 # extra name -> import names it provides (the pip names are in pyproject.toml's optional-dependencies).
 EXTRAS: dict[str, tuple[str, ...]] = {
@@ -41,3 +42,19 @@ def require(feature: str, extra: str, modules: tuple[str, ...] | None = None) ->
     missing = [m for m in wanted if not installed(m)]
     if missing:
         raise MissingDependency(feature, missing, extra)
+
+
+def require_verify_deps(records: Path, against: Path | None) -> None:
+    """verify digests with xxh3 (the tap's default); re-hashing a checkpoint reference reads tensors (torch)."""
+    if not records.exists():
+        return  # exit 3 (nothing to check) says more than a missing package
+    require("verify", "content", ("xxhash",))
+    if against is not None and against.exists():
+        try:
+            is_checkpoint = against.suffix == ".safetensors" or (
+                against.is_dir() and any(p.suffix == ".safetensors" for p in against.iterdir())
+            )
+        except OSError:
+            return
+        if is_checkpoint:
+            require("verify against a checkpoint", "content", ("torch", "numpy"))

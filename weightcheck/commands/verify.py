@@ -26,21 +26,6 @@ def _sync_choice(value: str | None) -> int | str | None:
         raise click.BadParameter("use a sync number (the NNNNN of sync-NNNNN/) or 'latest'") from None
 
 
-def require_verify_deps(records: Path, against: Path | None) -> None:
-    """verify digests with xxh3 (the tap's default); re-hashing a checkpoint reference reads tensors (torch)."""
-    from weightcheck.deps import require
-
-    if not records.exists():
-        return  # exit 3 (nothing to check) says more than a missing package
-    require("verify", "content", ("xxhash",))
-    if against is not None and against.exists():
-        is_checkpoint = against.suffix == ".safetensors" or (
-            against.is_dir() and any(p.suffix == ".safetensors" for p in against.iterdir())
-        )
-        if is_checkpoint:
-            require("verify against a checkpoint", "content", ("torch", "numpy"))
-
-
 @cli.command()
 @click.argument("records", type=click.Path(path_type=Path))
 @click.option(
@@ -93,7 +78,7 @@ def verify(
     parameters never or partly written.
     """
     from weightcheck.collapse import full_lists
-    from weightcheck.deps import MissingDependency
+    from weightcheck.deps import MissingDependency, require_verify_deps
     from weightcheck.verify import TrainerLayout, count_records
     from weightcheck.verify import verify as run_verify
 
