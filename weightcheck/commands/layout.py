@@ -29,6 +29,7 @@ from __future__ import annotations
 import json
 import re
 import sys
+from pathlib import Path
 from typing import Any
 
 import click
@@ -283,7 +284,15 @@ def _usage_error(exc: ValueError, pipe_kwargs: dict[str, Any]) -> click.UsageErr
 )
 @click.option("--ep", "ep_size", type=click.IntRange(min=1), default=None, help="Expert-parallel size.")
 @click.option("--num-experts", type=click.IntRange(min=1), default=None, help="Routed experts (needs --ep > 1 or 1).")
-@click.option("--format", "fmt", type=click.Choice(["text", "json"]), default="text", show_default=True)
+@click.option("--format", "fmt", type=click.Choice(["text", "json"]), default=None, help="text (default) or json.")
+@click.option(
+    "--config",
+    "config_path",
+    type=click.Path(dir_okay=False, path_type=Path),
+    default=None,
+    help="Settings file (default: discovered from the working directory upwards); its format applies.",
+)
+@click.option("--output", "-o", type=click.File("w"), default="-", help="Write here (default: stdout).")
 def layout(
     num_layers: int,
     pp: int,
@@ -298,7 +307,9 @@ def layout(
     sglang_partition: str | None,
     ep_size: int | None,
     num_experts: int | None,
-    fmt: str,
+    fmt: str | None,
+    config_path: Path | None,
+    output: Any,
 ) -> None:
     """Show which global layers each Megatron (pp_rank, vp_stage) and SGLang pp_rank holds.
 
@@ -306,6 +317,9 @@ def layout(
     strings); SGLang's partition follows get_pp_indices. Example: weightcheck layout --num-layers 28 --pp 4
     --first-stage-layers 4 --last-stage-layers 6 --sglang-pp 2
     """
+    from weightcheck.cli import config_format
+
+    fmt = config_format(None, config_path, ("text", "json"), fmt)
     if ep_size is not None and num_experts is None:
         raise click.UsageError("--ep needs --num-experts")
     if sglang_partition is not None and sglang_pp is None:
@@ -332,8 +346,8 @@ def layout(
     except ValueError as exc:
         raise click.UsageError(str(exc)) from None
     if fmt == "json":
-        click.echo(json.dumps(doc, indent=2))
+        click.echo(json.dumps(doc, indent=2), file=output)
         return
-    text = render_text(doc, rich=sys.stdout.isatty())
+    text = render_text(doc, rich=output.isatty() and output is sys.stdout)
     if text is not None:
-        click.echo(text)
+        click.echo(text, file=output)

@@ -50,12 +50,28 @@ def explain(path: Path, pattern: str | None = None) -> dict[str, Any]:
 @cli.command("explain-ignore")
 @click.argument("target", type=click.Path(path_type=Path))
 @click.option("--pattern", default=None, help="Architecture pattern (default: detected from config.json).")
-@click.option("--format", "fmt", type=click.Choice(["text", "json"]), default="text")
-def explain_ignore(target: Path, pattern: str | None, fmt: str) -> None:
+@click.option("--format", "fmt", type=click.Choice(["text", "json"]), default=None)
+@click.option(
+    "--config",
+    "config_path",
+    type=click.Path(dir_okay=False, path_type=Path),
+    default=None,
+    help="Settings file (default: discovered like lint's); its pattern and format apply.",
+)
+@click.option("--output", "-o", type=click.File("w"), default="-", help="Write here (default: stdout).")
+def explain_ignore(target: Path, pattern: str | None, fmt: str | None, config_path: Path | None, output: Any) -> None:
     """Show, per ignore entry, which modules each consumer (compressed-tensors, vLLM, SGLang by version,
     transformers, slime/miles online quantizers) matches, and where they disagree."""
+    from weightcheck.cli import config_format
     from weightcheck.patterns import PatternError
+    from weightcheck.reporters import tool_header
+    from weightcheck.settings import SettingsError, load_settings
 
+    fmt = config_format(target, config_path, ("text", "json"), fmt)
+    try:
+        pattern = pattern or load_settings(target, config_path).pattern
+    except SettingsError as exc:
+        raise click.UsageError(str(exc)) from None
     if not target.exists():
         click.echo(f"{target}: no such file or directory", err=True)
         raise SystemExit(EXIT_NOTHING_CHECKED)
@@ -64,23 +80,24 @@ def explain_ignore(target: Path, pattern: str | None, fmt: str) -> None:
     except PatternError as exc:
         raise click.UsageError(str(exc)) from None
     if fmt == "json":
-        click.echo(json.dumps(doc, indent=2))
+        click.echo(json.dumps({**tool_header("explain-ignore"), **doc}, indent=2), file=output)
     else:
-        _print_text(doc)
+        _print_text(doc, output)
     if "error" in doc:
         raise SystemExit(EXIT_NOTHING_CHECKED)
 
 
-def _print_text(doc: dict[str, Any]) -> None:
+def _print_text(doc: dict[str, Any], output: Any = None) -> None:
     if "error" in doc:
-        click.echo(f"{doc['target']}: {doc['error']}")
+        click.echo(f"{doc['target']}: {doc['error']}", file=output)
         return
-    click.echo(f"{doc['method']} ignore list ({doc['source']} → {doc['field']}), {len(doc['entries'])} entries")
+    head = f"{doc['method']} ignore list ({doc['source']} → {doc['field']}), {len(doc['entries'])} entries"
+    click.echo(head, file=output)
     for item in doc["entries"]:
         flag = "" if item["agree"] else "   ← consumers disagree"
-        click.echo(f"\n{item['entry']!r}{flag}")
+        click.echo(f"\n{item['entry']!r}{flag}", file=output)
         for info in item["consumers"].values():
             what = f"{info['count']:>5} {info['level']}s  {info['matches']}" if info["count"] else "    — nothing"
-            click.echo(f"  {info['label']:<52} {what}")
+            click.echo(f"  {info['label']:<52} {what}", file=output)
     for note in doc["notes"]:
-        click.echo(f"\nnote: {note}")
+        click.echo(f"\nnote: {note}", file=output)
