@@ -44,7 +44,7 @@ def broken_moe_export() -> None:
 
 
 def glm_router_packed() -> None:
-    """bugs.md B1: a GLM-style MoE quantized to W4A16 by llm-compressor, then the routers packed the way an
+    """THUDM/slime#1642: a GLM-style MoE quantized to W4A16 by llm-compressor, then the routers packed the way an
     online INT4 quantizer with ignore = ["lm_head"] packs every 2-D weight (compressed-tensors' own
     `pack_to_int32`). SGLang drops the router's quantized names silently: routing on garbage."""
     import sys

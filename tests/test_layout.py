@@ -1,6 +1,6 @@
 """Layer-id maps: megatron-core itself is the oracle for pipeline offsets and per-stage layer counts; SGLang's
 and vLLM's partitions, EP offsets, name mapping, shift inference and the `layout` command are pinned by the
-worked examples of megatron-mapping.md §5-§7."""
+worked examples of megatron-core's pipeline offsets."""
 
 from __future__ import annotations
 
@@ -294,7 +294,7 @@ def test_layout_decoder_count_mismatch_refused(mcore: dict[str, Any]) -> None:
 
 
 # ----------------------------------------------------------------------------------------------------------------
-# Worked examples (megatron-mapping.md §5), no megatron needed
+# Worked examples of megatron-core's offsets, no megatron needed
 # ----------------------------------------------------------------------------------------------------------------
 
 

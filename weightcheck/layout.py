@@ -1,7 +1,7 @@
 """Layer-id and expert-id maps across Megatron-Core, SGLang and vLLM. Pure Python: no torch, no megatron.
 
 A verifier that diffs what a Megatron trainer pushed against a checkpoint, or against what an inference
-engine holds, needs three maps (see `megatron-mapping.md` §5-§7):
+engine holds, needs three maps (megatron-core's `get_transformer_layer_offset`, SGLang's `get_pp_indices`):
 
 * Megatron (pp_rank, vp_stage, local index) → global decoder layer id. `MegatronPipeline` reproduces
   megatron-core 0.16's `get_transformer_layer_offset` (branch for branch) and `get_num_layers_to_build`,

@@ -30,7 +30,7 @@ def choose_mode(flag: bool | None, stream: TextIO | None = None) -> Mode:
 
 def _interval() -> float:
     try:
-        return max(0.05, float(os.environ.get("WEIGHTCHECK_PROGRESS_INTERVAL", "10")))
+        return max(0.0, float(os.environ.get("WEIGHTCHECK_PROGRESS_INTERVAL", "10")))
     except ValueError:
         return 10.0
 

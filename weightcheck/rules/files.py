@@ -38,7 +38,7 @@ def _problems(ctx: LintContext, kinds: frozenset[str] | None, exclude: frozenset
 def shard_truncated(ctx: LintContext) -> None:
     """The file length is checked against the header without reading tensor data: `8 + N + max(end)`
     must equal the file size. Truncated and partially downloaded shards are the most common cause of
-    `SafetensorError: MetadataIncompleteBuffer` (bugs.md A11); a shard with trailing bytes is rejected by
+    `SafetensorError: MetadataIncompleteBuffer` (lyogavin/airllm#137); a shard with trailing bytes is rejected by
     the same check in the safetensors library."""
     for name, _, problem in _problems(ctx, TRUNCATION_KINDS):
         ctx.report(f"{problem.kind}: {problem.detail}", file=name)
@@ -123,7 +123,7 @@ def file_refused(ctx: LintContext) -> None:
 )
 def shard_not_indexed(ctx: LintContext) -> None:
     """vLLM silently drops shards not named in the index and transformers never opens them, while loaders
-    that glob files merge them (stale `model.safetensors` next to a fresh index, bugs.md A10). A file
+    that glob files merge them (stale `model.safetensors` next to a fresh index, Blaizzy/mlx-vlm#1464). A file
     holding model tensors that no index entry references is an error; known side files
     (`consolidated*.safetensors`) are a warning."""
     ckpt = ctx.ckpt
@@ -154,7 +154,8 @@ def shard_not_indexed(ctx: LintContext) -> None:
 )
 def shard_numbering(ctx: LintContext) -> None:
     """Shard names carry their position and the total. A gap in the sequence or two different totals means
-    a shard was lost or two exports were mixed (bugs.md A1, A3, A6). Both 5- and 6-digit totals are
+    a shard was lost or two exports were mixed (sgl-project/sglang#32279, NVIDIA-NeMo/Megatron-Bridge#4188,
+    NVIDIA-NeMo/Megatron-Bridge#4513). Both 5- and 6-digit totals are
     accepted (DeepSeek-V3 uses `-of-000163`)."""
     names = set(ctx.ckpt.files_on_disk) | set(ctx.ckpt.indexed_shards)
     by_stem: dict[str, list[tuple[int, int, str]]] = defaultdict(list)

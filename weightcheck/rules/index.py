@@ -24,7 +24,7 @@ def _readable(ctx: LintContext, shard: str) -> bool:
     good="Every file named in weight_map exists in the checkpoint directory.",
 )
 def indexed_shard_missing(ctx: LintContext) -> None:
-    """Older loaders leave the parameters of a missing shard uninitialized and serve garbage (bugs.md A1);
+    """Older loaders leave the parameters of a missing shard uninitialized and serve garbage (sgl-project/sglang#32279);
     SGLang fails fast only since sgl-project/sglang#32279. The finding lists the tensors that shard should
     hold, collapsed by layer."""
     missing = {r.name for r in ctx.ckpt.refused if r.kind == "missing"}
@@ -51,7 +51,8 @@ def indexed_shard_missing(ctx: LintContext) -> None:
 )
 def indexed_key_not_in_shard(ctx: LintContext) -> None:
     """Writers that record the keys they *meant* to write produce index entries for tensors that are not in
-    the shard (bugs.md A2, A9). Loaders that trust the index then miss the tensor. The finding says
+    the shard (redai-studio/Relax#148, huggingface/huggingface_hub#4725). Loaders that trust the index then miss the
+    tensor. The finding says
     whether the tensor lives in another shard (wrong mapping) or nowhere (lost)."""
     ckpt = ctx.ckpt
     present = {s: ckpt.shards[s].tensors for s in ckpt.indexed_shards if _readable(ctx, s)}
@@ -87,7 +88,8 @@ def indexed_key_not_in_shard(ctx: LintContext) -> None:
 )
 def shard_key_not_indexed(ctx: LintContext) -> None:
     """transformers reports missing/unexpected keys from the index, so a tensor present only in a shard is
-    invisible to it, while vLLM loads every tensor of every indexed file (bugs.md A5, A7). Either way the
+    invisible to it, while vLLM loads every tensor of every indexed file (NVIDIA-NeMo/Megatron-Bridge#4083,
+    NVIDIA/Model-Optimizer#2427). Either way the
     index is incomplete."""
     ckpt = ctx.ckpt
     if not ckpt.weight_map:
@@ -154,7 +156,8 @@ def tensor_in_several_shards(ctx: LintContext) -> None:
 )
 def index_total_size(ctx: LintContext) -> None:
     """`total_size` is the sum of tensor storage bytes (headers excluded). Nobody checks it, but a wrong value
-    reveals a writer that dropped tensors or counted something else (bugs.md A14). Skipped when any
+    reveals a writer that dropped tensors or counted something else (slime's `tools/convert_hf_to_int4_direct.py`
+    writes it in rows). Skipped when any
     indexed shard is unreadable; a missing `total_size` is reported as info (DeepSeek's fp8_cast_bf16
     writes an empty metadata object)."""
     ckpt = ctx.ckpt

@@ -33,7 +33,8 @@ def _layer_names(s: LayerStructure, layers: list[int], suffixes: list[str]) -> l
 )
 def decoder_layer_missing(ctx: LintContext) -> None:
     """A layer dropped by a converter (PP stage not gathered, a shard never written) leaves the engine's
-    layer uninitialized, and nothing raises (bugs.md A3, A4, C4). Layer ids come from tensor names under
+    layer uninitialized, and nothing raises (NVIDIA-NeMo/Megatron-Bridge#4188, areal-project/AReaL#1403,
+    NVIDIA/Megatron-LM#1304). Layer ids come from tensor names under
     the language model's layer container (`model.layers`, `model.language_model.layers`, ...)."""
     s = structure_of(ctx)
     if s.num_hidden_layers is None or s.prefix is None:
@@ -123,7 +124,8 @@ def layer_keys_differ(ctx: LintContext) -> None:
 def experts_incomplete(ctx: LintContext) -> None:
     """The expert count comes from the config (`n_routed_experts`, `num_experts`, `num_local_experts`,
     `moe_num_experts`). An EP rank whose experts were never gathered, or gathered under local ids, leaves
-    holes or duplicates (bugs.md C11, C12). Experts above the count are reported too: engines skip them
+    holes or duplicates (areal-project/AReaL#1595, THUDM/slime#2280). Experts above the count are reported too:
+    engines skip them
     silently. Fused 3-D expert tensors (no per-expert index) are not counted here."""
     s = structure_of(ctx)
     if s.prefix is None or not s.experts:
@@ -187,7 +189,8 @@ def mtp_layer_missing(ctx: LintContext) -> None:
     """DeepSeek-V3, GLM-4.x MoE and MiMo number MTP layers after the decoder layers
     (`model.layers.{num_hidden_layers + i}`); Qwen3-Next/Qwen3.5 use a separate `mtp.*` module. Exports
     with MTP disabled drop them, which breaks speculative decoding (and in several bridges broke the
-    surrounding shards, bugs.md A3, A4). A warning: serving without MTP still works."""
+    surrounding shards, NVIDIA-NeMo/Megatron-Bridge#4188, areal-project/AReaL#1403). A warning: serving without MTP
+    still works."""
     s = structure_of(ctx)
     if s.prefix is None or s.num_hidden_layers is None or s.num_mtp_layers <= 0:
         return
@@ -254,7 +257,7 @@ def repeated_path_segment(ctx: LintContext) -> None:
 def layer_beyond_config(ctx: LintContext) -> None:
     """Engines skip layers above the configured count silently (SGLang GLM4-MoE, DeepSeek). Such tensors are
     either an MTP layer the config does not declare (set `num_nextn_predict_layers`) or a converter
-    numbering bug (bugs.md A3)."""
+    numbering bug (NVIDIA-NeMo/Megatron-Bridge#4188)."""
     s = structure_of(ctx)
     if s.prefix is None or s.num_hidden_layers is None:
         return
@@ -283,8 +286,10 @@ _LM_HEAD_RE = re.compile(r"(^|\.)lm_head\.weight(_packed)?$")
 )
 def tied_embedding_mismatch(ctx: LintContext) -> None:
     """`tie_word_embeddings: false` without any `lm_head.weight` leaves the output head uninitialized
-    (bugs.md F2, F6: error). `true` while the checkpoint also stores `lm_head.weight` is a warning: several
-    engines skip the stored head or raise KeyError (bugs.md F5). Checked only when the flag is explicit."""
+    (GradientHQ/parallax#444, QwenLM/Qwen3-VL-Embedding#89: error). `true` while the checkpoint also stores
+    `lm_head.weight` is a warning: several
+    engines skip the stored head or raise KeyError (vllm-project/vllm#6758, sgl-project/sglang#2935). Checked only
+    when the flag is explicit."""
     cfg = ctx.ckpt.text_config()
     tie = cfg.get("tie_word_embeddings")
     if not isinstance(tie, bool):

@@ -603,7 +603,8 @@ def _shape_problem(qa: QuantAnalysis, module: ModuleInfo, scheme: WeightScheme |
 def experts_mixed_schemes(ctx: LintContext) -> None:
     """vLLM (`get_moe_method`) and SGLang (`get_moe_scheme`) pick one scheme for a whole fused MoE layer by
     probing expert 0 only; experts stored differently are then loaded with the wrong method — bf16 experts
-    skipped silently (garbage), or quantized ones dropped (bugs.md B24)."""
+    skipped silently (garbage), or quantized ones dropped (vLLM's `get_moe_method` and SGLang's `get_moe_scheme`
+    probe expert 0 only)."""
     qa = _quantized(ctx)
     if qa is None or qa.inventory is None or qa.inventory.from_config_only:
         return
