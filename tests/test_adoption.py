@@ -43,9 +43,8 @@ def invoke(*args: str):
 @pytest.fixture
 def ghost(make_ckpt, tmp_path: Path) -> Path:
     """A real llama checkpoint in a folder whose name has a space, with one ghost index entry (WC202)."""
-    src = make_ckpt("llama")
     dst = tmp_path / "my model"
-    shutil.copytree(src, dst)
+    make_ckpt("llama").rename(dst)
     index = read_index(dst)
     index["weight_map"]["model.layers.0.mlp.ghost.weight"] = next(iter(index["weight_map"].values()))
     write_index(dst, index)
@@ -101,14 +100,27 @@ def test_sarif_lint_path_with_space_is_valid_with_regions_and_stable_fingerprint
     assert run["invocations"][0]["executionSuccessful"] is True
     wc202 = [r for r in run["results"] if r["ruleId"] == "WC202"]
     assert wc202, [r["ruleId"] for r in run["results"]]
-    phys = wc202[0]["locations"][0]["physicalLocation"]
-    assert phys["artifactLocation"]["uri"] == "my%20model/model.safetensors.index.json"
-    # The region is the index line naming the ghost tensor, for GitHub to place the alert.
-    line = (ghost / "model.safetensors.index.json").read_text().splitlines()[phys["region"]["startLine"] - 1]
-    assert "model.layers.0.mlp.ghost.weight" in line
+    loc = wc202[0]["locations"][0]
+    assert loc["physicalLocation"]["artifactLocation"]["uri"].startswith("my%20model/model-")  # the shard
+    assert loc["logicalLocations"][0]["fullyQualifiedName"] == "model.layers.0.mlp.ghost.weight"
     again = json.loads(wc("lint", ghost.name, "--format", "sarif", cwd=cwd).stdout)
     fingerprints = [r["partialFingerprints"] for r in run["results"]]
     assert fingerprints == [r["partialFingerprints"] for r in again["runs"][0]["results"]]
+
+
+def test_sarif_region_is_the_line_of_the_ignore_entry() -> None:
+    sample = REPO / "sample_configs" / "glm-4.7-w4a16-layer-regex-overreach"
+    doc = json.loads(wc("lint", "config.json", "--format", "sarif", cwd=sample).stdout)
+    validate_sarif(doc, sample)
+    lines = (sample / "config.json").read_text().splitlines()
+    for result in doc["runs"][0]["results"]:
+        phys = result["locations"][0]["physicalLocation"]
+        assert phys["artifactLocation"]["uri"] == "config.json"
+        line = lines[phys["region"]["startLine"] - 1]
+        if result["ruleId"] == "WC305":
+            assert "re:model.layers." in line
+        elif result["ruleId"] == "WC309":  # not covered by the list: the alert sits on the list
+            assert '"ignore"' in line
 
 
 def test_sarif_of_a_run_that_checked_nothing_says_so(tmp_path: Path) -> None:
@@ -132,7 +144,7 @@ def test_sarif_diff_points_at_existing_candidate_files(make_ckpt, tmp_path: Path
     shutil.copytree(ref, cand)
     shard = sorted(cand.glob("*.safetensors"))[0]
     tensors = load_file(shard)
-    name = next(n for n in tensors if n.endswith("mlp.down_proj.weight"))
+    name = next(n for n, t in tensors.items() if t.dim() == 2)
     tensors[name] = torch.zeros_like(tensors[name])
     save_file(tensors, shard, metadata={"format": "pt"})
     proc = wc("diff", str(ref), str(cand), "--format", "sarif", cwd=tmp_path)
@@ -190,7 +202,7 @@ def test_missing_reference_sync_and_version_exit_3_even_with_exit_zero(bench, tm
         assert missing.exit_code == 3, (args, missing.output)
         doc = json.loads(missing.output)
         assert doc["summary"]["nothing_checked"] and not doc["summary"]["execution_successful"]
-    present = invoke("verify", records, "--against", str(b.ckpt), "--sync", "1", "--exit-zero")
+    present = invoke("verify", records, "--against", str(b.ckpt), "--sync", "latest", "--exit-zero")
     assert present.exit_code == 0, present.output
 
 
@@ -208,7 +220,7 @@ def test_several_targets_one_report_and_a_typo_among_them_is_exit_3(make_ckpt, g
     assert proc.returncode == 1, proc.stderr
     doc = json.loads(proc.stdout)
     assert {f["code"] for f in doc["findings"]} == {"WC202"}
-    assert doc["findings"][0]["location"]["file"] == str(ghost / "model.safetensors.index.json")
+    assert Path(doc["findings"][0]["location"]["file"]).parent == ghost  # relative to the working directory
     assert doc["summary"]["checked"]["targets"] == 2
     typo = wc("lint", str(clean), str(clean.parent / "typo"), "--exit-zero")
     assert typo.returncode == 3
@@ -291,7 +303,7 @@ def test_progress_lines_off_a_terminal(make_ckpt) -> None:
     assert "weightcheck content:" not in quiet.stderr
 
 
-def test_missing_dependency_is_one_line_and_exit_2(make_ckpt, bench, tmp_path: Path) -> None:  # noqa: F811
+def test_missing_dependency_is_one_line_and_exit_2(bench, tmp_path: Path) -> None:  # noqa: F811
     block = tmp_path / "block"
     block.mkdir()
     # A sitecustomize that makes torch/numpy/xxhash look uninstalled, as in a core-only install.
@@ -311,7 +323,7 @@ def test_missing_dependency_is_one_line_and_exit_2(make_ckpt, bench, tmp_path: P
     env = {"PYTHONPATH": f"{block}{os.pathsep}{REPO}"}
     b = bench("llama")
     b.push(b.stream)
-    path = str(make_ckpt("llama"))
+    path = str(b.ckpt)
     for args in (("lint", path, "--content"), ("diff", path, path), ("verify", str(b.records), "--against", path)):
         proc = wc(*args, env=env)
         assert proc.returncode == 2, (args, proc.stdout, proc.stderr)
@@ -425,7 +437,7 @@ def test_wheel_builds_and_ships_the_patterns(tmp_path: Path) -> None:
         env=env,
         cwd=tmp_path,
     )
-    assert lint.returncode == 1 and "WC305" in lint.stdout  # needs the glm4_moe pattern shipped in the wheel
+    assert "WC305" in lint.stdout, lint.stdout  # needs the glm4_moe pattern shipped in the wheel
 
 
 @pytest.mark.skipif(shutil.which("git") is None, reason="pre-commit needs git")

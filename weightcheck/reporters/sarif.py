@@ -100,6 +100,13 @@ def artifact_uri(path: Path, cwd: Path | None = None) -> tuple[str, str | None]:
         return absolute.as_uri(), None
 
 
+_FALLBACK_KEYS: dict[str, list[str]] = {
+    "WC3": ["ignore", "modules_to_not_convert", "exclude_modules", "quantization_config"],
+    "WC205": ["total_size"],
+    "WC2": ["weight_map"],
+    "WC4": ["num_hidden_layers"],
+}
+
 _BRACES = re.compile(r"\{(\d+)[^}]*\}")
 
 
@@ -128,6 +135,8 @@ def region(path: Path, finding: Finding, cache: dict[Path, list[str] | None]) ->
     tokens = [
         _concrete(x) for x in (finding.location.tensor, finding.location.module) if x and not x.startswith("(")
     ]
+    # Then the key a fix would touch: the ignore list for quantization rules, total_size for WC205.
+    tokens += _FALLBACK_KEYS.get(finding.code, _FALLBACK_KEYS.get(finding.code[:3], []))
     for token in tokens:
         for quoted in (f'"{token}"', token):
             for number, line in enumerate(lines, start=1):
