@@ -34,7 +34,7 @@ def _lines(result: Result, verbose: bool) -> list[tuple[str, str]]:
         shown = items if verbose else items[:20]
         for f in shown:
             # A name list the message already spells out is not printed a second time in front of it.
-            parts = [x for x in (f.location.file, f.location.tensor) if x and x not in f.message]
+            parts = [x for x in (f.location.file, f.location.tensor) if x and x.split(", …")[0] not in f.message]
             where = " ".join(parts)
             out.append(("", f"  {where}: {f.message}" if where else f"  {f.message}"))
             related = getattr(f, "related", None)
