@@ -449,6 +449,8 @@ def test_pre_commit_hook_through_try_repo(tmp_path: Path) -> None:
     for name, sample in (("good", "glm-4.5-air-w4a16-recommended"), ("bad", "glm-4.7-w4a16-layer-regex-overreach")):
         (repo / name).mkdir(parents=True)
         shutil.copy(REPO / "sample_configs" / sample / "config.json", repo / name / "config.json")
+    (repo / "broken").mkdir()
+    (repo / "broken" / "config.json").write_text('{"model_type": "llama", "num_hidden_layers": ')  # cut short
     git = ["git", "-c", "user.email=ci@example.invalid", "-c", "user.name=ci"]
     subprocess.run([*git, "init", "-q"], cwd=repo, check=True)
     subprocess.run([*git, "add", "-A"], cwd=repo, check=True)
@@ -464,5 +466,7 @@ def test_pre_commit_hook_through_try_repo(tmp_path: Path) -> None:
         timeout=900,
     )
     out = proc.stdout + proc.stderr
-    assert proc.returncode == 1, out  # the over-reaching regex in bad/config.json fails the hook
-    assert "WC305" in out and "bad/config.json" in out and "good/config.json" in out  # one call, both files
+    assert proc.returncode == 1, out  # the truncated broken/config.json fails the hook (WC107, an error)
+    assert "WC107" in out and "broken/config.json" in out
+    assert "WC305" in out and "bad/config.json" in out and "good/config.json" in out  # one call, every file
+    assert "3 targets" in out
