@@ -208,7 +208,7 @@ def test_cli_content_hash_and_manifest(make_ckpt, tmp_path: Path) -> None:
     assert wc("lint", str(path), "--content", "--hash", str(manifest)).returncode == 0
     assert wc("lint", str(path), "--content", "--against-manifest", str(manifest)).returncode == 0
     set_tensor(path, Q_PROJ, lambda w: w * 2)
-    proc = wc("lint", str(path), "--content", "--against-manifest", str(manifest), "--format", "json")
+    proc = wc("lint", str(path), "--content", "--against-manifest", str(manifest), "--format", "json", "--no-progress")
     assert proc.returncode == 1 and proc.stderr == ""
     assert {f["code"] for f in json.loads(proc.stdout)["findings"]} == {"WC606"}
 

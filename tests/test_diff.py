@@ -249,11 +249,11 @@ def test_a_comparison_bug_is_an_internal_error_not_a_pass(make_ckpt, copy_ckpt, 
 def test_cli_json_and_exit_codes(make_ckpt, copy_ckpt, tmp_path: Path) -> None:
     a = make_ckpt("llama")
     b = copy_ckpt(a)
-    clean = wc("diff", str(a), str(b), "--format", "json")
+    clean = wc("diff", str(a), str(b), "--format", "json", "--no-progress")
     assert clean.returncode == 0, clean.stderr
     doc = json.loads(clean.stdout)
     assert doc["command"] == "diff" and doc["summary"]["checked"]["equal"] == LLAMA_TENSORS
-    assert clean.stderr == ""  # a short run prints no progress line (one every 10 s off a terminal)
+    assert clean.stderr == ""  # --no-progress: nothing on stderr (else a line every 10 s off a terminal)
     edit_tensors(b, lambda t: t.pop("lm_head.weight"))
     assert wc("diff", str(a), str(b)).returncode == 1
     assert wc("diff", str(a), str(b), "--allow-skip", "lm_head.weight").returncode == 0
