@@ -350,8 +350,8 @@ def _run(view_a: LogicalCheckpoint, view_b: LogicalCheckpoint, opts: DiffOptions
         "skipped": counts["skipped"],
         "only_in_reference": len(only_a),
         "only_in_candidate": len(only_b),
-        "tensors_a": len(view_a.names()),
-        "tensors_b": len(view_b.names()),
+        "reference_tensors": len(view_a.names()),
+        "candidate_tensors": len(view_b.names()),
         "bytes_read": view_a.store.bytes_read + view_b.store.bytes_read,
     }
     result.notes.append(

@@ -10,17 +10,17 @@ from weightcheck.findings import Result, Severity
 _STYLE = {Severity.ERROR: "bold red", Severity.WARNING: "yellow", Severity.INFO: "cyan"}
 
 
-_UNCOUNTABLE = {"info", "equal", "failed", "compared", "skipped"}
+_SEVERITY_NOUNS = {"error", "warning", "finding"}
 
 
 def plural(n: int, noun: str) -> str:
-    """`1 warning`, `2 warnings`, `1 shard` (from the plural key `shards`), `3 info`."""
-    last = noun.rsplit(" ", 1)[-1]
-    if last in _UNCOUNTABLE or not noun:
-        return f"{n} {noun}"
-    if n == 1:
-        return f"{n} {noun[:-1]}" if noun.endswith("s") and not noun.endswith("ss") else f"{n} {noun}"
-    return f"{n} {noun}" if noun.endswith("s") else f"{n} {noun}s"
+    """`1 warning`, `2 warnings`, `1 shard` (from the key `shards`); other keys (`equal`, `only in reference`)
+    are printed as they are."""
+    if noun in _SEVERITY_NOUNS:
+        return f"{n} {noun}" if n == 1 else f"{n} {noun}s"
+    if n == 1 and noun.endswith("s") and not noun.endswith("ss"):
+        return f"{n} {noun[:-1]}"
+    return f"{n} {noun}"
 
 
 def _lines(result: Result, verbose: bool) -> list[tuple[str, str]]:
