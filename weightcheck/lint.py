@@ -48,43 +48,39 @@ def lint(
         return _lint(Path(target), select, ignore, options)
 
 
-_REPO_ID = re.compile(r"^[A-Za-z0-9][\w.-]*/[\w.-]+(@[\w./-]+)?$")
-
-
-def resolve_hub_cache(target: str) -> Path | None:
-    """`org/name[@revision]` → its snapshot in the local Hugging Face cache, if cached. Never downloads:
-    `local_files_only=True` (weightcheck runs offline; fetch with `huggingface-cli download` first)."""
-    if not _REPO_ID.match(target) or Path(target).exists():
-        return None
-    try:
-        from huggingface_hub import snapshot_download
-    except ImportError:
-        return None
-    repo_id, _, revision = target.partition("@")
-    try:
-        return Path(snapshot_download(repo_id, revision=revision or None, local_files_only=True))
-    except Exception:  # not cached (LocalEntryNotFoundError), bad id, unreadable cache: nothing to lint
-        return None
-
-
 def _lint(path: Path, select: Iterable[str], ignore: Iterable[str], options: dict[str, Any] | None) -> Result:
+    from weightcheck.hub import HubError, resolve
+
     result = Result(target=str(path), command="lint")
-    if not path.exists():
-        cached = resolve_hub_cache(str(path))
-        if cached is None:
-            result.nothing_checked = True
-            result.notes.append(f"{path}: no such file or directory (nor a repo id in the local Hugging Face cache)")
-            return result
-        result.notes.append(f"{path}: linting the cached snapshot {cached}")
-        path = cached
-    ckpt = load_checkpoint(path)
+    opts = dict(options or {})
+    try:
+        resolved = resolve(
+            str(path),
+            needs_data=bool(opts.get("content")),
+            download_ok=bool(opts.get("download")),
+            revision=opts.get("revision"),
+            what="lint --content",
+        )
+    except HubError as exc:
+        result.nothing_checked = True
+        result.notes.append(str(exc))
+        return result
+    if resolved.note:
+        result.notes.append(resolved.note)
+    if resolved.source is None and not resolved.path.exists():  # type: ignore[union-attr]
+        result.nothing_checked = True
+        result.notes.append(f"{path}: no such file or directory (nor a repo id in the local Hugging Face cache)")
+        return result
+    target = resolved.source or resolved.path
+    assert target is not None
+    ckpt = load_checkpoint(target)
+    path = resolved.path if resolved.path is not None else path
     config_only = not ckpt.has_weights
     if config_only and (ckpt.config is None or not ckpt.config.exists):
         result.nothing_checked = True
         result.notes.append(f"{path}: no safetensors weights, index or config.json to check")
         return result
 
-    opts = dict(options or {})
     if opts.get("pattern"):  # an explicit --pattern must exist and be valid: fail early (usage error)
         from weightcheck.patterns import resolve_pattern
 
@@ -94,6 +90,13 @@ def _lint(path: Path, select: Iterable[str], ignore: Iterable[str], options: dic
     rules = selected_rules(select, ignore)
     if not opts.get("content"):
         rules = [r for r in rules if "data" not in r.needs]
+    if ckpt.index_only:
+        shards = len(ckpt.indexed_shards)
+        result.notes.append(
+            f"index-only mode: none of the {shards} shard(s) named by the index is present (a `*.json`-only "
+            "download?); the index is checked against itself and the config, shard files and headers are not"
+        )
+        opts["index_only"] = True
     if config_only:
         skipped = [r.code for r in rules if "tensors" in r.needs]
         rules = [r for r in rules if "tensors" not in r.needs]
@@ -112,6 +115,7 @@ def _lint(path: Path, select: Iterable[str], ignore: Iterable[str], options: dic
     result.findings = ctx.findings
     result.checked = {
         "shards": len(ckpt.shards),
+        **({"remote_bytes_received": resolved.source.bytes_received} if resolved.source else {}),
         "tensors": len(ckpt.tensor_names()),
         "rules": len(rules),
         "header_bytes_read": ckpt.bytes_read,
