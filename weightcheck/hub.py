@@ -22,8 +22,8 @@ from typing import Any
 from weightcheck.checkpoint import (
     INDEX_NAME,
     MAX_JSON_BYTES,
-    SINGLE_NAME,
     SHARD_RE,
+    SINGLE_NAME,
     JsonDoc,
     PathRefusal,
     parse_json_doc,
@@ -157,7 +157,7 @@ class HubSource:
     def read_headers(self, names: list[str]) -> dict[str, HeaderReport | PathRefusal]:
         with ThreadPoolExecutor(max_workers=max(1, min(self.max_workers, len(names)))) as pool:
             opened = list(pool.map(self._open_shard, names))
-        return dict(zip(names, opened))
+        return dict(zip(names, opened, strict=True))
 
     # ---- reading -----------------------------------------------------------------------------------
     def _open_shard(self, name: str) -> HeaderReport | PathRefusal:

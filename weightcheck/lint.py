@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import gc
-import re
 import traceback
 from collections.abc import Iterable, Iterator
 from contextlib import contextmanager
