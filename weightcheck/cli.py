@@ -112,6 +112,10 @@ def cli() -> None:
     default=None,
     help="With --content: compare per-tensor digests with this manifest.",
 )
+@click.option("--revision", default=None, help="For a Hub repo id: branch, tag or commit (default: main).")
+@click.option("--download", is_flag=True, help="With --content on a Hub repo: download it into the HF cache first.")
+@click.option("--ray", "ray_address", is_flag=False, flag_value="auto", default=None, metavar="[ADDRESS]",
+              help="With --content: run the data checks as Ray tasks (local, or the cluster at ADDRESS).")  # fmt: skip
 @output_options
 def lint(
     target: Path,
@@ -119,6 +123,9 @@ def lint(
     content: bool,
     hash_out: Path | None,
     against_manifest: Path | None,
+    revision: str | None,
+    download: bool,
+    ray_address: str | None,
     fmt: str | None,
     select: tuple[str, ...],
     ignore: tuple[str, ...],
@@ -136,11 +143,16 @@ def lint(
     settings = resolve_settings(target, config_path, select=select, ignore=ignore, fail_on=fail_on, fmt=fmt)
     if (hash_out or against_manifest) and not content:
         raise click.UsageError("--hash and --against-manifest need --content")
+    if ray_address is not None and not content:
+        raise click.UsageError("--ray needs --content (header-only lint reads kilobytes: nothing to distribute)")
     options = {
         "pattern": pattern or settings.pattern,
         "content": content,
         "hash_out": hash_out,
         "against_manifest": against_manifest,
+        "revision": revision,
+        "download": download,
+        "ray": ray_address,
         # Progress bars (drawn on stderr) only for a human watching text output.
         "progress": settings.format == "text" and sys.stderr.isatty(),
     }

@@ -267,19 +267,39 @@ class DiffOptions:
     select: list[str] = field(default_factory=lambda: ["ALL"])
     ignore: list[str] = field(default_factory=list)
     progress: bool = False
+    # A repo id operand is downloaded into the HF cache (diff reads tensor data; nothing is fetched unasked).
+    download: bool = False
+    ray: str | None = None  # `--ray [ADDRESS]`: compare on a Ray cluster ("auto" or an address)
 
 
 def diff(path_a: str | os.PathLike[str], path_b: str | os.PathLike[str], options: DiffOptions | None = None) -> Result:
     """Compare checkpoint B against reference A. Never raises for bad input: problems are findings."""
+    from weightcheck.hub import HubError, resolve
+
     opts = options or DiffOptions()
-    a_path, b_path = Path(path_a), Path(path_b)
-    result = Result(target=f"{a_path} vs {b_path}", command="diff")
-    for label, path in (("A", a_path), ("B", b_path)):
-        if not path.exists():
+    result = Result(target=f"{os.fspath(path_a)} vs {os.fspath(path_b)}", command="diff")
+    paths: list[Path] = []
+    for label, spec in (("A", path_a), ("B", path_b)):
+        try:
+            resolved = resolve(spec, needs_data=True, download_ok=opts.download, what="diff")
+        except HubError as exc:
             result.nothing_checked = True
-            result.notes.append(f"checkpoint {label} {path}: no such file or directory")
+            result.notes.append(f"checkpoint {label}: {exc}")
+            continue
+        assert resolved.path is not None
+        if resolved.note:
+            result.notes.append(f"checkpoint {label}: {resolved.note}")
+        if not resolved.path.exists():
+            result.nothing_checked = True
+            result.notes.append(f"checkpoint {label} {resolved.path}: no such file or directory")
+        paths.append(resolved.path)
     if result.nothing_checked:
         return result
+    a_path, b_path = paths
+    if opts.ray is not None:
+        from weightcheck.distributed import ray_diff
+
+        return ray_diff(a_path, b_path, opts, result)
     view_a = load_logical(a_path)
     view_b = load_logical(b_path)
     try:

@@ -61,7 +61,8 @@ def parse_target(spec: str, revision: str | None = None) -> HubTarget | None:
 
     An existing local path always wins over a repo id of the same spelling. `revision` (from
     `--revision`) applies when the spec names none."""
-    spec = str(spec)
+    # `Path("hf://x")` prints as "hf:/x" (CLI arguments arrive as Paths): accept any number of slashes.
+    spec = re.sub(r"^hf:/+", "hf://", str(spec))
     m = _HF_URI.match(spec)
     if m is None:
         if Path(spec).exists():

@@ -33,6 +33,9 @@ from weightcheck.cli import cli, finish, output_options, resolve_settings
     help="Tensors (glob with `*`, or `re:REGEX`) that may be skipped or missing without failing. Repeatable.",
 )
 @click.option("--progress/--no-progress", default=None, help="Progress bar on stderr (default: on a terminal).")
+@click.option("--download", is_flag=True, help="A Hub repo id not fully cached is downloaded into the HF cache.")
+@click.option("--ray", "ray_address", is_flag=False, flag_value="auto", default=None, metavar="[ADDRESS]",
+              help="Compare as Ray tasks (local, or the cluster at ADDRESS).")  # fmt: skip
 @output_options
 def diff(
     reference: Path,
@@ -41,6 +44,8 @@ def diff(
     policy_path: Path | None,
     allow_skip: tuple[str, ...],
     progress: bool | None,
+    download: bool,
+    ray_address: str | None,
     fmt: str | None,
     select: tuple[str, ...],
     ignore: tuple[str, ...],
@@ -77,6 +82,8 @@ def diff(
         select=settings.select,
         ignore=settings.ignore,
         progress=progress,
+        download=download,
+        ray=ray_address,
     )
     try:
         result = run_diff(reference, candidate, options)
