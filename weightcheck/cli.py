@@ -81,6 +81,17 @@ def resolve_settings(target: Path, config_path: Path | None, **cli: Any) -> Sett
     return settings
 
 
+def check_ray(address: str | None) -> None:
+    """`--ray` without Ray installed is a usage error (exit 2), before any work starts."""
+    if address is not None:
+        from weightcheck.distributed import RayUnavailable, require_ray
+
+        try:
+            require_ray()
+        except RayUnavailable as exc:
+            raise click.UsageError(str(exc)) from None
+
+
 def finish(
     result: Result, settings: Settings, output: Any, *, exit_zero: bool, color: bool | None, verbose: bool
 ) -> None:
@@ -145,6 +156,7 @@ def lint(
         raise click.UsageError("--hash and --against-manifest need --content")
     if ray_address is not None and not content:
         raise click.UsageError("--ray needs --content (header-only lint reads kilobytes: nothing to distribute)")
+    check_ray(ray_address)
     options = {
         "pattern": pattern or settings.pattern,
         "content": content,

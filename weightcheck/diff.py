@@ -315,7 +315,18 @@ def diff(path_a: str | os.PathLike[str], path_b: str | os.PathLike[str], options
         view_b.close()
 
 
-def _run(view_a: LogicalCheckpoint, view_b: LogicalCheckpoint, opts: DiffOptions, result: Result) -> Result:
+@dataclass
+class DiffPlan:
+    """Which tensor of A is compared with which of B (deterministic: every Ray task rebuilds the same)."""
+
+    pairs: list[tuple[str, str]]
+    only_a: list[str]
+    only_b: list[str]
+    policy: Policy
+    reference: ReferenceIndex
+
+
+def plan_diff(view_a: LogicalCheckpoint, view_b: LogicalCheckpoint, opts: DiffOptions) -> DiffPlan:
     from weightcheck.compare.classify import ReferenceIndex
     from weightcheck.compare.policy import Policy
 
@@ -334,26 +345,55 @@ def _run(view_a: LogicalCheckpoint, view_b: LogicalCheckpoint, opts: DiffOptions
             only_a.append(name)
     only_b = [n for n in view_b.names() if n not in paired_b]
     reference = ReferenceIndex([n for n in view_a.names() if n not in view_a.unavailable], view_a.operand)
+    return DiffPlan(pairs, only_a, only_b, policy, reference)
 
+
+def compare_pairs(
+    view_a: LogicalCheckpoint,
+    view_b: LogicalCheckpoint,
+    plan: DiffPlan,
+    pairs: list[tuple[str, str]],
+    opts: DiffOptions,
+    advance: Any = None,
+) -> list[_Outcome]:
+    """Compare `pairs` in order: the unit of work of the single-process diff and of a Ray task."""
     outcomes: list[_Outcome] = []
-    total = sum(view_a.nbytes(a) + view_b.nbytes(b) for a, b in pairs)
+    for name_a, name_b in pairs:
+        outcomes.append(_compare_one(view_a, view_b, name_a, name_b, plan.policy, plan.reference, opts))
+        if advance is not None:
+            advance(view_a.nbytes(name_a) + view_b.nbytes(name_b), name_a)
+    return outcomes
+
+
+def _run(view_a: LogicalCheckpoint, view_b: LogicalCheckpoint, opts: DiffOptions, result: Result) -> Result:
+    plan = plan_diff(view_a, view_b, opts)
+    total = sum(view_a.nbytes(a) + view_b.nbytes(b) for a, b in plan.pairs)
     progress = _Progress(total) if opts.progress and total >= PROGRESS_MIN_BYTES else None
     try:
-        for name_a, name_b in pairs:
-            outcomes.append(_compare_one(view_a, view_b, name_a, name_b, policy, reference, opts))
-            if progress is not None:
-                progress.advance(view_a.nbytes(name_a) + view_b.nbytes(name_b), name_a)
+        outcomes = compare_pairs(view_a, view_b, plan, plan.pairs, opts, progress.advance if progress else None)
     finally:
         if progress is not None:
             progress.close()
+    return finish_diff(outcomes, plan, view_a, view_b, opts, result, view_a.store.bytes_read + view_b.store.bytes_read)
 
+
+def finish_diff(
+    outcomes: list[_Outcome],
+    plan: DiffPlan,
+    view_a: LogicalCheckpoint,
+    view_b: LogicalCheckpoint,
+    opts: DiffOptions,
+    result: Result,
+    bytes_read: int,
+) -> Result:
+    only_a, only_b = plan.only_a, plan.only_b
     result.findings = _findings(outcomes, only_a, only_b, opts)
-    counts = defaultdict(int)
+    counts: dict[str, int] = defaultdict(int)
     for outcome in outcomes:
         counts[outcome.status] += 1
     compared = counts["equal"] + counts["within_tolerance"] + counts["failed"]
     result.checked = {
-        "tensors": len(pairs) + len(only_a) + len(only_b),
+        "tensors": len(plan.pairs) + len(only_a) + len(only_b),
         "compared": compared,
         "equal": counts["equal"],
         "within_tolerance": counts["within_tolerance"],
@@ -363,7 +403,7 @@ def _run(view_a: LogicalCheckpoint, view_b: LogicalCheckpoint, opts: DiffOptions
         "only_in_b": len(only_b),
         "tensors_a": len(view_a.names()),
         "tensors_b": len(view_b.names()),
-        "bytes_read": view_a.store.bytes_read + view_b.store.bytes_read,
+        "bytes_read": bytes_read,
     }
     result.notes.append(
         "coverage: "

@@ -73,6 +73,8 @@ def _lint(path: Path, select: Iterable[str], ignore: Iterable[str], options: dic
     target = resolved.source or resolved.path
     assert target is not None
     ckpt = load_checkpoint(target)
+    if resolved.path is not None:
+        opts["local_path"] = str(resolved.path)  # what Ray tasks open on their node
     path = resolved.path if resolved.path is not None else path
     config_only = not ckpt.has_weights
     if config_only and (ckpt.config is None or not ckpt.config.exists):
@@ -119,6 +121,7 @@ def _lint(path: Path, select: Iterable[str], ignore: Iterable[str], options: dic
         "rules": len(rules),
         "header_bytes_read": ckpt.bytes_read,
     }
+    result.notes.extend(ctx.cache.get("notes", []))
     if "quant" in ctx.cache:
         result.notes.extend(ctx.cache["quant"].notes)
     if "structure" in ctx.cache and ctx.cache["structure"].prefix is not None:

@@ -8,7 +8,7 @@ from typing import Any
 
 import click
 
-from weightcheck.cli import cli, finish, output_options, resolve_settings
+from weightcheck.cli import check_ray, cli, finish, output_options, resolve_settings
 
 
 @cli.command()
@@ -65,6 +65,7 @@ def diff(
     from weightcheck.diff import DiffOptions, NameMapError, internal_error, load_name_map
     from weightcheck.diff import diff as run_diff
 
+    check_ray(ray_address)
     settings = resolve_settings(reference, config_path, select=select, ignore=ignore, fail_on=fail_on, fmt=fmt)
     base_dir = Path(settings.source).parent if settings.source else None
     try:
