@@ -26,7 +26,8 @@ from __future__ import annotations
 import os
 import sys
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -62,16 +63,28 @@ def _chunk_bytes() -> int:
     return max(1, int(value)) if value and value.isdigit() else CHUNK_BYTES
 
 
-def connect(address: str | None) -> Any:
-    """Use the running Ray session, else `ray.init(address)`: "local" (the `--ray` flag alone) starts or
-    joins what `ray.init()` would (RAY_ADDRESS if set), anything else is a cluster address ("auto" too)."""
+@contextmanager
+def session(address: str | None) -> Iterator[Any]:
+    """Use the running Ray session, else `ray.init(address)` for the duration: "local" (the `--ray` flag
+    alone) starts or joins what `ray.init()` would (RAY_ADDRESS if set), anything else is a cluster
+    address ("auto" too). Ray's driver prints worker and raylet errors (a killed worker...) to sys.stdout
+    from a background thread: stdout is pointed at stderr meanwhile so the report stays parseable, and a
+    session opened here is shut down before stdout is given back."""
     ray = require_ray()
-    if not ray.is_initialized():
-        kwargs: dict[str, Any] = {"log_to_driver": False, "configure_logging": False}
-        if address and address != "local":
-            kwargs["address"] = address
-        ray.init(**kwargs)
-    return ray
+    owned = not ray.is_initialized()
+    saved = sys.stdout
+    sys.stdout = sys.stderr
+    try:
+        if owned:
+            kwargs: dict[str, Any] = {"log_to_driver": False, "configure_logging": False}
+            if address and address != "local":
+                kwargs["address"] = address
+            ray.init(**kwargs)
+        yield ray
+    finally:
+        if owned and ray.is_initialized():
+            ray.shutdown()
+        sys.stdout = saved
 
 
 @dataclass
@@ -264,10 +277,14 @@ def _scan_task(root: str, shard: str, names: list[str], algorithms: list[str], h
 
 
 def ray_content_scan(ctx: LintContext, names: list[str], algorithms: list[str]) -> list[TensorScan]:
+    with session(ctx.options.get("ray")) as ray:
+        return _ray_content_scan(ray, ctx, names, algorithms)
+
+
+def _ray_content_scan(ray: Any, ctx: LintContext, names: list[str], algorithms: list[str]) -> list[TensorScan]:
     from weightcheck.rules.content import TensorScan, _progress, _show_progress
     from weightcheck.tensors import TensorStore
 
-    ray = connect(ctx.options.get("ray"))
     store: TensorStore = ctx.memo("tensor_store", lambda: TensorStore(ctx.ckpt))
     root = str(Path(ctx.options.get("local_path") or ctx.ckpt.root))
     if Path(root).is_file():
@@ -340,9 +357,13 @@ def _files_of(view: Any, name: str, root: str) -> set[tuple[str, str]]:
 
 
 def ray_diff(path_a: Path, path_b: Path, opts: DiffOptions, result: Result) -> Result:
+    with session(opts.ray) as ray:
+        return _ray_diff(ray, path_a, path_b, opts, result)
+
+
+def _ray_diff(ray: Any, path_a: Path, path_b: Path, opts: DiffOptions, result: Result) -> Result:
     from weightcheck.diff import _Outcome, finish_diff, load_logical, plan_diff
 
-    ray = connect(opts.ray)
     view_a, view_b = load_logical(path_a), load_logical(path_b)
     try:
         for label, view in (("A", view_a), ("B", view_b)):

@@ -10,6 +10,7 @@ import os
 import socket
 import subprocess
 import sys
+import tempfile
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -41,7 +42,8 @@ def as_json(result: Result) -> str:
 @pytest.fixture(scope="module")
 def local_ray() -> Iterator[None]:
     """`ray.init()` with 2 CPUs; workers import this checkout."""
-    ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False,
+    # address="local": a new 2-CPU instance, never a cluster some `ray start` left on this machine.
+    ray.init(address="local", num_cpus=2, include_dashboard=False, log_to_driver=False,
              runtime_env={"env_vars": {"PYTHONPATH": str(REPO)}})  # fmt: skip
     try:
         yield
@@ -134,47 +136,99 @@ def _free_port() -> int:
         return s.getsockname()[1]
 
 
+# Ray >= 2.52 turns token authentication on for new clusters; this loopback-only test cluster opts out.
+CLUSTER_ENV = {"RAY_AUTH_MODE": "disabled", "RAY_USAGE_STATS_ENABLED": "0", "PYTHONPATH": str(REPO)}
+
+
 @pytest.fixture(scope="module")
 def two_nodes(tmp_path_factory) -> Iterator[str]:
+    """Head + worker node, each a `ray start --block` process this fixture owns: terminating them stops
+    exactly this cluster's processes (`ray stop` would stop every Ray process on the machine)."""
     if ray.is_initialized():
         ray.shutdown()
     port = _free_port()
-    env = {**os.environ, "PYTHONPATH": str(REPO), "RAY_USAGE_STATS_ENABLED": "0"}
+    env = {**os.environ, **CLUSTER_ENV}
     ray_bin = str(Path(sys.executable).parent / "ray")
-    head = [ray_bin, "start", "--head", "--node-ip-address=127.0.0.1", f"--port={port}", "--num-cpus=1",
-            "--include-dashboard=false", "--disable-usage-stats"]  # fmt: skip
-    worker = [ray_bin, "start", f"--address=127.0.0.1:{port}", "--node-ip-address=127.0.0.1", "--num-cpus=1",
-              "--disable-usage-stats"]  # fmt: skip
+    common = ["--node-ip-address=127.0.0.1", "--num-cpus=1", "--disable-usage-stats", "--block"]
+    head = [ray_bin, "start", "--head", f"--port={port}", "--include-dashboard=false", *common]
+    worker = [ray_bin, "start", f"--address=127.0.0.1:{port}", *common]
+    logs = tmp_path_factory.mktemp("ray-logs")
+    procs: list[subprocess.Popen] = []
+    address = f"127.0.0.1:{port}"
     try:
-        for cmd in (head, worker):
-            proc = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=180)
-            if proc.returncode != 0:
-                pytest.fail(f"{' '.join(cmd)} failed:\n{proc.stdout[-2000:]}\n{proc.stderr[-2000:]}")
-        yield f"127.0.0.1:{port}"
+        for i, cmd in enumerate((head, worker)):
+            out = open(logs / f"node{i}.log", "w")  # noqa: SIM115 - closed with the process
+            procs.append(subprocess.Popen(cmd, env=env, stdout=out, stderr=subprocess.STDOUT))
+            if i == 0:
+                _wait_port(port, procs, logs)
+        _wait_nodes(address, 2, procs, logs)
+        yield address
     finally:
-        subprocess.run([ray_bin, "stop", "--force"], env=env, capture_output=True, timeout=120)
+        for proc in reversed(procs):
+            proc.terminate()
+        for proc in procs:
+            try:
+                proc.wait(timeout=60)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+        # `ray start --head` records its address for later `ray.init()` calls; forget ours (only ours).
+        current = Path(tempfile.gettempdir()) / "ray" / "ray_current_cluster"
+        if current.is_file() and f":{port}" in current.read_text():
+            current.unlink()
 
 
-def test_two_node_cluster_cli_equals_single_process(two_nodes: str, damaged: Path, make_ckpt, tmp_path) -> None:
-    env = {**os.environ, "PYTHONPATH": str(REPO), "WEIGHTCHECK_RAY_CHUNK_BYTES": CHUNK}
+def _wait_port(port: int, procs: list[subprocess.Popen], logs: Path) -> None:
+    import time
+
+    for _ in range(600):
+        if any(p.poll() is not None for p in procs):
+            text = "\n".join(f.read_text()[-2000:] for f in sorted(logs.iterdir()))
+            pytest.fail(f"a `ray start` process exited:\n{text}")
+        with socket.socket() as s:
+            if s.connect_ex(("127.0.0.1", port)) == 0:
+                return
+        time.sleep(0.2)
+    pytest.fail(f"the head's GCS port {port} never opened")
+
+
+def _wait_nodes(address: str, count: int, procs: list[subprocess.Popen], logs: Path) -> None:
+    probe = (
+        "import ray, time\n"
+        f"ray.init(address={address!r}, log_to_driver=False)\n"
+        "for _ in range(120):\n"
+        f"    if sum(n['Alive'] for n in ray.nodes()) >= {count}: break\n"
+        "    time.sleep(1)\n"
+        "print(sum(n['Alive'] for n in ray.nodes()))\n"
+    )
+    for _ in range(60):
+        if any(p.poll() is not None for p in procs):
+            text = "\n".join(f.read_text()[-2000:] for f in sorted(logs.iterdir()))
+            pytest.fail(f"a `ray start` process exited:\n{text}")
+        env = {**os.environ, **CLUSTER_ENV}
+        proc = subprocess.run([sys.executable, "-c", probe], env=env, capture_output=True, text=True, timeout=300)
+        if proc.returncode == 0 and proc.stdout.strip().splitlines()[-1:] == [str(count)]:
+            return
+    pytest.fail(f"the cluster at {address} never reached {count} node(s)")
+
+
+def test_two_node_cluster_cli_equals_single_process(two_nodes: str, damaged: Path, _built, tmp_path) -> None:
+    env = {**os.environ, **CLUSTER_ENV, "WEIGHTCHECK_RAY_CHUNK_BYTES": CHUNK}
 
     def wc(*args: str, extra: dict | None = None) -> subprocess.CompletedProcess[str]:
         cmd = [sys.executable, "-m", "weightcheck", *args, "--format", "json"]
         return subprocess.run(cmd, capture_output=True, text=True, env={**env, **(extra or {})}, timeout=600)
 
-    single = wc("lint", str(damaged), "--content")
-    assert single.returncode == 1, single.stderr
+    single = as_json(_lint(damaged))  # the CLI's --format json is this rendering of the same Result
     distributed = wc("lint", str(damaged), "--content", "--ray", two_nodes)
-    assert distributed.stdout == single.stdout, distributed.stderr[-3000:]
+    assert distributed.returncode == 1 and distributed.stdout == single, distributed.stderr[-3000:]
     assert "on 2 node(s)" in distributed.stderr  # both nodes took tasks
 
     marker = tmp_path / "killed"
     shard = sorted(p.name for p in damaged.glob("model-*.safetensors"))[2]
     killed = wc("lint", str(damaged), "--content", "--ray", two_nodes, extra={KILL_HOOK_ENV: f"{shard}:{marker}"})
-    assert marker.exists() and killed.stdout == single.stdout
+    assert marker.exists() and killed.stdout == single
     assert "retried" in killed.stderr
 
-    clean = make_ckpt("llama")
-    d_single = wc("diff", str(clean), str(damaged))
+    clean = _built("llama")  # the pristine build, only read
     d_ray = wc("diff", str(clean), str(damaged), "--ray", two_nodes)
-    assert d_single.returncode == 1 and d_ray.stdout == d_single.stdout, d_ray.stderr[-3000:]
+    assert d_ray.returncode == 1 and d_ray.stdout == as_json(diff(clean, damaged)), d_ray.stderr[-3000:]
