@@ -17,6 +17,7 @@ import hashlib
 import json
 import re
 import threading
+import time
 from collections import defaultdict
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
@@ -33,6 +34,7 @@ class HubServer:
         self.bytes_served = 0
         self.served: dict[str, int] = defaultdict(int)
         self.requests: list[str] = []
+        self.latency = 0.0  # seconds added to every request (a benchmark's stand-in for a network round trip)
         self._lock = threading.Lock()
         server = self
 
@@ -92,6 +94,8 @@ class HubServer:
         path, query = unquote(parts.path), parts.query
         with self._lock:
             self.requests.append(f"{handler.command} {handler.path} {handler.headers.get('Range', '')}")
+        if self.latency:
+            time.sleep(self.latency)
         if m := _TREE.match(path):
             found = self._repo(handler, m["repo"], m["rev"])
             if found is None:
