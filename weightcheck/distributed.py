@@ -44,6 +44,8 @@ MAX_RETRIES = 3
 # Test hook: "SHARD:MARKER" makes the first task that reads SHARD kill its worker (os._exit) and leave
 # MARKER behind, so the retry succeeds. Read by the driver and passed to tasks explicitly.
 KILL_HOOK_ENV = "WEIGHTCHECK_TEST_RAY_KILL_ONCE"
+# The last run's telemetry (benchmarks read it).
+LAST_STATS: RunStats | None = None
 
 
 class RayUnavailable(RuntimeError):
@@ -230,6 +232,8 @@ def run_chunks(
             if advance is not None:
                 advance(chunks[i].nbytes)
     stats.wall_seconds = time.perf_counter() - started
+    global LAST_STATS
+    LAST_STATS = stats
     return results, errors, stats
 
 
