@@ -2,8 +2,9 @@
 # Ray group (.venv-ray): `lint --content --ray` and `diff --ray` on ray.init(2 CPUs) and on a two-node
 # loopback cluster (`ray start --head` + `ray start --address`), results compared byte for byte with the
 # single-process run, a worker killed mid-run. Installs ray 2.60 (~80 MB wheel), torch 2.13 CPU and
-# transformers (fixtures come from save_pretrained). Measured on the shared 2-core dev machine: install
-# ~1.5 min warm cache, tests ~5-7 min under load (budget: 8 min).
+# transformers (fixtures come from save_pretrained). Measured on the shared 2-core dev machine under load
+# average ~14 (load avg 14 from 8 parallel sessions): 18 min wall in all, of which tests 4.1 min; CPU time
+# 2m46s user+sys in all, so an idle 2-core CI runner should need ~5-6 min (budget: 8 min; not measured there).
 set -euo pipefail
 cd "$(dirname "$0")/../.."
 PY="${PYTHON:-python3}"
