@@ -11,7 +11,7 @@ import os
 import re
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol
 
 from weightcheck.safetensors_header import HeaderReport, TensorInfo, fast_json_loads, read_header
 
@@ -46,6 +46,8 @@ class PathRefusal:
 @dataclass
 class Checkpoint:
     root: Path
+    # What reports call the checkpoint: the directory, or `hf://org/name@commit[/sub]` for a remote repo.
+    label: str = ""
     config: JsonDoc | None = None
     index: JsonDoc | None = None
     shards: dict[str, HeaderReport] = field(default_factory=dict)
@@ -59,7 +61,16 @@ class Checkpoint:
     extra_json: dict[str, JsonDoc] = field(default_factory=dict)
     _names: frozenset[str] | None = field(default=None, repr=False)
 
+    def __post_init__(self) -> None:
+        self.label = self.label or str(self.root)
+
     # ---- derived views -------------------------------------------------------------------------
+    @property
+    def index_only(self) -> bool:
+        """Only the JSON files are here (what `hf download --include '*.json'` leaves): the index names
+        shards, none of which is present. Its keys are checked; shard-existence rules are not run."""
+        return bool(self.weight_map) and not self.files_on_disk and not self.shards
+
     @property
     def has_weights(self) -> bool:
         return bool(self.files_on_disk or self.weight_map)
@@ -127,7 +138,17 @@ def _read_json(path: Path) -> JsonDoc:
         doc.error = f"{st.st_size} bytes, larger than the {MAX_JSON_BYTES}-byte limit"
         return doc
     try:
-        text = path.read_bytes().decode("utf-8")
+        raw = path.read_bytes()
+    except OSError as exc:
+        doc.error = f"cannot read: {exc.strerror or exc}"
+        return doc
+    return parse_json_doc(doc, raw)
+
+
+def parse_json_doc(doc: JsonDoc, raw: bytes) -> JsonDoc:
+    """Parse `raw` (already bounded by MAX_JSON_BYTES) into `doc`; problems go to `doc.error`."""
+    try:
+        text = raw.decode("utf-8")
         try:
             doc.data = fast_json_loads(text)
         except ValueError:
@@ -136,8 +157,6 @@ def _read_json(path: Path) -> JsonDoc:
         doc.error = "not UTF-8"
     except (ValueError, RecursionError) as exc:
         doc.error = f"invalid JSON: {str(exc)[:160]}"
-    except OSError as exc:
-        doc.error = f"cannot read: {exc.strerror or exc}"
     return doc
 
 
@@ -183,8 +202,48 @@ def resolve_inside(root: Path, name: str) -> tuple[Path | None, PathRefusal | No
     return real, None
 
 
-def load_checkpoint(target: str | os.PathLike[str]) -> Checkpoint:
-    """Load a checkpoint directory (or a single .safetensors / config.json file) header-only."""
+class FileSource(Protocol):
+    """Where the loader reads a checkpoint directory from: a local directory (`LocalSource`) or a Hub repo
+    read by HTTP ranges (`weightcheck.hub.HubSource`). Rules never see the difference."""
+
+    label: str
+    root: Path
+
+    def entries(self) -> list[str]:
+        """Names of the files (and, locally, directories) directly in the checkpoint root, sorted."""
+        ...
+
+    def read_json(self, name: str) -> JsonDoc: ...
+
+    def read_headers(self, names: list[str]) -> dict[str, HeaderReport | PathRefusal]:
+        """Each shard's validated header, or why it was not opened; in the order given."""
+        ...
+
+
+class LocalSource:
+    def __init__(self, root: Path) -> None:
+        self.root = root
+        self.label = str(root)
+
+    def entries(self) -> list[str]:
+        return sorted(os.listdir(self.root))
+
+    def read_json(self, name: str) -> JsonDoc:
+        return _read_json(self.root / name)
+
+    def read_headers(self, names: list[str]) -> dict[str, HeaderReport | PathRefusal]:
+        out: dict[str, HeaderReport | PathRefusal] = {}
+        for name in names:
+            real, refusal = resolve_inside(self.root, name)
+            out[name] = refusal if refusal is not None else read_header(real)  # type: ignore[arg-type]
+        return out
+
+
+def load_checkpoint(target: str | os.PathLike[str] | FileSource) -> Checkpoint:
+    """Load a checkpoint directory (or a single .safetensors / config.json file, or a `FileSource`)
+    header-only."""
+    if not isinstance(target, (str, os.PathLike)):
+        return load_from_source(target)
     path = Path(target)
     if path.is_file() and path.suffix == ".safetensors":
         # A single-file checkpoint: its config.json (and quantization config) sit beside it.
@@ -200,33 +259,35 @@ def load_checkpoint(target: str | os.PathLike[str]) -> Checkpoint:
         ckpt = Checkpoint(root=path.parent)
         ckpt.config = _read_json(path)
         return ckpt
-    ckpt = Checkpoint(root=path)
     if not path.is_dir():
-        return ckpt
+        return Checkpoint(root=path)
+    return load_from_source(LocalSource(path))
 
-    entries = sorted(os.listdir(path))
+
+# JSON files read besides config.json and the index (each whole, each size-capped).
+EXTRA_JSON = ("hf_quant_config.json", "generation_config.json")
+
+
+def load_from_source(source: FileSource) -> Checkpoint:
+    ckpt = Checkpoint(root=source.root, label=source.label)
+    entries = source.entries()
     ckpt.files_on_disk = [e for e in entries if e.endswith(".safetensors")]
     ckpt.other_files = [e for e in entries if not e.endswith(".safetensors")]
-    ckpt.config = _read_json(path / CONFIG_NAME)
-    for extra in ("hf_quant_config.json", "generation_config.json"):
+    ckpt.config = source.read_json(CONFIG_NAME)
+    for extra in EXTRA_JSON:
         if extra in entries:
-            ckpt.extra_json[extra] = _read_json(path / extra)
+            ckpt.extra_json[extra] = source.read_json(extra)
     if INDEX_NAME in entries:
-        ckpt.index = _read_json(path / INDEX_NAME)
+        ckpt.index = source.read_json(INDEX_NAME)
         _parse_index(ckpt)
 
-    # Open every shard named by the index plus every .safetensors file on disk, each once.
-    to_open: list[str] = []
-    for name in [*ckpt.indexed_shards, *ckpt.files_on_disk]:
-        if name not in to_open:
-            to_open.append(name)
-    for name in to_open:
-        real, refusal = resolve_inside(path, name)
-        if refusal is not None:
-            ckpt.refused.append(refusal)
-            continue
-        assert real is not None
-        ckpt.shards[name] = read_header(real)
+    # Open every shard named by the index plus every .safetensors file present, each once.
+    to_open = list(dict.fromkeys([*ckpt.indexed_shards, *ckpt.files_on_disk]))
+    for name, opened in source.read_headers(to_open).items():
+        if isinstance(opened, PathRefusal):
+            ckpt.refused.append(opened)
+        else:
+            ckpt.shards[name] = opened
     return ckpt
 
 

@@ -129,6 +129,15 @@ def report_internal_errors(result: Result, debug: bool) -> None:
             click.echo(f"weightcheck: {finding.message}\n{finding.details.get('traceback', '')}", err=True)
     if internal and not debug:
         click.echo("weightcheck: internal error (WC000); rerun with --debug for the traceback", err=True)
+def check_ray(address: str | None) -> None:
+    """`--ray` without Ray installed is a usage error (exit 2), before any work starts."""
+    if address is not None:
+        from weightcheck.distributed import RayUnavailable, require_ray
+
+        try:
+            require_ray()
+        except RayUnavailable as exc:
+            raise click.UsageError(str(exc)) from None
 
 
 def finish(
@@ -171,6 +180,10 @@ def cli() -> None:
     help="With --content: compare per-tensor digests with this manifest.",
 )
 @progress_option
+@click.option("--revision", default=None, help="For a Hub repo id: branch, tag or commit (default: main).")
+@click.option("--download", is_flag=True, help="With --content on a Hub repo: download it into the HF cache first.")
+@click.option("--ray", "ray_address", is_flag=False, flag_value="auto", default=None, metavar="[ADDRESS]",
+              help="With --content: run the data checks as Ray tasks (local, or the cluster at ADDRESS).")  # fmt: skip
 @output_options
 def lint(
     targets: tuple[Path, ...],
@@ -179,6 +192,9 @@ def lint(
     hash_out: Path | None,
     against_manifest: Path | None,
     progress: bool | None,
+    revision: str | None,
+    download: bool,
+    ray_address: str | None,
     fmt: str | None,
     select: tuple[str, ...],
     ignore: tuple[str, ...],
@@ -208,12 +224,18 @@ def lint(
         raise click.UsageError("--hash and --against-manifest take one target")
     if content:
         require("lint --content", "content", ("torch", "numpy"))
+    if ray_address is not None and not content:
+        raise click.UsageError("--ray needs --content (header-only lint reads kilobytes: nothing to distribute)")
+    check_ray(ray_address)
     options = {
         "pattern": pattern or settings.pattern,
         "content": content,
         "hash_out": hash_out,
         "against_manifest": against_manifest,
         "progress": choose_mode(progress),
+        "revision": revision,
+        "download": download,
+        "ray": ray_address,
     }
     try:
         with full_lists(verbose):  # -v: every name pattern, not "(+N more patterns)"

@@ -269,21 +269,42 @@ class DiffOptions:
     ignore: list[str] = field(default_factory=list)
     # weightcheck.progress mode: "bar", "lines", or False/None (off); True picks by stderr.
     progress: bool | str | None = False
+    # A repo id operand is downloaded into the HF cache (diff reads tensor data; nothing is fetched unasked).
+    download: bool = False
+    ray: str | None = None  # `--ray [ADDRESS]`: compare on a Ray cluster ("auto" or an address)
 
 
 def diff(path_a: str | os.PathLike[str], path_b: str | os.PathLike[str], options: DiffOptions | None = None) -> Result:
     """Compare checkpoint B against reference A. Never raises for bad input: problems are findings."""
+    from weightcheck.hub import HubError, resolve
+
     opts = options or DiffOptions()
-    a_path, b_path = Path(path_a), Path(path_b)
-    result = Result(target=f"{a_path} vs {b_path}", command="diff")
-    # Findings point into the candidate (the checkpoint under test); SARIF needs one folder, not "A vs B".
-    result.root = str(b_path if b_path.is_dir() else b_path.parent)
-    for label, path in (("reference", a_path), ("candidate", b_path)):
-        if not path.exists():
+    result = Result(target=f"{os.fspath(path_a)} vs {os.fspath(path_b)}", command="diff")
+    paths: list[Path] = []
+    for label, spec in (("reference", path_a), ("candidate", path_b)):
+        try:
+            resolved = resolve(spec, needs_data=True, download_ok=opts.download, what="diff")
+        except HubError as exc:
             result.nothing_checked = True
-            result.notes.append(f"{label} {path}: no such file or directory")
+            result.notes.append(f"{label}: {exc}")
+            continue
+        assert resolved.path is not None
+        if resolved.note:
+            result.notes.append(f"{label}: {resolved.note}")
+        if not resolved.path.exists():
+            result.nothing_checked = True
+            result.notes.append(f"{label} {resolved.path}: no such file or directory")
+        paths.append(resolved.path)
+    if len(paths) == 2:
+        # Findings point into the candidate (the checkpoint under test); SARIF needs one folder, not "A vs B".
+        result.root = str(paths[1] if paths[1].is_dir() else paths[1].parent)
     if result.nothing_checked:
         return result
+    a_path, b_path = paths
+    if opts.ray is not None:
+        from weightcheck.distributed import ray_diff
+
+        return ray_diff(a_path, b_path, opts, result)
     view_a = load_logical(a_path)
     view_b = load_logical(b_path)
     try:
@@ -299,7 +320,18 @@ def diff(path_a: str | os.PathLike[str], path_b: str | os.PathLike[str], options
         view_b.close()
 
 
-def _run(view_a: LogicalCheckpoint, view_b: LogicalCheckpoint, opts: DiffOptions, result: Result) -> Result:
+@dataclass
+class DiffPlan:
+    """Which tensor of A is compared with which of B (deterministic: every Ray task rebuilds the same)."""
+
+    pairs: list[tuple[str, str]]
+    only_a: list[str]
+    only_b: list[str]
+    policy: Policy
+    reference: ReferenceIndex
+
+
+def plan_diff(view_a: LogicalCheckpoint, view_b: LogicalCheckpoint, opts: DiffOptions) -> DiffPlan:
     from weightcheck.compare.classify import ReferenceIndex
     from weightcheck.compare.policy import Policy
 
@@ -318,31 +350,64 @@ def _run(view_a: LogicalCheckpoint, view_b: LogicalCheckpoint, opts: DiffOptions
             only_a.append(name)
     only_b = [n for n in view_b.names() if n not in paired_b]
     reference = ReferenceIndex([n for n in view_a.names() if n not in view_a.unavailable], view_a.operand)
+    return DiffPlan(pairs, only_a, only_b, policy, reference)
 
+
+def compare_pairs(
+    view_a: LogicalCheckpoint,
+    view_b: LogicalCheckpoint,
+    plan: DiffPlan,
+    pairs: list[tuple[str, str]],
+    opts: DiffOptions,
+    advance: Any = None,
+) -> list[_Outcome]:
+    """Compare `pairs` in order: the unit of work of the single-process diff and of a Ray task."""
     outcomes: list[_Outcome] = []
-    total = sum(view_a.nbytes(a) + view_b.nbytes(b) for a, b in pairs)
-    progress = None
-    mode = opts.progress if isinstance(opts.progress, str) else ("bar" if sys.stderr.isatty() else "lines")
-    if opts.progress and (mode != "bar" or total >= PROGRESS_MIN_BYTES):  # lines are gated by their interval
-        from weightcheck.progress import Progress
+    for name_a, name_b in pairs:
+        outcomes.append(_compare_one(view_a, view_b, name_a, name_b, plan.policy, plan.reference, opts))
+        if advance is not None:
+            advance(view_a.nbytes(name_a) + view_b.nbytes(name_b), name_a)
+    return outcomes
 
-        progress = Progress("diff", total, mode)
+
+def make_progress(opts: DiffOptions, total: int) -> Any:
+    """A weightcheck.progress.Progress when the run asked for one and the work is long enough."""
+    mode = opts.progress if isinstance(opts.progress, str) else ("bar" if sys.stderr.isatty() else "lines")
+    if not opts.progress or (mode == "bar" and total < PROGRESS_MIN_BYTES):  # lines are gated by their interval
+        return None
+    from weightcheck.progress import Progress
+
+    return Progress("diff", total, mode)
+
+
+def _run(view_a: LogicalCheckpoint, view_b: LogicalCheckpoint, opts: DiffOptions, result: Result) -> Result:
+    plan = plan_diff(view_a, view_b, opts)
+    progress = make_progress(opts, sum(view_a.nbytes(a) + view_b.nbytes(b) for a, b in plan.pairs))
     try:
-        for name_a, name_b in pairs:
-            outcomes.append(_compare_one(view_a, view_b, name_a, name_b, policy, reference, opts))
-            if progress is not None:
-                progress.advance(view_a.nbytes(name_a) + view_b.nbytes(name_b), name_a)
+        outcomes = compare_pairs(view_a, view_b, plan, plan.pairs, opts, progress.advance if progress else None)
     finally:
         if progress is not None:
             progress.close()
+    return finish_diff(outcomes, plan, view_a, view_b, opts, result, view_a.store.bytes_read + view_b.store.bytes_read)
 
+
+def finish_diff(
+    outcomes: list[_Outcome],
+    plan: DiffPlan,
+    view_a: LogicalCheckpoint,
+    view_b: LogicalCheckpoint,
+    opts: DiffOptions,
+    result: Result,
+    bytes_read: int,
+) -> Result:
+    only_a, only_b = plan.only_a, plan.only_b
     result.findings = _findings(outcomes, only_a, only_b, opts)
-    counts = defaultdict(int)
+    counts: dict[str, int] = defaultdict(int)
     for outcome in outcomes:
         counts[outcome.status] += 1
     compared = counts["equal"] + counts["within_tolerance"] + counts["failed"]
     result.checked = {
-        "tensors": len(pairs) + len(only_a) + len(only_b),
+        "tensors": len(plan.pairs) + len(only_a) + len(only_b),
         "compared": compared,
         "equal": counts["equal"],
         "within_tolerance": counts["within_tolerance"],
@@ -352,7 +417,7 @@ def _run(view_a: LogicalCheckpoint, view_b: LogicalCheckpoint, opts: DiffOptions
         "only_in_candidate": len(only_b),
         "reference_tensors": len(view_a.names()),
         "candidate_tensors": len(view_b.names()),
-        "bytes_read": view_a.store.bytes_read + view_b.store.bytes_read,
+        "bytes_read": bytes_read,
     }
     result.notes.append(
         "coverage: "

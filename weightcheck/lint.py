@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import gc
-import re
 from collections.abc import Iterable, Iterator
 from contextlib import contextmanager
 from dataclasses import replace
@@ -112,74 +111,57 @@ def _indexed_elsewhere(path: Path) -> bool:
     return path.name in shards and len(shards) > 1
 
 
-_REPO_ID = re.compile(r"^[A-Za-z0-9][\w.-]*/[\w.-]+(@[\w./-]+)?$")
-
-
-def _in_hf_cache(repo_id: str) -> bool:
-    """Is `models--org--name` in the Hugging Face cache? (Found without huggingface_hub, by its layout.)"""
-    import os
-
-    cache = os.environ.get("HF_HUB_CACHE") or os.environ.get("HUGGINGFACE_HUB_CACHE")
-    if not cache:
-        home = os.environ.get("HF_HOME") or os.path.join(
-            os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache"), "huggingface"
-        )
-        cache = os.path.join(home, "hub")
-    return os.path.isdir(os.path.join(cache, "models--" + repo_id.replace("/", "--")))
-
-
-def resolve_hub_cache(target: str) -> Path | None:
-    """`org/name[@revision]` → its snapshot in the local Hugging Face cache, if cached. Never downloads:
-    `local_files_only=True` (weightcheck runs offline; fetch with `huggingface-cli download` first)."""
-    if not _REPO_ID.match(target) or Path(target).exists():
-        return None
-    try:
-        from huggingface_hub import snapshot_download
-    except ImportError:
-        if _in_hf_cache(target.partition("@")[0]):
-            from weightcheck.deps import MissingDependency
-
-            # Saying "no such file" would hide the real cause: the repo is cached, the hub extra is missing.
-            raise MissingDependency(f"linting the cached Hub repo {target!r}", ["huggingface-hub"], "hub") from None
-        return None
-    repo_id, _, revision = target.partition("@")
-    try:
-        return Path(snapshot_download(repo_id, revision=revision or None, local_files_only=True))
-    except Exception:  # not cached (LocalEntryNotFoundError), bad id, unreadable cache: nothing to lint
-        return None
-
-
 def _lint(path: Path, select: Iterable[str], ignore: Iterable[str], options: dict[str, Any] | None) -> Result:
-    result = Result(target=str(path), command="lint")
-    if not path.exists():
-        cached = resolve_hub_cache(str(path))
-        if cached is None:
-            result.nothing_checked = True
-            from weightcheck.deps import installed
+    from weightcheck.hub import HubError, resolve
 
-            hint = "" if installed("huggingface_hub") else "; Hub repo ids need: pip install 'weightcheck[hub]'"
+    result = Result(target=str(path), command="lint")
+    opts = dict(options or {})
+    try:
+        resolved = resolve(
+            str(path),
+            needs_data=bool(opts.get("content")),
+            download_ok=bool(opts.get("download")),
+            revision=opts.get("revision"),
+            what="lint --content",
+        )
+    except HubError as exc:
+        result.nothing_checked = True
+        result.notes.append(str(exc))
+        return result
+    if resolved.note:
+        result.notes.append(resolved.note)
+    if resolved.source is None and not resolved.path.exists():  # type: ignore[union-attr]
+        result.nothing_checked = True
+        from weightcheck.deps import installed
+
+        hint = "" if installed("huggingface_hub") else "; Hub repo ids need: pip install 'weightcheck[hub]'"
+        result.notes.append(
+            f"{path}: no such file or directory (nor a repo id in the local Hugging Face cache){hint}"
+        )
+        return result
+    if resolved.path is not None:
+        path = resolved.path
+        if path.is_file() and path.name.endswith(INDEX_SUFFIX):
+            # An index is not a config: lint the checkpoint it indexes (its folder), header-only.
+            result.notes.append(f"{path.name} is an index: linting its folder {path.parent}")
+            path = path.parent
+        elif path.is_file() and path.suffix == ".safetensors" and _indexed_elsewhere(path):
             result.notes.append(
-                f"{path}: no such file or directory (nor a repo id in the local Hugging Face cache){hint}"
+                f"{path.name} is one shard of the indexed checkpoint in {path.parent}: linting the folder"
             )
-            return result
-        result.notes.append(f"{path}: linting the cached snapshot {cached}")
-        path = cached
-    if path.is_file() and path.name.endswith(INDEX_SUFFIX):
-        # An index is not a config: lint the checkpoint it indexes (its folder), header-only.
-        result.notes.append(f"{path.name} is an index: linting its folder {path.parent}")
-        path = path.parent
-    elif path.is_file() and path.suffix == ".safetensors" and _indexed_elsewhere(path):
-        result.notes.append(f"{path.name} is one shard of the indexed checkpoint in {path.parent}: linting the folder")
-        path = path.parent
-    result.root = str(path if path.is_dir() else path.parent)
-    ckpt = load_checkpoint(path)
+            path = path.parent
+        result.root = str(path if path.is_dir() else path.parent)
+        opts["local_path"] = str(path)  # what Ray tasks open on their node
+        ckpt = load_checkpoint(path)
+    else:
+        assert resolved.source is not None
+        ckpt = load_checkpoint(resolved.source)
     config_only = not ckpt.has_weights
     if config_only and (ckpt.config is None or not ckpt.config.exists):
         result.nothing_checked = True
         result.notes.append(f"{path}: no safetensors weights, index or config.json to check")
         return result
 
-    opts = dict(options or {})
     if opts.get("pattern"):  # an explicit --pattern must exist and be valid: fail early (usage error)
         from weightcheck.patterns import resolve_pattern
 
@@ -189,6 +171,13 @@ def _lint(path: Path, select: Iterable[str], ignore: Iterable[str], options: dic
     rules = selected_rules(select, ignore)
     if not opts.get("content"):
         rules = [r for r in rules if "data" not in r.needs]
+    if ckpt.index_only:
+        shards = len(ckpt.indexed_shards)
+        result.notes.append(
+            f"index-only mode: none of the {shards} shard(s) named by the index is present (a `*.json`-only "
+            "download?); the index is checked against itself and the config, shard files and headers are not"
+        )
+        opts["index_only"] = True
     if config_only:
         skipped = [r.code for r in rules if "tensors" in r.needs]
         rules = [r for r in rules if "tensors" not in r.needs]
@@ -198,10 +187,12 @@ def _lint(path: Path, select: Iterable[str], ignore: Iterable[str], options: dic
     result.findings = ctx.findings
     result.checked = {
         "shards": len(ckpt.shards),
+        **({"remote_bytes_received": resolved.source.bytes_received} if resolved.source else {}),
         "tensors": len(ckpt.tensor_names()),
         "rules": len(rules),
         "header_bytes_read": ckpt.bytes_read,
     }
+    result.notes.extend(ctx.cache.get("notes", []))
     if "quant" in ctx.cache:
         result.notes.extend(ctx.cache["quant"].notes)
     if "structure" in ctx.cache and ctx.cache["structure"].prefix is not None:

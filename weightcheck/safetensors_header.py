@@ -14,7 +14,7 @@ import os
 import stat
 import struct
 from dataclasses import dataclass, field
-from typing import NamedTuple
+from typing import NamedTuple, Protocol
 
 try:  # orjson parses large headers and indexes ~3x faster; the stdlib parser is the fallback.
     from orjson import loads as fast_json_loads
@@ -155,7 +155,26 @@ def read_header(path: str | os.PathLike[str]) -> HeaderReport:
     return report
 
 
-def _parse(fh, report: HeaderReport) -> None:
+class RangeReader(Protocol):
+    """Anything with `read(n)` from the current position: a local file, or a remote file read by ranges."""
+
+    def read(self, n: int, /) -> bytes: ...
+
+
+def parse_header(reader: RangeReader, file_size: int, path: str) -> HeaderReport:
+    """Validate the header of a file of `file_size` bytes read through `reader` (e.g. HTTP ranges).
+
+    The same checks as `read_header`: the header length is checked against `file_size` before the header
+    is read, so a lying length costs 8 bytes, never a large read."""
+    report = HeaderReport(path=path, file_size=file_size)
+    try:
+        _parse(reader, report)
+    except OSError as exc:
+        report.problems.append(HeaderProblem("IoError", f"read failed: {exc.strerror or exc}"))
+    return report
+
+
+def _parse(fh: RangeReader, report: HeaderReport) -> None:
     size = report.file_size
     prefix = fh.read(8)
     report.bytes_read += len(prefix)

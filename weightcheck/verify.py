@@ -352,10 +352,17 @@ def _part_relabelling(
     return rename
 
 
-def load_reference(path: str | os.PathLike[str], algorithms: Sequence[str] = (SHA256,)) -> Reference:
+def load_reference(
+    path: str | os.PathLike[str], algorithms: Sequence[str] = (SHA256,), download: bool = False
+) -> Reference:
     """A checkpoint directory/file (safetensors, hashed with each of `algorithms`) or a manifest (file, or
     folder of parts; its own algorithm). Raises ReferenceError."""
-    target = Path(path)
+    from weightcheck.hub import HubError, resolve
+
+    try:  # a repo id: its cached snapshot, or a download when allowed (digests need the tensor data)
+        target = resolve(path, needs_data=True, download_ok=download, what="verify --against").path or Path(path)
+    except HubError as exc:
+        raise ReferenceError(str(exc)) from None
     if not target.exists():
         raise ReferenceError(f"{target}: no such file or directory")
     if target.is_dir():
@@ -1174,6 +1181,7 @@ def verify(
     sync: int | str | None = None,
     trainer: TrainerLayout | None = None,
     skip: Iterable[str] = (),
+    download: bool = False,
 ) -> Result:
     """Verify every recorded sync (or the one selected by `weight_version` / `sync`, an int or "latest")."""
     started = time.perf_counter()
@@ -1206,7 +1214,7 @@ def verify(
         reference = against
     elif against is not None:
         try:
-            reference = load_reference(against, algorithms)
+            reference = load_reference(against, algorithms, download=download)
         except (ReferenceError, ManifestError) as exc:
             findings.add("WC721", f"reference unusable: {exc}; only engine-side checks ran", file=str(against))
     if reference is not None:

@@ -7,7 +7,7 @@ from typing import Any
 
 import click
 
-from weightcheck.cli import cli, finish, output_options, progress_option, resolve_settings
+from weightcheck.cli import check_ray, cli, finish, output_options, progress_option, resolve_settings
 
 
 @cli.command()
@@ -32,6 +32,9 @@ from weightcheck.cli import cli, finish, output_options, progress_option, resolv
     help="Tensors (glob with `*`, or `re:REGEX`) that may be skipped or missing without failing. Repeatable.",
 )
 @progress_option
+@click.option("--download", is_flag=True, help="A Hub repo id not fully cached is downloaded into the HF cache.")
+@click.option("--ray", "ray_address", is_flag=False, flag_value="auto", default=None, metavar="[ADDRESS]",
+              help="Compare as Ray tasks (local, or the cluster at ADDRESS).")  # fmt: skip
 @output_options
 def diff(
     reference: Path,
@@ -40,6 +43,8 @@ def diff(
     policy_path: Path | None,
     allow_skip: tuple[str, ...],
     progress: bool | None,
+    download: bool,
+    ray_address: str | None,
     fmt: str | None,
     select: tuple[str, ...],
     ignore: tuple[str, ...],
@@ -63,6 +68,7 @@ def diff(
     from weightcheck.diff import diff as run_diff
     from weightcheck.progress import choose_mode
 
+    check_ray(ray_address)
     settings = resolve_settings(
         reference, config_path, command="diff", select=select, ignore=ignore, fail_on=fail_on, fmt=fmt
     )
@@ -81,6 +87,8 @@ def diff(
         select=settings.select,
         ignore=settings.ignore,
         progress=choose_mode(progress),
+        download=download,
+        ray=ray_address,
     )
     try:
         with full_lists(verbose):

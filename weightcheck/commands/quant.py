@@ -16,9 +16,11 @@ from weightcheck.findings import EXIT_NOTHING_CHECKED
 def explain(path: Path, pattern: str | None = None) -> dict[str, Any]:
     """The explanation as a document (also what --format json prints)."""
     from weightcheck.checkpoint import load_checkpoint
+    from weightcheck.hub import resolve
     from weightcheck.quant.analysis import analyze_checkpoint
 
-    qa = analyze_checkpoint(load_checkpoint(path), pattern)
+    resolved = resolve(path, needs_data=False, download_ok=False, what="explain-ignore")  # a repo: header-only
+    qa = analyze_checkpoint(load_checkpoint(resolved.source or resolved.path or path), pattern)
     doc: dict[str, Any] = {"target": str(path), "notes": qa.notes, "entries": []}
     if qa.spec is None:
         doc["error"] = "no quantization config found"
@@ -63,6 +65,7 @@ def explain_ignore(target: Path, pattern: str | None, fmt: str | None, config_pa
     """Show, per ignore entry, which modules each consumer (compressed-tensors, vLLM, SGLang by version,
     transformers, slime/miles online quantizers) matches, and where they disagree."""
     from weightcheck.cli import config_format
+    from weightcheck.hub import HubError, parse_target
     from weightcheck.patterns import PatternError
     from weightcheck.reporters import tool_header
     from weightcheck.settings import SettingsError, load_settings
@@ -72,13 +75,16 @@ def explain_ignore(target: Path, pattern: str | None, fmt: str | None, config_pa
         pattern = pattern or load_settings(target, config_path).pattern
     except SettingsError as exc:
         raise click.UsageError(str(exc)) from None
-    if not target.exists():
+    if parse_target(str(target)) is None and not target.exists():
         click.echo(f"{target}: no such file or directory", err=True)
         raise SystemExit(EXIT_NOTHING_CHECKED)
     try:
         doc = explain(target, pattern)
     except PatternError as exc:
         raise click.UsageError(str(exc)) from None
+    except HubError as exc:
+        click.echo(str(exc), err=True)
+        raise SystemExit(EXIT_NOTHING_CHECKED) from None
     if fmt == "json":
         click.echo(json.dumps({**tool_header("explain-ignore"), **doc}, indent=2), file=output)
     else:

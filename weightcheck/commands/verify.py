@@ -45,6 +45,7 @@ def _sync_choice(value: str | None) -> int | str | None:
 @click.option("--skip", multiple=True, help="Tensor/parameter names (glob) to leave out of every check. Repeatable.")
 @click.option("--wait", type=float, default=0.0, help="Seconds to wait for --expect-records records to land.")
 @click.option("--expect-records", type=int, default=None, help="Rank records the selected sync must have.")
+@click.option("--download", is_flag=True, help="An --against repo id not fully cached is downloaded into the HF cache.")
 @output_options
 def verify(
     records: Path,
@@ -60,6 +61,7 @@ def verify(
     skip: tuple[str, ...],
     wait: float,
     expect_records: int | None,
+    download: bool,
     fmt: str | None,
     select: tuple[str, ...],
     ignore: tuple[str, ...],
@@ -110,6 +112,7 @@ def verify(
                 sync=sync,
                 trainer=trainer,
                 skip=[*settings.allow_skip, *skip],
+                download=download,
             )
         if expect_records is not None:
             found = count_records(records, weight_version)

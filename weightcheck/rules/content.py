@@ -46,6 +46,9 @@ class TensorScan:
     value_range: ValueRange | None = None
     digests: dict[str, TensorDigest] = field(default_factory=dict)  # algorithm → digest
     error: str | None = None
+    # Element counts of a tensor already found bad ("nan", "inf", "zero", "negative", "255"), taken where
+    # its bytes were read: rules never read the tensor again (a Ray worker may be the only reader).
+    counts: dict[str, int] = field(default_factory=dict)
 
     @property
     def digest(self) -> TensorDigest | None:
@@ -82,42 +85,74 @@ def _store(ctx: LintContext) -> Any:
 
 
 def _scan(ctx: LintContext) -> list[TensorScan]:
-    from weightcheck.compare.metrics import value_range
-    from weightcheck.digest import digest_bytes
-    from weightcheck.tensors import TensorReadError
-
     store = _store(ctx)
     algorithms = _digest_algorithms(ctx)
     names = store.names()
-    out: list[TensorScan] = []
-    total = sum(store.info(n).nbytes for n in names)
-    progress = _progress(ctx, total)
-    try:
-        for name in names:
-            stored = store.location(name)
-            scan = TensorScan(name, stored.shard, stored.dtype, stored.shape)
-            try:
-                if stored.dtype not in _NO_RANGE_DTYPES:
-                    tensor = store.get(name)
-                    scan.value_range = value_range(tensor)
-                    del tensor
-                for algorithm in algorithms:
-                    scan.digests[algorithm] = digest_bytes(store.raw(name), stored.dtype, stored.shape, algorithm)
-            except TensorReadError as exc:
-                scan.error = str(exc)
-            finally:
-                store.release(name)
-            out.append(scan)
+    if ctx.options.get("ray") is not None:
+        from weightcheck.distributed import ray_content_scan
+
+        out = ray_content_scan(ctx, names, algorithms)
+    else:
+        progress = _progress(ctx, sum(store.info(n).nbytes for n in names))
+        advance = progress.advance if progress is not None else None
+        try:
+            out = scan_tensors(store, names, algorithms, advance)
+        finally:
             if progress is not None:
-                progress.advance(stored.nbytes, name)
-    finally:
-        if progress is not None:
-            progress.close()
+                progress.close()
     known = ctx.ckpt.all_tensors()
     for name, reason in sorted(store.unreadable().items()):
         info = known.get(name)
         out.append(TensorScan(name, "", info.dtype if info else "", info.shape if info else (), error=reason))
     return out
+
+
+def scan_tensors(store: Any, names: list[str], algorithms: list[str], advance: Any = None) -> list[TensorScan]:
+    """Reduce (and hash) each of `names`, in order, one tensor's pages at a time. The unit of work of both
+    the single-process scan and a Ray task, so both give the same TensorScans."""
+    from weightcheck.compare.metrics import value_range
+    from weightcheck.digest import digest_bytes
+    from weightcheck.tensors import TensorReadError
+
+    out: list[TensorScan] = []
+    for name in names:
+        stored = store.location(name)
+        scan = TensorScan(name, stored.shard, stored.dtype, stored.shape)
+        try:
+            if stored.dtype not in _NO_RANGE_DTYPES:
+                tensor = store.get(name)
+                scan.value_range = value_range(tensor)
+                del tensor
+                scan.counts = _flag_counts(store, scan)
+            for algorithm in algorithms:
+                scan.digests[algorithm] = digest_bytes(store.raw(name), stored.dtype, stored.shape, algorithm)
+        except TensorReadError as exc:
+            scan.error = str(exc)
+        finally:
+            store.release(name)
+        out.append(scan)
+        if advance is not None:
+            advance(stored.nbytes)
+    return out
+
+
+def _flag_counts(store: Any, scan: TensorScan) -> dict[str, int]:
+    found = scan.value_range
+    counts: dict[str, int] = {}
+    if found is None:
+        return counts
+    if found.has_nan:
+        counts["nan"] = _count_in(store, scan.name, "nan")
+    if found.has_inf:
+        counts["inf"] = _count_in(store, scan.name, "inf")
+    if _SCALE_NAME.search(scan.name) and not found.has_nan:
+        if scan.dtype == "U8":
+            if found.maximum >= 255:
+                counts["255"] = _count_value_in(store, scan.name, 255)
+        elif found.minimum <= 0:
+            counts["zero"] = _count_in(store, scan.name, "zero")
+            counts["negative"] = _count_in(store, scan.name, "negative")
+    return counts
 
 
 def _progress(ctx: LintContext, total: int) -> Any:
@@ -132,13 +167,12 @@ def _progress(ctx: LintContext, total: int) -> Any:
     return Progress("content", total, mode)
 
 
-def _count(ctx: LintContext, name: str, predicate: str) -> int:
+def _count_in(store: Any, name: str, predicate: str) -> int:
     """Count elements of one (already flagged) tensor: "nan", "inf", "zero" or "negative"."""
     import torch
 
     from weightcheck.compare.metrics import CHUNK_ELEMENTS
 
-    store = _store(ctx)
     flat = store.get(name).reshape(-1)
     total = 0
     try:
@@ -187,8 +221,7 @@ def tensor_nan_inf(ctx: LintContext) -> None:
         found = scan.value_range
         if found is None or not (found.has_nan or found.has_inf):
             continue
-        nans = _count(ctx, scan.name, "nan") if found.has_nan else 0
-        infs = _count(ctx, scan.name, "inf") if found.has_inf else 0
+        nans, infs = scan.counts.get("nan", 0), scan.counts.get("inf", 0)
         ctx.report(
             f"{nans} NaN and {infs} Inf values",
             file=scan.shard,
@@ -238,13 +271,12 @@ def scale_not_positive(ctx: LintContext) -> None:
             continue
         if scan.dtype == "U8":  # E8M0 exponents: only 0xFF is invalid (NaN)
             if found.maximum >= 255:
-                count = _count_value(ctx, scan.name, 255)
+                count = scan.counts.get("255", 0)
                 ctx.report(f"{count} E8M0 exponent(s) are 0xFF (NaN)", file=scan.shard, tensor=scan.name)
             continue
         if found.minimum > 0:
             continue
-        zeros = _count(ctx, scan.name, "zero")
-        negatives = _count(ctx, scan.name, "negative")
+        zeros, negatives = scan.counts.get("zero", 0), scan.counts.get("negative", 0)
         ctx.report(
             f"{zeros} zero and {negatives} negative scale values",
             file=scan.shard,
@@ -253,8 +285,7 @@ def scale_not_positive(ctx: LintContext) -> None:
         )
 
 
-def _count_value(ctx: LintContext, name: str, value: int) -> int:
-    store = _store(ctx)
+def _count_value_in(store: Any, name: str, value: int) -> int:
     try:
         return int((store.get(name) == value).sum())
     finally:

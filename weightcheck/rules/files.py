@@ -165,7 +165,8 @@ def shard_numbering(ctx: LintContext) -> None:
         if m:
             by_stem[m["stem"]].append((int(m["index"]), int(m["total"]), name))
             width[m["stem"]] = len(m["total"])
-    on_disk = set(ctx.ckpt.files_on_disk)
+    # Index-only mode: no shard is present by design; the index's own numbering is what is checked.
+    on_disk = set(ctx.ckpt.indexed_shards if ctx.options.get("index_only") else ctx.ckpt.files_on_disk)
     for stem, items in sorted(by_stem.items()):
         totals = sorted({t for _, t, _ in items})
         if len(totals) > 1:
@@ -282,6 +283,6 @@ def no_weights(ctx: LintContext) -> None:
     extra = f"; found pickle weights {', '.join(pickles[:4])} (never opened: unpickling runs code)" if pickles else ""
     ctx.report(
         "no .safetensors weights or index found: only config-level checks ran" + extra,
-        file=str(ckpt.root),
+        file=ckpt.label,
         severity=Severity.INFO if ctx.options.get("config_only") else None,
     )

@@ -26,7 +26,10 @@ def _readable(ctx: LintContext, shard: str) -> bool:
 def indexed_shard_missing(ctx: LintContext) -> None:
     """Older loaders leave the parameters of a missing shard uninitialized and serve garbage (sgl-project/sglang#32279);
     SGLang fails fast only since sgl-project/sglang#32279. The finding lists the tensors that shard should
-    hold, collapsed by layer."""
+    hold, collapsed by layer. Not run in index-only mode (no shard present at all: a `*.json`-only
+    download), which the run's notes state once."""
+    if ctx.options.get("index_only"):
+        return
     missing = {r.name for r in ctx.ckpt.refused if r.kind == "missing"}
     by_shard: dict[str, list[str]] = defaultdict(list)
     for key, shard in ctx.ckpt.weight_map.items():

@@ -1,0 +1,428 @@
+"""`lint --content --ray` and `diff --ray`: the data-reading work as Ray tasks, merged into the result a
+single process gives, in the same order.
+
+Work units. The single-process scan walks tensors in storage order (shard by shard, by offset). That list
+is cut into contiguous chunks: one per shard, or several for a shard larger than `chunk_bytes`. A lint
+task opens only its shard's header and runs the same `scan_tensors` the single process runs; a diff task
+rebuilds the same pairing (`plan_diff`, deterministic) and runs `compare_pairs` on its slice. Results are
+concatenated in chunk order, so the merged list is the single-process list, element for element, and the
+rules and reporters downstream cannot tell the difference.
+
+Placement. Before submitting, one probe task per alive node reports which of the needed files it can read
+(same path, same size). When every node sees every file (a shared filesystem, or replicas) tasks go
+wherever Ray puts them; otherwise each chunk is pinned (hard node affinity) to the least-loaded node that
+holds its files. Every node needs weightcheck (with the [torch] extra) importable at the same version.
+
+Failure. Tasks run with Ray's own retries off and are resubmitted by the driver, up to `max_retries`
+times, so each retry is counted and reported in the notes; a chunk that still fails becomes per-tensor
+errors (`WC608 content-not-checked` for lint, `WC715` skips for diff), never silently missing tensors.
+
+Memory. A task holds one tensor's pages at a time (the single-process streaming reader) and returns
+summaries (ranges, digests, verdicts), not data; the driver keeps only those summaries.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+import time
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from weightcheck.diff import DiffOptions, _Outcome
+    from weightcheck.findings import Result
+    from weightcheck.rules import LintContext
+    from weightcheck.rules.content import TensorScan
+
+# Default largest chunk of one task; a shard above it is split into byte ranges (runs of tensors).
+CHUNK_BYTES = 1 << 30
+MAX_RETRIES = 3
+# Test hook: "SHARD:MARKER" makes the first task that reads SHARD kill its worker (os._exit) and leave
+# MARKER behind, so the retry succeeds. Read by the driver and passed to tasks explicitly.
+KILL_HOOK_ENV = "WEIGHTCHECK_TEST_RAY_KILL_ONCE"
+# The last run's telemetry (benchmarks read it).
+LAST_STATS: RunStats | None = None
+
+
+class RayUnavailable(RuntimeError):
+    pass
+
+
+def require_ray() -> Any:
+    try:
+        import ray
+    except ImportError:
+        raise RayUnavailable("--ray needs Ray: pip install 'weightcheck[ray]'") from None
+    return ray
+
+
+def _chunk_bytes() -> int:
+    value = os.environ.get("WEIGHTCHECK_RAY_CHUNK_BYTES")
+    return max(1, int(value)) if value and value.isdigit() else CHUNK_BYTES
+
+
+@contextmanager
+def session(address: str | None) -> Iterator[Any]:
+    """Use the running Ray session, else `ray.init(address)` for the duration: "local" (the `--ray` flag
+    alone) starts or joins what `ray.init()` would (RAY_ADDRESS if set), anything else is a cluster
+    address ("auto" too). Ray's driver prints worker and raylet errors (a killed worker...) to sys.stdout
+    from a background thread: stdout is pointed at stderr meanwhile so the report stays parseable, and a
+    session opened here is shut down before stdout is given back."""
+    ray = require_ray()
+    owned = not ray.is_initialized()
+    saved = sys.stdout
+    sys.stdout = sys.stderr
+    try:
+        if owned:
+            kwargs: dict[str, Any] = {"log_to_driver": False, "configure_logging": False}
+            if address and address != "local":
+                kwargs["address"] = address
+            ray.init(**kwargs)
+        yield ray
+    finally:
+        if owned and ray.is_initialized():
+            ray.shutdown()
+        sys.stdout = saved
+
+
+@dataclass
+class Chunk:
+    """A contiguous run of the work list, and the files it reads (relative to each side's root)."""
+
+    start: int
+    stop: int
+    nbytes: int
+    files: tuple[tuple[str, str], ...]  # (root, file)
+
+
+@dataclass
+class RunStats:
+    tasks: int = 0
+    retried: list[str] = field(default_factory=list)
+    failed: list[str] = field(default_factory=list)
+    nodes: set[str] = field(default_factory=set)
+    task_seconds: float = 0.0
+    wall_seconds: float = 0.0
+    bytes: int = 0  # data bytes the tasks report having read
+
+    def note(self, what: str) -> str:
+        text = (
+            f"ray: {what} in {self.tasks} task(s) on {len(self.nodes)} node(s), {self.wall_seconds:.2f} s wall, "
+            f"{self.task_seconds:.2f} s in tasks"
+        )
+        if self.retried:
+            text += f"; retried: {'; '.join(self.retried[:10])}"
+        if self.failed:
+            text += f"; FAILED after retries: {'; '.join(self.failed[:10])}"
+        return text
+
+
+def plan_chunks(items: list[tuple[int, tuple[tuple[str, str], ...]]], limit: int) -> list[Chunk]:
+    """Cut a work list of (bytes, files read) into contiguous chunks: a new chunk when the files change
+    (a new shard) or when the chunk would pass `limit` bytes (a byte range of a large shard)."""
+    chunks: list[Chunk] = []
+    for i, (nbytes, files) in enumerate(items):
+        last = chunks[-1] if chunks else None
+        if last is not None and set(files) <= set(last.files) and last.nbytes + nbytes <= limit:
+            last.stop, last.nbytes = i + 1, last.nbytes + nbytes
+        else:
+            chunks.append(Chunk(i, i + 1, nbytes, files))
+    return chunks
+
+
+# ---- placement -------------------------------------------------------------------------------------------
+def _probe(files: list[tuple[str, str, int]]) -> tuple[str, list[int]]:
+    """On one node: which of (root, name, size) are readable regular files of that size."""
+    import ray
+
+    held = []
+    for i, (root, name, size) in enumerate(files):
+        path = os.path.join(root, name)
+        try:
+            if os.path.isfile(path) and os.path.getsize(path) == size:
+                held.append(i)
+        except OSError:
+            pass
+    return ray.get_runtime_context().get_node_id(), held
+
+
+def placement(ray: Any, chunks: list[Chunk], sizes: dict[tuple[str, str], int]) -> list[Any]:
+    """A scheduling strategy per chunk: None when every node holds every file, else hard node affinity to
+    the least-loaded node that holds all of the chunk's files (None when no node does: the task then fails
+    where Ray runs it, and is reported)."""
+    from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
+
+    nodes = [n["NodeID"] for n in ray.nodes() if n.get("Alive") and n.get("Resources", {}).get("CPU", 0) > 0]
+    if len(nodes) <= 1:
+        return [None] * len(chunks)
+    wanted = sorted(sizes)
+    files = [(root, name, sizes[(root, name)]) for root, name in wanted]
+    remote = ray.remote(num_cpus=0.01, max_retries=1)(_probe)
+    refs = [
+        remote.options(scheduling_strategy=NodeAffinitySchedulingStrategy(node, soft=False)).remote(files)
+        for node in nodes
+    ]
+    holds = {node: {wanted[i] for i in held} for node, held in ray.get(refs)}
+    if all(len(h) == len(wanted) for h in holds.values()):
+        return [None] * len(chunks)
+    load = dict.fromkeys(holds, 0)
+    out: list[Any] = []
+    for chunk in chunks:
+        candidates = [n for n, h in holds.items() if set(chunk.files) <= h]
+        if not candidates:
+            out.append(None)
+            continue
+        node = min(candidates, key=lambda n: load[n])
+        load[node] += chunk.nbytes
+        out.append(NodeAffinitySchedulingStrategy(node, soft=False))
+    return out
+
+
+# ---- running ---------------------------------------------------------------------------------------------
+def run_chunks(
+    ray: Any,
+    fn: Callable[..., Any],
+    chunks: list[Chunk],
+    args_of: Callable[[Chunk], tuple[Any, ...]],
+    strategies: list[Any],
+    *,
+    max_retries: int = MAX_RETRIES,
+    advance: Callable[[int], None] | None = None,
+) -> tuple[list[Any], list[str | None], RunStats]:
+    """Submit every chunk, collect results as they finish (streaming progress), resubmit failures. Returns
+    per-chunk results (None for a chunk that failed every attempt), per-chunk final errors, and stats."""
+    started = time.perf_counter()
+    remote = ray.remote(max_retries=0, num_cpus=1)(fn)
+    stats = RunStats(tasks=len(chunks))
+    results: list[Any] = [None] * len(chunks)
+    errors: list[str | None] = [None] * len(chunks)
+    attempts = [0] * len(chunks)
+
+    def submit(i: int) -> Any:
+        attempts[i] += 1
+        options = {"scheduling_strategy": strategies[i]} if strategies[i] is not None else {}
+        return remote.options(**options).remote(*args_of(chunks[i]))
+
+    pending = {submit(i): i for i in range(len(chunks))}
+    while pending:
+        done, _ = ray.wait(list(pending), num_returns=1)
+        for ref in done:
+            i = pending.pop(ref)
+            try:
+                value, meta = ray.get(ref)
+            except Exception as exc:  # worker died, node lost, task raised
+                why = _why(exc)
+                if attempts[i] <= max_retries:
+                    stats.retried.append(f"chunk {i} attempt {attempts[i]} ({why})")
+                    pending[submit(i)] = i
+                else:
+                    errors[i] = f"Ray task failed {attempts[i]} time(s): {why}"
+                    stats.failed.append(f"chunk {i} ({why})")
+                    if advance is not None:
+                        advance(chunks[i].nbytes)
+                continue
+            results[i] = value
+            stats.bytes += meta.get("bytes", 0)
+            stats.nodes.add(meta["node"])
+            stats.task_seconds += meta["seconds"]
+            if advance is not None:
+                advance(chunks[i].nbytes)
+    stats.wall_seconds = time.perf_counter() - started
+    global LAST_STATS
+    LAST_STATS = stats
+    return results, errors, stats
+
+
+def _why(exc: BaseException) -> str:
+    # A RayTaskError's text is the remote traceback: its last line names the real exception.
+    lines = [line for line in str(exc).strip().splitlines() if line.strip()]
+    return f"{type(exc).__name__}: {lines[-1].strip()[:200] if lines else ''}"
+
+
+def _maybe_die(hook: str | None, files: tuple[tuple[str, str], ...]) -> None:
+    if not hook or ":" not in hook:
+        return
+    shard, marker = hook.split(":", 1)
+    if any(name == shard for _, name in files) and not os.path.exists(marker):
+        Path(marker).write_text(str(os.getpid()))
+        os._exit(1)  # a hard worker death, as an OOM kill or a lost node looks to Ray
+
+
+def _meta(started: float) -> dict[str, Any]:
+    import ray
+
+    return {"node": ray.get_runtime_context().get_node_id(), "seconds": time.perf_counter() - started}
+
+
+# ---- lint --content ---------------------------------------------------------------------------------------
+def _scan_task(root: str, shard: str, names: list[str], algorithms: list[str], hook: str | None) -> Any:
+    from weightcheck.checkpoint import Checkpoint, resolve_inside
+    from weightcheck.rules.content import scan_tensors
+    from weightcheck.safetensors_header import read_header
+    from weightcheck.tensors import TensorStore
+
+    started = time.perf_counter()
+    _maybe_die(hook, ((root, shard),))
+    # Only this shard's header is read: the driver already decided which shard holds each name.
+    ckpt = Checkpoint(root=Path(root), files_on_disk=[shard])
+    real, refusal = resolve_inside(Path(root), shard)
+    if refusal is not None:
+        raise FileNotFoundError(f"{shard}: {refusal.reason} on this node")
+    ckpt.shards[shard] = read_header(real)  # type: ignore[arg-type]
+    store = TensorStore(ckpt)
+    try:
+        return scan_tensors(store, names, algorithms), _meta(started)
+    finally:
+        store.close()
+
+
+def ray_content_scan(ctx: LintContext, names: list[str], algorithms: list[str]) -> list[TensorScan]:
+    with session(ctx.options.get("ray")) as ray:
+        return _ray_content_scan(ray, ctx, names, algorithms)
+
+
+def _ray_content_scan(ray: Any, ctx: LintContext, names: list[str], algorithms: list[str]) -> list[TensorScan]:
+    from weightcheck.rules.content import TensorScan, _progress
+    from weightcheck.tensors import TensorStore
+
+    store: TensorStore = ctx.memo("tensor_store", lambda: TensorStore(ctx.ckpt))
+    root = str(Path(ctx.options.get("local_path") or ctx.ckpt.root))
+    if Path(root).is_file():
+        root = str(Path(root).parent)
+    items = [(store.info(n).nbytes, ((root, store.location(n).shard),)) for n in names]
+    chunks = plan_chunks(items, _chunk_bytes())
+    sizes = {(root, s): ctx.ckpt.shards[s].file_size for c in chunks for _, s in c.files}
+    strategies = placement(ray, chunks, sizes)
+    hook = os.environ.get(KILL_HOOK_ENV)
+    total = sum(c.nbytes for c in chunks)
+    progress = _progress(ctx, total)
+
+    def args_of(chunk: Chunk) -> tuple[Any, ...]:
+        return (root, chunk.files[0][1], names[chunk.start : chunk.stop], algorithms, hook)
+
+    try:
+        results, errors, stats = run_chunks(
+            ray, _scan_task, chunks, args_of, strategies,
+            advance=(lambda n: progress.advance(n, "")) if progress else None,
+        )  # fmt: skip
+    finally:
+        if progress is not None:
+            progress.close()
+    out: list[TensorScan] = []
+    for chunk, value, error in zip(chunks, results, errors, strict=True):
+        if value is not None:
+            out.extend(value)
+            continue
+        for name in names[chunk.start : chunk.stop]:  # reported by WC608, never dropped
+            stored = store.location(name)
+            out.append(TensorScan(name, stored.shard, stored.dtype, stored.shape, error=error))
+    if stats.failed:
+        ctx.cache.setdefault("notes", []).append(stats.note(f"{len(names)} tensors"))
+    _tell(stats, f"{len(names)} tensors")
+    return out
+
+
+def _tell(stats: RunStats, what: str) -> None:
+    """Execution telemetry (tasks, nodes, retries) goes to stderr, like progress: the result itself is the
+    single-process result. A chunk that failed every attempt is in the result too (as per-tensor errors)."""
+    print(stats.note(what), file=sys.stderr)
+
+
+# ---- diff -------------------------------------------------------------------------------------------------
+def _diff_task(path_a: str, path_b: str, opts: DiffOptions, start: int, stop: int, hook: str | None,
+               files: tuple[tuple[str, str], ...]) -> Any:  # fmt: skip
+    from weightcheck.diff import compare_pairs, load_logical, plan_diff
+
+    started = time.perf_counter()
+    _maybe_die(hook, files)
+    view_a, view_b = load_logical(Path(path_a)), load_logical(Path(path_b))
+    try:
+        plan = plan_diff(view_a, view_b, opts)
+        before = view_a.store.bytes_read + view_b.store.bytes_read  # header-time reads: the driver counts them
+        outcomes = compare_pairs(view_a, view_b, plan, plan.pairs[start:stop], opts)
+        read = view_a.store.bytes_read + view_b.store.bytes_read - before
+        return outcomes, {**_meta(started), "bytes": read}
+    finally:
+        view_a.close()
+        view_b.close()
+
+
+def _files_of(view: Any, name: str, root: str) -> set[tuple[str, str]]:
+    store = view.store
+    if name in view.quantized:
+        return {(root, store.location(s).shard) for s in view.quantized[name].parts.values()}
+    if name in view.plain:
+        return {(root, store.location(view.plain[name]).shard)}
+    return set()
+
+
+def ray_diff(path_a: Path, path_b: Path, opts: DiffOptions, result: Result) -> Result:
+    with session(opts.ray) as ray:
+        return _ray_diff(ray, path_a, path_b, opts, result)
+
+
+def _ray_diff(ray: Any, path_a: Path, path_b: Path, opts: DiffOptions, result: Result) -> Result:
+    from weightcheck.diff import _Outcome, finish_diff, load_logical, plan_diff
+
+    view_a, view_b = load_logical(path_a), load_logical(path_b)
+    try:
+        for label, view in (("A", view_a), ("B", view_b)):
+            if not view.order:
+                result.nothing_checked = True
+                result.notes.append(f"checkpoint {label} {view.path}: no tensors to compare")
+        if result.nothing_checked:
+            return result
+        plan = plan_diff(view_a, view_b, opts)
+        root_a = str(path_a if path_a.is_dir() else path_a.parent)
+        root_b = str(path_b if path_b.is_dir() else path_b.parent)
+        items = [
+            (
+                view_a.nbytes(a) + view_b.nbytes(b),
+                tuple(sorted(_files_of(view_a, a, root_a) | _files_of(view_b, b, root_b))),
+            )
+            for a, b in plan.pairs
+        ]
+        chunks = plan_chunks(items, _chunk_bytes())
+        sizes: dict[tuple[str, str], int] = {}
+        for root, view in ((root_a, view_a), (root_b, view_b)):
+            for shard, report in view.store.ckpt.shards.items():
+                sizes[(root, shard)] = report.file_size
+        needed = {f for c in chunks for f in c.files}
+        strategies = placement(ray, chunks, {f: sizes[f] for f in needed if f in sizes})
+        hook = os.environ.get(KILL_HOOK_ENV)
+        from weightcheck.diff import make_progress
+
+        progress = make_progress(opts, sum(c.nbytes for c in chunks))
+
+        def args_of(chunk: Chunk) -> tuple[Any, ...]:
+            return (str(path_a), str(path_b), opts, chunk.start, chunk.stop, hook, chunk.files)
+
+        try:
+            results, errors, stats = run_chunks(
+                ray, _diff_task, chunks, args_of, strategies,
+                advance=(lambda n: progress.advance(n, "")) if progress else None,
+            )  # fmt: skip
+        finally:
+            if progress is not None:
+                progress.close()
+        outcomes: list[_Outcome] = []
+        for chunk, value, error in zip(chunks, results, errors, strict=True):
+            if value is not None:
+                outcomes.extend(value)
+                continue
+            for name_a, name_b in plan.pairs[chunk.start : chunk.stop]:
+                outcome = _Outcome(name_a, name_b, "skipped", reason=str(error), code="WC715")
+                outcomes.append(outcome)
+        bytes_read = view_a.store.bytes_read + view_b.store.bytes_read + stats.bytes
+        finish_diff(outcomes, plan, view_a, view_b, opts, result, bytes_read)
+        if stats.failed:
+            result.notes.append(stats.note(f"{len(plan.pairs)} pairs"))
+        _tell(stats, f"{len(plan.pairs)} pairs")
+        return result
+    finally:
+        view_a.close()
+        view_b.close()
