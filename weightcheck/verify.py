@@ -421,6 +421,16 @@ def _rank_key(record: SyncRecord) -> tuple[int, int, int]:
     return (int(rank.get("pp_rank", 0) or 0), int(rank.get("tp_rank", 0) or 0), int(rank.get("ep_rank", 0) or 0))
 
 
+def _param_key(name: str) -> str:
+    """A name compared with parameter names: engines add or drop a leading `model.` (SGLang's Qwen3 adds it)."""
+    return name[len("model.") :] if name.startswith("model.") else name
+
+
+def _untracked_keys(record: SyncRecord) -> set[str]:
+    """Parameters of a rank whose writes the tap could not observe (`tracked: false`), as `_param_key`s."""
+    return {_param_key(name) for name, param in record.params.items() if not param.tracked}
+
+
 def _rank_list(records: Sequence[SyncRecord]) -> str:
     labels = [r.rank_label() for r in records]
     return "; ".join(dict.fromkeys(labels))
@@ -664,11 +674,15 @@ class _SyncChecker:
         no_call = CallEntry(call=-1, names=0)
         dropped: dict[str, list[str]] = defaultdict(list)  # reason → names
         uncertain: list[str] = []
+        unobserved: list[str] = []  # may have gone into a parameter whose writes the tap could not observe
+        untracked = {id(r): _untracked_keys(r) for r in records}
         for name, items in occurrences.items():
             if name in split or self._skipped(name):
                 continue
             if any(entry.wrote or entry.offrank for _, entry in items):
                 continue
+            if any(_param_key(name) in untracked[id(record)] for record, _ in items):
+                continue  # its parameter's coverage is unknown (`tracked: false`): unknown, never "dropped"
             if any(entry.error and entry.dtype is None for _, entry in items):
                 continue  # not a tensor: reported by the content checks
             layer = _layer_id(name)
@@ -691,6 +705,15 @@ class _SyncChecker:
             reason += "; the engine logged a warning" if warned else "; silently, without a log line"
             if untraced and not beyond:
                 uncertain.append(name)
+            elif (
+                not beyond
+                and not warned
+                and reason.startswith("no parameter")
+                and any(untracked[id(record)] for record, _ in items)
+            ):
+                # Some parameters of this rank are untracked and the engine may rename names on the way in:
+                # the name cannot be called dropped with certainty.
+                unobserved.append(name)
             else:
                 dropped[reason].append(name)
         for reason, names in dropped.items():
@@ -710,6 +733,18 @@ class _SyncChecker:
                 count=len(uncertain),
                 severity=Severity.WARNING,
                 details={"names": sorted(uncertain), "reason": "untraced"},
+            )
+
+        if unobserved:
+            self._add(
+                "WC731",
+                f"{summarize(unobserved)} sent and no write traced to them, but this engine has parameters whose "
+                "writes the tap cannot observe (`tracked: false`, no loader attribute and no default loader "
+                "given: see `set_engine_hooks(EngineHooks(default_loader=...))`); unknown, not known dropped",
+                tensor=summarize(unobserved, limit=1),
+                count=len(unobserved),
+                severity=Severity.INFO,
+                details={"names": sorted(unobserved), "reason": "untracked-params"},
             )
 
     def _check_params(self) -> None:
@@ -1091,8 +1126,8 @@ def _baselines(records: Sequence[SyncRecord]) -> dict[tuple[str, tuple[int, int,
 
 
 def _merge_records(records: Sequence[SyncRecord]) -> SyncRecord:
-    """One rank's consecutive request-level syncs of one weight version (SGLang without the session API makes
-    every bucket its own request) as one sync: calls and tensors renumbered in order, coverage summed."""
+    """One rank's consecutive implicit syncs of one weight version (SGLang without the session API makes every
+    bucket its own request; a custom engine calls `load_weights` once per bucket) as one sync: calls and tensors renumbered in order, coverage summed."""
     ordered = sorted(records, key=lambda r: r.seq)
     if len(ordered) == 1:
         return ordered[0]
@@ -1128,20 +1163,40 @@ def _merge_records(records: Sequence[SyncRecord]) -> SyncRecord:
     return SyncRecord(path=first.path, header=header, calls=calls, tensors=tensors, params=params)
 
 
+def _mergeable(record: SyncRecord) -> bool:
+    """Syncs opened implicitly (one update request, or one bare `load_weights` call) rather than by a session
+    or `tap.sync`: several of them carrying one weight version are one push."""
+    source = str(record.header["sync"].get("source") or "")
+    return (source.startswith("request") or source == "call") and record.weight_version is not None
+
+
 def _logical_syncs(records: Sequence[SyncRecord]) -> dict[tuple[int, str], list[SyncRecord]]:
-    """Group records into syncs per engine: by seq, except that request-level syncs carrying one weight
-    version are one sync (merged per rank) — the issue's "group by session or weight version"."""
-    by_version: dict[tuple[str, tuple[int, int, int], str], list[SyncRecord]] = defaultdict(list)
-    groups: dict[tuple[int, str], list[SyncRecord]] = defaultdict(list)
+    """Group records into syncs per engine: by seq, except that a run of consecutive implicit syncs (update
+    requests without a session, bare `load_weights` calls) of one rank carrying one weight version is one
+    sync (merged per rank): a push made of many buckets is checked as a whole. A sync of another kind or
+    version in between ends the run."""
+    per_rank: dict[tuple[str, tuple[int, int, int]], list[SyncRecord]] = defaultdict(list)
     for record in records:
-        source = str(record.header["sync"].get("source") or "")
-        if source.startswith("request") and record.weight_version is not None:
-            by_version[(record.engine, _rank_key(record), record.weight_version)].append(record)
-        else:
-            groups[(record.seq, record.engine)].append(record)
-    for (engine, _, _), parts in by_version.items():
-        merged = _merge_records(parts)
-        groups[(merged.seq, engine)].append(merged)
+        per_rank[(record.engine, _rank_key(record))].append(record)
+    groups: dict[tuple[int, str], list[SyncRecord]] = defaultdict(list)
+    for (engine, _), rank_records in per_rank.items():
+        run: list[SyncRecord] = []
+
+        def close_run() -> None:
+            if run:
+                merged = _merge_records(run)
+                groups[(merged.seq, engine)].append(merged)
+                run.clear()
+
+        for record in sorted(rank_records, key=lambda r: r.seq):
+            if not _mergeable(record):
+                close_run()
+                groups[(record.seq, engine)].append(record)
+                continue
+            if run and run[-1].weight_version != record.weight_version:
+                close_run()
+            run.append(record)
+        close_run()
     return groups
 
 

@@ -422,7 +422,7 @@ class _Call:
         self.started = time.perf_counter()
         self.error: str | None = None
         self.futures: list[Future[None]] = []
-        self.coverage = CallCoverage(sync_.entries, sync_.params, _STATE.hooks.default_loader)
+        self.coverage = CallCoverage(sync_.entries, sync_.params, _default_loader_for(model))
         self.capture = _WarningCapture()
         if not sync_.model:
             sync_.model = _model_info(model)
@@ -498,6 +498,23 @@ class _Call:
                 "unattributed_writes": self.coverage.unattributed_writes,
             }
         )
+
+
+def _default_loader_for(model: Any) -> Callable[..., Any] | None:
+    """The loader the engine uses for parameters without a `weight_loader` attribute: the engine hooks' one,
+    else SGLang's `default_weight_loader` for a class defined in an `sglang` module (so that `tap.install` on
+    an SGLang class tracks norms and routers without extra setup), else None (those parameters untracked)."""
+    if _STATE.hooks.default_loader is not None:
+        return _STATE.hooks.default_loader
+    if not type(model).__module__.startswith("sglang.") and not any(
+        base.__module__.startswith("sglang.") for base in type(model).__mro__
+    ):
+        return None
+    try:
+        from sglang.srt.model_loader.weight_utils import default_weight_loader
+    except Exception:
+        return None
+    return default_weight_loader  # type: ignore[no-any-return]
 
 
 def _fill_digest(entry: dict[str, Any], tensor: Any, algorithm: str) -> None:
@@ -578,3 +595,51 @@ def uninstall(klass: type, method: str = "load_weights") -> None:
     current = klass.__dict__.get(method)
     if current is not None and getattr(current, "__weightcheck_tap__", False):
         setattr(klass, method, current.__wrapped__)
+
+
+def wrap(model: Any, method: str = "load_weights") -> Any:
+    """Instance wrap: tap `model.<method>` (a bound method) of this one object, leaving its class alone.
+
+    For a model built elsewhere, a trainer-side replica (P2P transports), or a loader object whose method is
+    not on a class you want to patch. Returns `model`; `unwrap(model)` undoes it. Idempotent."""
+    import functools
+
+    bound = getattr(model, method)
+    if getattr(bound, "__weightcheck_tap__", False):
+        return model
+    original = getattr(bound, "__func__", None)
+
+    if original is not None and getattr(bound, "__self__", None) is model:
+
+        @functools.wraps(original)
+        def tapped(*args: Any, **kwargs: Any) -> Any:
+            return tap_load_weights(original, model, *args, **kwargs)
+
+    else:  # a plain callable stored on the instance (no `self`): adapt it to the hook's signature
+
+        def call(_model: Any, *args: Any, **kwargs: Any) -> Any:
+            return bound(*args, **kwargs)
+
+        @functools.wraps(bound)
+        def tapped(*args: Any, **kwargs: Any) -> Any:
+            return tap_load_weights(call, model, *args, **kwargs)
+
+    tapped.__wrapped__ = bound  # type: ignore[attr-defined]
+    tapped.__weightcheck_tap__ = True  # type: ignore[attr-defined]
+    if getattr(bound, "_supports_quantized_rl_reload", None) is not None:
+        tapped._supports_quantized_rl_reload = tapped  # type: ignore[attr-defined]
+    # nn.Module.__setattr__ stores plain callables in the instance __dict__, which shadows the class method.
+    object.__setattr__(model, method, tapped)
+    return model
+
+
+def unwrap(model: Any, method: str = "load_weights") -> Any:
+    """Undo `wrap` on this object."""
+    current = model.__dict__.get(method)
+    if current is not None and getattr(current, "__weightcheck_tap__", False):
+        wrapped = current.__wrapped__
+        if getattr(wrapped, "__self__", None) is model:
+            del model.__dict__[method]
+        else:
+            object.__setattr__(model, method, wrapped)
+    return model
