@@ -1127,7 +1127,8 @@ def _baselines(records: Sequence[SyncRecord]) -> dict[tuple[str, tuple[int, int,
 
 def _merge_records(records: Sequence[SyncRecord]) -> SyncRecord:
     """One rank's consecutive implicit syncs of one weight version (SGLang without the session API makes every
-    bucket its own request; a custom engine calls `load_weights` once per bucket) as one sync: calls and tensors renumbered in order, coverage summed."""
+    bucket its own request; a custom engine calls `load_weights` once per bucket) as one sync: calls and
+    tensors renumbered in order, coverage summed."""
     ordered = sorted(records, key=lambda r: r.seq)
     if len(ordered) == 1:
         return ordered[0]
@@ -1180,23 +1181,19 @@ def _logical_syncs(records: Sequence[SyncRecord]) -> dict[tuple[int, str], list[
         per_rank[(record.engine, _rank_key(record))].append(record)
     groups: dict[tuple[int, str], list[SyncRecord]] = defaultdict(list)
     for (engine, _), rank_records in per_rank.items():
-        run: list[SyncRecord] = []
-
-        def close_run() -> None:
+        runs: list[list[SyncRecord]] = []
+        for record in sorted(rank_records, key=lambda r: r.seq):
+            if not _mergeable(record):
+                groups[(record.seq, engine)].append(record)
+                runs.append([])  # ends the current run
+                continue
+            if not runs or not runs[-1] or runs[-1][-1].weight_version != record.weight_version:
+                runs.append([])
+            runs[-1].append(record)
+        for run in runs:
             if run:
                 merged = _merge_records(run)
                 groups[(merged.seq, engine)].append(merged)
-                run.clear()
-
-        for record in sorted(rank_records, key=lambda r: r.seq):
-            if not _mergeable(record):
-                close_run()
-                groups[(record.seq, engine)].append(record)
-                continue
-            if run and run[-1].weight_version != record.weight_version:
-                close_run()
-            run.append(record)
-        close_run()
     return groups
 
 
