@@ -48,7 +48,7 @@ ENV_STRICT = "WEIGHTCHECK_STRICT"
 ENV_SYNC_DIGEST = "WEIGHTCHECK_TAP_SYNC_DIGEST"
 ENV_THREADS = "WEIGHTCHECK_DIGEST_THREADS"
 ENV_ENGINE = "WEIGHTCHECK_ENGINE"
-ENV_DIGEST = "WEIGHTCHECK_DIGEST"  # sha256 | xxh3_128 (default: xxh3_128 when xxhash is installed)
+ENV_DIGEST = "WEIGHTCHECK_DIGEST"  # sha256 | xxh3_128 | posmix128 (default: xxh3_128 when xxhash is installed)
 # Loggers whose warnings during a call are kept in the record ("Parameter X not found in params_dict").
 ENGINE_LOGGERS = ("sglang.srt",)
 _MAX_WARNINGS_PER_CALL = 50
@@ -151,8 +151,8 @@ def configure(
 ) -> TapConfig | None:
     """Turn the tap on (records under `directory`) or off (`None`). Closes a sync left open.
 
-    `digest`: "sha256" or "xxh3_128"; default `weightcheck.digest.live_algorithm()` (xxh3_128 when xxhash is
-    installed, `WEIGHTCHECK_DIGEST` overrides)."""
+    `digest`: "sha256", "xxh3_128" or "posmix128" (on the tensor's device); default
+    `weightcheck.digest.live_algorithm()` (xxh3_128 when xxhash is installed, `WEIGHTCHECK_DIGEST` overrides)."""
     if isinstance(directory, TapConfig) or directory is None:
         config = directory
     else:
