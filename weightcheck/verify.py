@@ -46,6 +46,7 @@ from weightcheck.tap.records import (
     read_record,
     record_algorithm,
 )
+from weightcheck.verify_state import StateHistory, check_dp_replicas, check_sync_state
 
 _LAYER = re.compile(r"(^|\.)layers\.(\d+)\.")
 _EXPERT = re.compile(r"\.experts\.(\d+)\.")
@@ -466,8 +467,10 @@ class _SyncChecker:
         trainer: TrainerLayout,
         skip: Sequence[str],
         baseline: Mapping[tuple[int, int, int], set[str]],
+        history: StateHistory | None = None,
     ) -> None:
         self.view = view
+        self.history = history
         # The reference in the records' algorithm (a checkpoint is re-hashed if need be); other algorithms
         # present in this sync (ranks configured differently) get their own view through `_ref_for`.
         algorithms = Counter(e.algorithm for r in view.records for e in r.tensors if e.hexdigest is not None)
@@ -502,6 +505,17 @@ class _SyncChecker:
     def run(self) -> None:
         self._check_ranks()
         self._check_calls()
+        bypassed = False
+        if self.history is not None:
+            bypassed = check_sync_state(
+                self.view.seq,
+                self.view.engine,
+                self.view.records,
+                self.history,
+                self._add,
+                reference_kind=self.ref.kind if self.ref is not None else None,
+                skipped=self._skipped,
+            )
         effective, occurrences = self._streams()
         self._check_disagreement(occurrences)
         self._check_duplicates(occurrences)
@@ -509,7 +523,7 @@ class _SyncChecker:
         self._check_dropped(occurrences, split)
         self._check_params()
         self._check_content(effective)
-        if self.ref is not None:
+        if self.ref is not None and not bypassed:
             self._check_against_reference(effective, occurrences)
 
     # -- ranks and calls ---------------------------------------------------------------------------
@@ -1161,7 +1175,11 @@ def _merge_records(records: Sequence[SyncRecord]) -> SyncRecord:
             merged.shards_written = sorted(set(merged.shards_written) | set(param.shards_written))
             if param.experts_written is not None:
                 merged.experts_written = sorted(set(merged.experts_written or []) | set(param.experts_written))
-    return SyncRecord(path=first.path, header=header, calls=calls, tensors=tensors, params=params)
+    if ordered[-1].states:  # the state after the last bucket
+        header["state_digest"] = ordered[-1].header.get("state_digest")
+    return SyncRecord(
+        path=first.path, header=header, calls=calls, tensors=tensors, params=params, states=ordered[-1].states
+    )
 
 
 def _mergeable(record: SyncRecord) -> bool:
@@ -1287,8 +1305,10 @@ def verify(
         result.nothing_checked = True
         result.notes.append(f"no records for {what}: nothing was verified")
     baselines = _baselines(loaded)
+    history = StateHistory(groups)
     layout = trainer or TrainerLayout()
     tensors = params = 0
+    replicas: list[tuple[str | None, str, list[SyncRecord]]] = []
     for seq, engine in selected:
         label = f"sync {seq}"
         view_records = groups[(seq, engine)]
@@ -1305,9 +1325,11 @@ def verify(
             first = baselines.get((engine, _rank_key(record)))
             if first is not None and first[0] < seq:
                 baseline[_rank_key(record)] = first[1]
-        _SyncChecker(view, reference, findings, layout, list(skip), baseline).run()
+        _SyncChecker(view, reference, findings, layout, list(skip), baseline, history).run()
+        replicas.append((view.weight_version, engine, view_records))
         tensors += sum(len(r.tensors) for r in view_records)
         params += sum(len(r.params) for r in view_records)
+    check_dp_replicas(replicas, lambda code, message, **kw: findings.add(code, message, file=str(root), **kw))
     if owns_reference and reference is not None and reference.store is not None:
         reference.store.close()
     result.findings = findings.items

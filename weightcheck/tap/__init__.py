@@ -12,6 +12,7 @@ Public API:
   engine id and version); the SGLang plugin sets them, a custom integration should.
 - `sync(weight_version=None)` (context manager), `begin_sync`, `end_sync`, `note_weight_version`, `flush`:
   group load_weights calls into one sync; a call outside any sync is a sync of its own.
+- `note_model(model)`: the model whose parameters and buffers are digested after each sync (`state=True`).
 - `read_record`, `find_record_files`: read the per-rank record files back (no torch needed).
 """
 
@@ -28,6 +29,7 @@ from weightcheck.tap.core import (
     flush,
     install,
     last_record_path,
+    note_model,
     note_weight_version,
     request_scope,
     set_engine_hooks,
@@ -55,6 +57,7 @@ __all__ = [
     "flush",
     "install",
     "last_record_path",
+    "note_model",
     "note_weight_version",
     "read_record",
     "request_scope",

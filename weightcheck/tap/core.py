@@ -48,6 +48,7 @@ ENV_STRICT = "WEIGHTCHECK_STRICT"
 ENV_SYNC_DIGEST = "WEIGHTCHECK_TAP_SYNC_DIGEST"
 ENV_THREADS = "WEIGHTCHECK_DIGEST_THREADS"
 ENV_ENGINE = "WEIGHTCHECK_ENGINE"
+ENV_STATE = "WEIGHTCHECK_STATE"  # 1: digest the engine's parameters and buffers after every sync
 ENV_DIGEST = "WEIGHTCHECK_DIGEST"  # sha256 | xxh3_128 | posmix128 (default: xxh3_128 when xxhash is installed)
 # Loggers whose warnings during a call are kept in the record ("Parameter X not found in params_dict").
 ENGINE_LOGGERS = ("sglang.srt",)
@@ -70,6 +71,8 @@ class TapConfig:
     engine: str | None = None  # engine id in the record; default host:port from SGLang, else the host name
     # Digest algorithm (`weightcheck.digest.live_algorithm`): the trainer manifest must use the same one.
     digest: str = field(default_factory=lambda: live_algorithm())
+    # Digest every parameter and buffer of the engine's model after each sync (`weightcheck.tap.state`).
+    state: bool = False
 
 
 def config_from_env(environ: Mapping[str, str] | None = None) -> TapConfig | None:
@@ -90,12 +93,19 @@ def config_from_env(environ: Mapping[str, str] | None = None) -> TapConfig | Non
         digest_threads=max(1, threads),
         engine=env.get(ENV_ENGINE) or None,
         digest=live_algorithm(environ=env),
+        state=_truthy(env.get(ENV_STATE)),
     )
 
 
 @dataclass
 class EngineHooks:
-    """What an engine integration tells the tap (all optional)."""
+    """What an engine integration tells the tap (all optional).
+
+    `rank_info() -> {"tp_rank", "tp_size", "pp_rank", "pp_size", "ep_rank", "ep_size", ...}`: this process's
+    place in the engine. `default_loader(param, loaded_weight)`: the loader the engine uses for parameters
+    without a `weight_loader` attribute (without it, such parameters are recorded `tracked: false`: their
+    coverage is unknown); SGLang classes get SGLang's `default_weight_loader` automatically.
+    `current_weight_version()`, `engine_id()`, `engine_version()`: header fields."""
 
     rank_info: Callable[[], dict[str, Any]] | None = None
     default_loader: Callable[..., Any] | None = None
@@ -131,6 +141,7 @@ class _State:
         self.last_written: Path | None = None
         self.warned: set[str] = set()
         self.exit_hook = False
+        self.model: Any = None  # weakref to the engine's model: its state is digested when a sync closes
 
 
 _STATE = _State()
@@ -148,6 +159,7 @@ def configure(
     digest_threads: int | None = None,
     engine: str | None = None,
     digest: str | None = None,
+    state: bool = False,
 ) -> TapConfig | None:
     """Turn the tap on (records under `directory`) or off (`None`). Closes a sync left open.
 
@@ -164,6 +176,7 @@ def configure(
             digest_threads=max(1, digest_threads or min(4, os.cpu_count() or 1)),
             engine=engine,
             digest=live_algorithm(digest),
+            state=state,
         )
     with _STATE.lock:
         if _STATE.current is not None:
@@ -193,6 +206,18 @@ def configure_from_env(environ: Mapping[str, str] | None = None) -> TapConfig | 
 
 def set_engine_hooks(hooks: EngineHooks) -> None:
     _STATE.hooks = hooks
+
+
+def note_model(model: Any) -> None:
+    """The engine's model, whose parameters and buffers are digested when a sync closes (`state=True`).
+    A tapped `load_weights` call notes its model; call this for a model that syncs bypass (load_format
+    "direct", custom loaders, RDMA) before any call reached it. Held weakly."""
+    import weakref
+
+    try:
+        _STATE.model = weakref.ref(model)
+    except TypeError:
+        _STATE.model = lambda: model
 
 
 def current_config() -> TapConfig | None:
@@ -300,7 +325,8 @@ def _close_sync(*, incomplete: bool) -> Path | None:
     _STATE.current = None
     if current is None or config is None:
         return None
-    if current.source.startswith("request") and not current.calls:
+    model_known = config.state and _STATE.model is not None and _STATE.model() is not None
+    if current.source.startswith("request") and not current.calls and not model_known:
         # A request the engine refused before loading anything (e.g. outside a session): no sync happened.
         if _STATE.next_seq == current.seq + 1:
             _STATE.next_seq = current.seq
@@ -345,6 +371,15 @@ def _close_sync(*, incomplete: bool) -> Path | None:
     }
     entries = [current.entries[seq] for seq in sorted(current.entries)]
     params = [coverage.as_line(name) for name, coverage in current.params.items()]
+    states: list[dict[str, Any]] = []
+    model = _STATE.model() if _STATE.model is not None else None
+    if config.state and model is not None:
+        from weightcheck.tap.state import engine_state
+
+        states = engine_state(model, config.digest)
+        header["state_digest"] = config.digest
+        if not current.model:
+            header["model"] = _model_info(model)
 
     def lines() -> Iterator[str]:
         yield encode_line(header)
@@ -354,7 +389,12 @@ def _close_sync(*, incomplete: bool) -> Path | None:
             yield encode_line(entry)
         for param in params:
             yield encode_line(param)
-        yield encode_line({"t": "end", "calls": len(current.calls), "tensors": len(entries), "params": len(params)})
+        for state in states:
+            yield encode_line(state)
+        end = {"t": "end", "calls": len(current.calls), "tensors": len(entries), "params": len(params)}
+        if states:
+            end["states"] = len(states)
+        yield encode_line(end)
 
     path = folder / f"{stem}.jsonl"
     write_atomic_text(path, lines())
@@ -426,6 +466,7 @@ class _Call:
         self.capture = _WarningCapture()
         if not sync_.model:
             sync_.model = _model_info(model)
+        note_model(model)
         if sync_.rank is None:
             sync_.rank = _engine_value(_STATE.hooks.rank_info) or {}
         for name in ENGINE_LOGGERS:
