@@ -28,7 +28,6 @@ from typing import Any
 import pytest
 
 __all__ = ["checkpoints", "harness", "plugin_tap", "records_dir", "sglang_dist"]
-MASTER_PORT = 29632
 
 # The four classes the issue names; the plugin taps them up front (WEIGHTCHECK_SGLANG_TARGETS).
 TARGETS = {
@@ -116,7 +115,8 @@ def sglang_dist() -> None:
     os.environ.setdefault("MASTER_ADDR", "127.0.0.1")
     from sglang.test.layer_ut_utils import init_single_process_dist
 
-    init_single_process_dist(master_port=MASTER_PORT, backend="gloo")
+    # A free port, not a fixed one: another SGLang test run on the same host must not collide.
+    init_single_process_dist(master_port=free_port(), backend="gloo")
 
 
 @pytest.fixture(scope="session")
