@@ -154,7 +154,8 @@ def test_session_with_flattened_buckets(plugin_tap: Path, records_dir: Path, sta
     with s.session():
         for bucket in buckets(stream, 3)[::2]:
             s.tensor_update(bucket, "step-2", load_format="flattened_bucket")
-    missing = {n for f in by_code(verify(records_dir, ckpt, weight_version="step-2"), "WC722") for n in f.details["names"]}
+    result = verify(records_dir, ckpt, weight_version="step-2")
+    missing = {n for f in by_code(result, "WC722") for n in f.details["names"]}
     assert missing == {n for n, _ in lost}
 
 
@@ -162,7 +163,8 @@ def test_update_from_disk_through_the_default_model_loader(plugin_tap: Path, rec
     from sglang.srt.managers.io_struct import UpdateWeightFromDiskReqInput
 
     s, _, ckpt, _ = stack("qwen3")
-    reply = s.manager.update_weights_from_disk(UpdateWeightFromDiskReqInput(model_path=str(ckpt), load_format="auto", weight_version="v2"))
+    request = UpdateWeightFromDiskReqInput(model_path=str(ckpt), load_format="auto", weight_version="v2")
+    reply = s.manager.update_weights_from_disk(request)
     assert reply.success, reply.message
     result = verify(records_dir, ckpt, weight_version="v2")
     assert result.findings == [], [f.message for f in result.findings]
