@@ -298,3 +298,63 @@ def test_untracked_parameters_are_unknown_on_a_real_model(
     finally:
         sys.path.remove(str(tmp_path))
         sys.modules.pop("strict_deepseek", None)
+
+
+def test_update_from_distributed_with_a_trainer_rank(plugin_tap: Path, records_dir: Path, stack: Any) -> None:
+    """The non-colocated default: SGLang's WeightUpdater joins a custom gloo group as rank 1
+    (`init_weights_update_group`, SGLang's own `init_custom_process_group`); a trainer (rank 0, a thread here
+    with its own gloo process group on the same store prefix, as a trainer process would build) broadcasts each
+    tensor; the scheduler's `update_weights_from_distributed` receives and loads them inside a session. Clean,
+    then a broadcast with one tensor's bytes swapped for another layer's: the shift is named."""
+    import threading
+
+    import torch
+    from sglang.srt.managers.io_struct import UpdateWeightsFromDistributedReqInput
+    from sglang_harness import free_port
+
+    s, _, ckpt, stream = stack("qwen3")
+    port, group = free_port(), "weightcheck_test_group"
+    ready: dict[str, Any] = {}
+
+    def trainer() -> None:
+        from torch.distributed import PrefixStore, ProcessGroupGloo, TCPStore
+
+        store = TCPStore("127.0.0.1", port, 2, is_master=True)
+        ready["pg"] = ProcessGroupGloo(PrefixStore(group, store), 0, 2)
+
+    thread = threading.Thread(target=trainer)
+    thread.start()
+    runner = s.manager.tp_worker.model_runner
+    ok, message = runner.weight_updater.init_weights_update_group("127.0.0.1", port, 1, 2, group, backend="gloo")
+    thread.join(timeout=60)
+    assert ok, message
+
+    def push(named: list[tuple[str, Any]], version: str) -> None:
+        request = UpdateWeightsFromDistributedReqInput(
+            names=[n for n, _ in named],
+            dtypes=[str(t.dtype).removeprefix("torch.") for _, t in named],
+            shapes=[list(t.shape) for _, t in named],
+            group_name=group,
+            weight_version=version,
+        )
+
+        def send() -> None:
+            for _, tensor in named:
+                ready["pg"].broadcast([tensor.contiguous()], torch.distributed.BroadcastOptions()).wait()
+
+        sender = threading.Thread(target=send)
+        sender.start()
+        with s.session():
+            reply = s.manager.update_weights_from_distributed(request)
+        sender.join(timeout=60)
+        assert reply.success, reply.message
+
+    push(stream, "step-1")
+    result = verify(records_dir, ckpt, weight_version="step-1")
+    assert result.findings == [], [f.message for f in result.findings]
+    swapped = dict(stream)
+    a, b = "model.layers.0.mlp.down_proj.weight", "model.layers.1.mlp.down_proj.weight"
+    swapped[a], swapped[b] = swapped[b], swapped[a]
+    push(list(swapped.items()), "step-2")
+    bad = verify(records_dir, ckpt, weight_version="step-2")
+    assert {f.code for f in bad.findings if f.severity >= Severity.WARNING} >= {"WC725"}
