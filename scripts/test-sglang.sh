@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # The optional real-SGLang test group (pytest marker `sglang`) in its own environment, .venv-sglang.
 # A full CPU install of sglang is about 11 GB and takes 4-7 minutes the first time; the tests take about
-# a minute. .ci/run calls this after the main suite.
+# a few minutes (see scripts/ci-groups/20-sglang.sh). .ci/run calls this after the main suite.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 PY="${PYTHON:-python3}"

@@ -77,11 +77,19 @@ def test_parse_ct_spec() -> None:
 def test_parse_vlm_nested_and_hf_fp8_and_modelopt() -> None:
     spec = parse_quant_spec({"text_config": {"quantization_config": W4A16}})
     assert spec.source.endswith("text_config.quantization_config")
-    fp8 = parse_quant_spec({"quantization_config": {"quant_method": "fp8", "weight_block_size": [128, 128],
-                                                    "modules_to_not_convert": ["lm_head", "model.layers.0.mlp.gate"]}})
+    fp8 = parse_quant_spec(
+        {
+            "quantization_config": {
+                "quant_method": "fp8",
+                "weight_block_size": [128, 128],
+                "modules_to_not_convert": ["lm_head", "model.layers.0.mlp.gate"],
+            }
+        }
+    )
     assert fp8.weight_block_size == [128, 128] and fp8.ignore_field == "modules_to_not_convert"
-    assert parse_quant_spec({"quantization_config": {"quant_method": "fp8", "ignored_layers": ["a"],
-                                                     "modules_to_not_convert": ["b"]}}).ignore == ["a"]
+    assert parse_quant_spec(
+        {"quantization_config": {"quant_method": "fp8", "ignored_layers": ["a"], "modules_to_not_convert": ["b"]}}
+    ).ignore == ["a"]
     mo = parse_quant_spec({}, {"quantization": {"quant_algo": "NVFP4", "exclude_modules": ["lm_head"]}})
     assert mo.method == "modelopt" and mo.ignore == ["lm_head"] and mo.bits() == 4
     bad = parse_quant_spec({"quantization_config": {"quant_method": "fp8", "weight_block_size": [128]}})

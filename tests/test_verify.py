@@ -556,6 +556,78 @@ def test_request_level_syncs_of_one_version_are_one_sync(bench: Callable[[str], 
     assert result.findings == [] and result.checked["syncs"] == 1
 
 
+def test_bare_calls_carrying_one_weight_version_are_one_sync(bench: Callable[[str], Bench]) -> None:
+    """A custom engine without `tap.sync`: each bucket is a bare load_weights call (a sync of its own on disk);
+    the engine reports one weight version for all three, so verify checks them as one push: clean."""
+    b = bench("llama")
+    tap.set_engine_hooks(tap.EngineHooks(default_loader=default_loader, current_weight_version=lambda: "step-9"))
+    model = b.engine()
+    third = len(b.stream) // 3
+    for bucket in (b.stream[:third], b.stream[third : 2 * third], b.stream[2 * third :]):
+        model.load_weights(iter(bucket))
+    assert len(list(b.records.iterdir())) == 3
+    result = verify(b.records, b.ckpt)
+    assert result.findings == [], [f.message for f in result.findings]
+    assert result.checked["syncs"] == 1
+    # A bucket withheld is still named, as in one sync.
+    tap.configure(b.records / "again")
+    model = b.engine()
+    for bucket in (b.stream[:third], b.stream[2 * third :]):
+        model.load_weights(iter(bucket))
+    missing = {n for f in by_code(verify(b.records / "again", b.ckpt), "WC722") for n in f.details["names"]}
+    assert missing == {n for n, _ in b.stream[third : 2 * third]}
+
+
+def test_bare_calls_of_different_versions_stay_apart(bench: Callable[[str], Bench]) -> None:
+    b = bench("llama")
+    versions = iter(["step-1", "step-2"])
+    current = {"v": "step-1"}
+    tap.set_engine_hooks(tap.EngineHooks(default_loader=default_loader, current_weight_version=lambda: current["v"]))
+    model = b.engine()
+    for version in versions:
+        current["v"] = version
+        model.load_weights(iter(b.stream))
+    result = verify(b.records, b.ckpt)
+    assert result.findings == [] and result.checked["syncs"] == 2  # not merged: no duplicate warnings
+
+
+def test_untracked_parameters_are_unknown_never_dropped(bench: Callable[[str], Bench]) -> None:
+    """No default loader given (the custom-engine recipe without `set_engine_hooks`): parameters without a
+    loader attribute are `tracked: false`, and the tensors written into them are not WC731 drops."""
+    b = bench("llama")
+    tap.set_engine_hooks(tap.EngineHooks())  # no default_loader: every parameter of this engine is untracked
+    model = b.engine()
+    with tap.sync("step-1"):
+        model.load_weights(iter([*b.stream, ("model.layers.0.mlp.gate.weight_packed", torch.ones(2))]))
+    record = tap.read_record(next((b.records / "sync-00000").glob("*.jsonl")))
+    assert record.params and not any(p.tracked for p in record.params.values())
+    result = verify(b.records, b.ckpt)
+    # The quantized companion matches no parameter at all: still a drop (an error), the rest is unknown.
+    (dropped,) = by_code(result, "WC731")
+    assert dropped.details["names"] == ["model.layers.0.mlp.gate.weight_packed"]
+    assert "quantized tensor" in dropped.message
+    assert codes(result) == {"WC731", "WC723"}
+
+
+def test_instance_wrap_taps_one_object(bench: Callable[[str], Bench]) -> None:
+    """`tap.wrap(model)`: the bound load_weights of one object (a trainer-side replica), class untouched."""
+    b = bench("llama")
+    tap.uninstall(Engine)
+    tap.set_engine_hooks(tap.EngineHooks(default_loader=default_loader))
+    model, other = b.engine(), b.engine()
+    assert tap.wrap(model) is model and tap.wrap(model) is model  # idempotent
+    other.load_weights(iter(b.stream))  # not wrapped: nothing recorded
+    assert not list(b.records.rglob("*.jsonl"))
+    with tap.sync("step-3"):
+        model.load_weights(iter(b.stream))
+    (file,) = b.records.rglob("*.jsonl")
+    assert len(tap.read_record(file).tensors) == len(b.stream)
+    assert verify(b.records, b.ckpt, weight_version="step-3").findings == []
+    tap.unwrap(model)
+    assert "load_weights" not in model.__dict__
+    tap.install(Engine)  # the fixture uninstalls it
+
+
 def test_record_cannot_point_its_tensors_outside_its_folder(bench: Callable[[str], Bench]) -> None:
     b = bench("llama")
     b.push(b.stream)

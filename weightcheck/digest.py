@@ -21,7 +21,9 @@ Public API (kept small; the live-sync verifier reuses it):
 - `digest_bytes(data, dtype, shape, algorithm="sha256")`: digest of raw stored bytes.
 - `digest_stored(store, name, algorithm="sha256")`: digest of one tensor of a `weightcheck.tensors.TensorStore`.
 - `live_algorithm(environ=None)`: the algorithm of the live path (tap and trainer manifests): xxh3_128 when
-  `xxhash` is importable, else sha256; `WEIGHTCHECK_DIGEST=sha256|xxh3_128` overrides.
+  `xxhash` is importable, else sha256; `WEIGHTCHECK_DIGEST=sha256|xxh3_128|posmix128` overrides.
+- `"posmix128"` (`weightcheck.devdigest`): computed on the tensor's device with torch integer kernels (no
+  host copy), bit-identical on CPU, CUDA and stored bytes; for GPU engines and trainers.
 - `write_manifest(path, digests)` / `read_manifest(path)`: the JSON manifest
   `{"schema_version": "1.0", "kind": "weightcheck-manifest", "tensors": {name: {"dtype", "shape", ALG: hex}}}`
   where the key `ALG` names the algorithm (`"sha256": ...` or `"xxh3_128": ...`, one per entry);
@@ -53,9 +55,11 @@ log = logging.getLogger("weightcheck.digest")
 
 SHA256 = "sha256"
 XXH3_128 = "xxh3_128"
-ALGORITHMS = (SHA256, XXH3_128)
+# On-device digest (weightcheck.devdigest): torch integer kernels where the tensor lives, no host copy.
+POSMIX128 = "posmix128"
+ALGORITHMS = (SHA256, XXH3_128, POSMIX128)
 # Length of each algorithm's lowercase hex digest: what a manifest or record entry must carry.
-HEX_LENGTH = {SHA256: 64, XXH3_128: 32}
+HEX_LENGTH = {SHA256: 64, XXH3_128: 32, POSMIX128: 32}
 ENV_DIGEST = "WEIGHTCHECK_DIGEST"
 MANIFEST_KIND = "weightcheck-manifest"
 MANIFEST_SCHEMA_VERSION = "1.0"
@@ -124,7 +128,7 @@ _warned_fallback: set[str] = set()
 def live_algorithm(requested: str | None = None, environ: Mapping[str, str] | None = None) -> str:
     """The digest algorithm of the live path (tap records and trainer manifests): both sides must agree.
 
-    `requested` (an argument) wins, then `WEIGHTCHECK_DIGEST=sha256|xxh3_128`, then xxh3_128 when `xxhash`
+    `requested` (an argument) wins, then `WEIGHTCHECK_DIGEST=sha256|xxh3_128|posmix128`, then xxh3_128 when `xxhash`
     is importable (sha256 is ~8x slower than the engine's copy and would add several times the load time).
     xxh3_128 without `xxhash` falls back to sha256 with a warning (once): the record is still verifiable,
     only slower to take. An unknown name is a ValueError when passed, a warning when it comes from the
@@ -139,8 +143,8 @@ def live_algorithm(requested: str | None = None, environ: Mapping[str, str] | No
                 _warned_fallback.add(wanted)
                 log.warning("weightcheck: %s=%r is not one of %s; using the default", ENV_DIGEST, wanted, ALGORITHMS)
             wanted = ""
-    if wanted == SHA256:
-        return SHA256
+    if wanted in (SHA256, POSMIX128):
+        return wanted
     if xxhash_available():
         return XXH3_128
     if XXH3_128 not in _warned_fallback:
@@ -160,6 +164,10 @@ def _hasher(algorithm: str) -> Any:
         import xxhash  # optional dependency: imported only when this algorithm is asked for
 
         return xxhash.xxh3_128()
+    if algorithm == POSMIX128:
+        from weightcheck.devdigest import PosmixHasher
+
+        return PosmixHasher()
     return check_algorithm(algorithm)  # raises
 
 
@@ -203,6 +211,10 @@ def digest_tensor(tensor: torch.Tensor, algorithm: str = SHA256) -> TensorDigest
         shape = (*shape[:-1], shape[-1] * 2) if shape else shape
     if dtype is None or dtype not in DTYPE_BITS:
         raise TypeError(f"cannot digest a {tensor.dtype} tensor: safetensors has no such dtype")
+    if algorithm == POSMIX128:  # on the tensor's own device: no host copy
+        from weightcheck.devdigest import posmix128_tensor
+
+        return TensorDigest(dtype, shape, posmix128_tensor(tensor), algorithm)
     hasher = _hasher(algorithm)
     flat = tensor.detach().contiguous().reshape(-1)
     itemsize = flat.element_size()

@@ -46,6 +46,7 @@ from weightcheck.tap.records import (
     read_record,
     record_algorithm,
 )
+from weightcheck.verify_state import StateHistory, check_dp_replicas, check_sync_state
 
 _LAYER = re.compile(r"(^|\.)layers\.(\d+)\.")
 _EXPERT = re.compile(r"\.experts\.(\d+)\.")
@@ -428,6 +429,16 @@ def _rank_key(record: SyncRecord) -> tuple[int, int, int]:
     return (int(rank.get("pp_rank", 0) or 0), int(rank.get("tp_rank", 0) or 0), int(rank.get("ep_rank", 0) or 0))
 
 
+def _param_key(name: str) -> str:
+    """A name compared with parameter names: engines add or drop a leading `model.` (SGLang's Qwen3 adds it)."""
+    return name[len("model.") :] if name.startswith("model.") else name
+
+
+def _untracked_keys(record: SyncRecord) -> set[str]:
+    """Parameters of a rank whose writes the tap could not observe (`tracked: false`), as `_param_key`s."""
+    return {_param_key(name) for name, param in record.params.items() if not param.tracked}
+
+
 def _rank_list(records: Sequence[SyncRecord]) -> str:
     labels = [r.rank_label() for r in records]
     return "; ".join(dict.fromkeys(labels))
@@ -463,8 +474,10 @@ class _SyncChecker:
         trainer: TrainerLayout,
         skip: Sequence[str],
         baseline: Mapping[tuple[int, int, int], set[str]],
+        history: StateHistory | None = None,
     ) -> None:
         self.view = view
+        self.history = history
         # The reference in the records' algorithm (a checkpoint is re-hashed if need be); other algorithms
         # present in this sync (ranks configured differently) get their own view through `_ref_for`.
         algorithms = Counter(e.algorithm for r in view.records for e in r.tensors if e.hexdigest is not None)
@@ -499,6 +512,17 @@ class _SyncChecker:
     def run(self) -> None:
         self._check_ranks()
         self._check_calls()
+        bypassed = False
+        if self.history is not None:
+            bypassed = check_sync_state(
+                self.view.seq,
+                self.view.engine,
+                self.view.records,
+                self.history,
+                self._add,
+                reference_kind=self.ref.kind if self.ref is not None else None,
+                skipped=self._skipped,
+            )
         effective, occurrences = self._streams()
         self._check_disagreement(occurrences)
         self._check_duplicates(occurrences)
@@ -506,7 +530,7 @@ class _SyncChecker:
         self._check_dropped(occurrences, split)
         self._check_params()
         self._check_content(effective)
-        if self.ref is not None:
+        if self.ref is not None and not bypassed:
             self._check_against_reference(effective, occurrences)
 
     # -- ranks and calls ---------------------------------------------------------------------------
@@ -671,11 +695,15 @@ class _SyncChecker:
         no_call = CallEntry(call=-1, names=0)
         dropped: dict[str, list[str]] = defaultdict(list)  # reason → names
         uncertain: list[str] = []
+        unobserved: list[str] = []  # may have gone into a parameter whose writes the tap could not observe
+        untracked = {id(r): _untracked_keys(r) for r in records}
         for name, items in occurrences.items():
             if name in split or self._skipped(name):
                 continue
             if any(entry.wrote or entry.offrank for _, entry in items):
                 continue
+            if any(_param_key(name) in untracked[id(record)] for record, _ in items):
+                continue  # its parameter's coverage is unknown (`tracked: false`): unknown, never "dropped"
             if any(entry.error and entry.dtype is None for _, entry in items):
                 continue  # not a tensor: reported by the content checks
             layer = _layer_id(name)
@@ -698,6 +726,15 @@ class _SyncChecker:
             reason += "; the engine logged a warning" if warned else "; silently, without a log line"
             if untraced and not beyond:
                 uncertain.append(name)
+            elif (
+                not beyond
+                and not warned
+                and reason.startswith("no parameter")
+                and any(untracked[id(record)] for record, _ in items)
+            ):
+                # Some parameters of this rank are untracked and the engine may rename names on the way in:
+                # the name cannot be called dropped with certainty.
+                unobserved.append(name)
             else:
                 dropped[reason].append(name)
         for reason, names in dropped.items():
@@ -717,6 +754,18 @@ class _SyncChecker:
                 count=len(uncertain),
                 severity=Severity.WARNING,
                 details={"names": sorted(uncertain), "reason": "untraced"},
+            )
+
+        if unobserved:
+            self._add(
+                "WC731",
+                f"{summarize(unobserved)} sent and no write traced to them, but this engine has parameters whose "
+                "writes the tap cannot observe (`tracked: false`, no loader attribute and no default loader "
+                "given: see `set_engine_hooks(EngineHooks(default_loader=...))`); unknown, not known dropped",
+                tensor=summarize(unobserved, limit=1),
+                count=len(unobserved),
+                severity=Severity.INFO,
+                details={"names": sorted(unobserved), "reason": "untracked-params"},
             )
 
     def _check_params(self) -> None:
@@ -1098,8 +1147,9 @@ def _baselines(records: Sequence[SyncRecord]) -> dict[tuple[str, tuple[int, int,
 
 
 def _merge_records(records: Sequence[SyncRecord]) -> SyncRecord:
-    """One rank's consecutive request-level syncs of one weight version (SGLang without the session API makes
-    every bucket its own request) as one sync: calls and tensors renumbered in order, coverage summed."""
+    """One rank's consecutive implicit syncs of one weight version (SGLang without the session API makes every
+    bucket its own request; a custom engine calls `load_weights` once per bucket) as one sync: calls and
+    tensors renumbered in order, coverage summed."""
     ordered = sorted(records, key=lambda r: r.seq)
     if len(ordered) == 1:
         return ordered[0]
@@ -1132,23 +1182,43 @@ def _merge_records(records: Sequence[SyncRecord]) -> SyncRecord:
             merged.shards_written = sorted(set(merged.shards_written) | set(param.shards_written))
             if param.experts_written is not None:
                 merged.experts_written = sorted(set(merged.experts_written or []) | set(param.experts_written))
-    return SyncRecord(path=first.path, header=header, calls=calls, tensors=tensors, params=params)
+    if ordered[-1].states:  # the state after the last bucket
+        header["state_digest"] = ordered[-1].header.get("state_digest")
+    return SyncRecord(
+        path=first.path, header=header, calls=calls, tensors=tensors, params=params, states=ordered[-1].states
+    )
+
+
+def _mergeable(record: SyncRecord) -> bool:
+    """Syncs opened implicitly (one update request, or one bare `load_weights` call) rather than by a session
+    or `tap.sync`: several of them carrying one weight version are one push."""
+    source = str(record.header["sync"].get("source") or "")
+    return (source.startswith("request") or source == "call") and record.weight_version is not None
 
 
 def _logical_syncs(records: Sequence[SyncRecord]) -> dict[tuple[int, str], list[SyncRecord]]:
-    """Group records into syncs per engine: by seq, except that request-level syncs carrying one weight
-    version are one sync (merged per rank) — the issue's "group by session or weight version"."""
-    by_version: dict[tuple[str, tuple[int, int, int], str], list[SyncRecord]] = defaultdict(list)
-    groups: dict[tuple[int, str], list[SyncRecord]] = defaultdict(list)
+    """Group records into syncs per engine: by seq, except that a run of consecutive implicit syncs (update
+    requests without a session, bare `load_weights` calls) of one rank carrying one weight version is one
+    sync (merged per rank): a push made of many buckets is checked as a whole. A sync of another kind or
+    version in between ends the run."""
+    per_rank: dict[tuple[str, tuple[int, int, int]], list[SyncRecord]] = defaultdict(list)
     for record in records:
-        source = str(record.header["sync"].get("source") or "")
-        if source.startswith("request") and record.weight_version is not None:
-            by_version[(record.engine, _rank_key(record), record.weight_version)].append(record)
-        else:
-            groups[(record.seq, record.engine)].append(record)
-    for (engine, _, _), parts in by_version.items():
-        merged = _merge_records(parts)
-        groups[(merged.seq, engine)].append(merged)
+        per_rank[(record.engine, _rank_key(record))].append(record)
+    groups: dict[tuple[int, str], list[SyncRecord]] = defaultdict(list)
+    for (engine, _), rank_records in per_rank.items():
+        runs: list[list[SyncRecord]] = []
+        for record in sorted(rank_records, key=lambda r: r.seq):
+            if not _mergeable(record):
+                groups[(record.seq, engine)].append(record)
+                runs.append([])  # ends the current run
+                continue
+            if not runs or not runs[-1] or runs[-1][-1].weight_version != record.weight_version:
+                runs.append([])
+            runs[-1].append(record)
+        for run in runs:
+            if run:
+                merged = _merge_records(run)
+                groups[(merged.seq, engine)].append(merged)
     return groups
 
 
@@ -1243,8 +1313,10 @@ def verify(
         result.nothing_checked = True
         result.notes.append(f"no records for {what}: nothing was verified")
     baselines = _baselines(loaded)
+    history = StateHistory(groups)
     layout = trainer or TrainerLayout()
     tensors = params = 0
+    replicas: list[tuple[str | None, str, list[SyncRecord]]] = []
     for seq, engine in selected:
         label = f"sync {seq}"
         view_records = groups[(seq, engine)]
@@ -1261,9 +1333,11 @@ def verify(
             first = baselines.get((engine, _rank_key(record)))
             if first is not None and first[0] < seq:
                 baseline[_rank_key(record)] = first[1]
-        _SyncChecker(view, reference, findings, layout, list(skip), baseline).run()
+        _SyncChecker(view, reference, findings, layout, list(skip), baseline, history).run()
+        replicas.append((view.weight_version, engine, view_records))
         tensors += sum(len(r.tensors) for r in view_records)
         params += sum(len(r.params) for r in view_records)
+    check_dp_replicas(replicas, lambda code, message, **kw: findings.add(code, message, file=str(root), **kw))
     if owns_reference and reference is not None and reference.store is not None:
         reference.store.close()
     result.findings = findings.items

@@ -1,5 +1,10 @@
 #!/usr/bin/env bash
-# Real-SGLang group (.venv-sglang): SGLang 0.5.23 model classes on CPU.
+# Real-SGLang group (.venv-sglang): SGLang 0.5.23 model classes on CPU, in-process (single gloo rank) and in
+# two spawned gloo processes per parallel layout (TP=2 with moe-EP=2 for the TP and EP scenarios, PP=2).
+# Time: install ~4-7 min; tests measured on the shared 2-core machine under a load average of 10-20
+# (8 sessions): in-process sync-path tests ~2.5 min, the two layouts ~11.5 min. On an idle CI runner the
+# tests should take a fraction of that (not measured there); peak memory of the two-process launches
+# stays below ~3 GB (two SGLang processes with tiny models).
 set -euo pipefail
 cd "$(dirname "$0")/../.."
 exec bash scripts/test-sglang.sh

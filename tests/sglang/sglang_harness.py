@@ -28,7 +28,6 @@ from typing import Any
 import pytest
 
 __all__ = ["checkpoints", "harness", "plugin_tap", "records_dir", "sglang_dist"]
-MASTER_PORT = 29632
 
 # The four classes the issue names; the plugin taps them up front (WEIGHTCHECK_SGLANG_TARGETS).
 TARGETS = {
@@ -116,7 +115,8 @@ def sglang_dist() -> None:
     os.environ.setdefault("MASTER_ADDR", "127.0.0.1")
     from sglang.test.layer_ut_utils import init_single_process_dist
 
-    init_single_process_dist(master_port=MASTER_PORT, backend="gloo")
+    # A free port, not a fixed one: another SGLang test run on the same host must not collide.
+    init_single_process_dist(master_port=free_port(), backend="gloo")
 
 
 @pytest.fixture(scope="session")
@@ -219,44 +219,120 @@ def free_port() -> int:
         return int(sock.getsockname()[1])
 
 
-def pp_worker(rank: int, world: int, port: int, checkpoint: str, records: str, queue: Any) -> None:
-    """One SGLang pipeline stage in its own process (real gloo group of `world` ranks), tap installed by
-    `load_plugins()`, loading the whole checkpoint stream in one sync as every stage does in production."""
+def _init_layout(rank: int, world: int, port: int, tp: int, pp: int, ep: int) -> None:
+    """SGLang's own parallel-state initialisation for one rank of a (tp, pp, ep) layout on gloo."""
+    from sglang.srt.distributed import parallel_state
+    from sglang.srt.distributed.parallel_state import init_distributed_environment, initialize_model_parallel
+    from sglang.test.test_utils import publish_build_topology
+
+    init_distributed_environment(
+        world_size=world,
+        rank=rank,
+        local_rank=rank,
+        backend="gloo",
+        distributed_init_method=f"tcp://127.0.0.1:{port}",
+    )
+    original = parallel_state.init_model_parallel_group
+
+    def without_cuda_communicators(*args: Any, **kwargs: Any) -> Any:
+        # PyNcclCommunicator and the custom all-reduce need a CUDA device; gloo needs neither.
+        return original(*args, **{**kwargs, "use_pynccl": False, "use_custom_allreduce": False})
+
+    parallel_state.init_model_parallel_group = without_cuda_communicators
+    publish_build_topology(world_rank=rank, tp_size=tp, pp_size=pp, ep_size=ep)
+    initialize_model_parallel(backend="gloo")
+
+
+def layout_worker(
+    rank: int, world: int, port: int, layout: dict[str, Any], scenarios: list[dict[str, Any]], queue: Any
+) -> None:
+    """One engine rank of a (tp, pp, ep) layout in its own process: SGLang's parallel state on gloo, the tap
+    installed by `load_plugins()`, then every scenario in turn (one model build, one records folder each), so
+    that one process tree serves several tests. A scenario: `records`, `checkpoint`, `kind`, `config`, and
+    `send`: what this rank receives per sync, by name (see `scenario_stream`)."""
     try:
         install_cpu_stubs()
-        os.environ["WEIGHTCHECK_DIR"] = records
-        os.environ["WEIGHTCHECK_SGLANG_TARGETS"] = "sglang.srt.models.qwen3.Qwen3ForCausalLM"
-        from sglang.srt.distributed import parallel_state
-        from sglang.srt.distributed.parallel_state import init_distributed_environment, initialize_model_parallel
-        from sglang.test.test_utils import publish_build_topology
-
-        init_distributed_environment(
-            world_size=world,
-            rank=rank,
-            local_rank=rank,
-            backend="gloo",
-            distributed_init_method=f"tcp://127.0.0.1:{port}",
-        )
-        original = parallel_state.init_model_parallel_group
-
-        def without_cuda_communicators(*args: Any, **kwargs: Any) -> Any:
-            # PyNcclCommunicator and the custom all-reduce need a CUDA device; gloo needs neither.
-            return original(*args, **{**kwargs, "use_pynccl": False, "use_custom_allreduce": False})
-
-        parallel_state.init_model_parallel_group = without_cuda_communicators
-        publish_build_topology(world_rank=rank, tp_size=1, pp_size=world, ep_size=1)
-        initialize_model_parallel(backend="gloo")
+        os.environ["WEIGHTCHECK_DIR"] = scenarios[0]["records"]
+        os.environ["WEIGHTCHECK_SGLANG_TARGETS"] = ",".join(f"{m}.{c}" for m, c in TARGETS.values())
+        _init_layout(rank, world, port, layout["tp"], layout["pp"], layout["ep"])
         from sglang.srt.plugins import load_plugins
 
         load_plugins()
         from weightcheck import tap
 
-        model = build_model("qwen3", tiny_config("qwen3", num_hidden_layers=3))
-        fill_pattern(model)
-        with tap.sync("step-1", source="session"):
-            model.load_weights(iter(checkpoint_stream(Path(checkpoint))))
-        queue.put({"rank": rank, "record": str(tap.last_record_path())})
+        base = tap.current_config()
+        assert base is not None, "the weightcheck plugin did not configure the tap"
+        out: dict[str, Any] = {"rank": rank, "records": []}
+        for scenario in scenarios:
+            tap.configure(tap.TapConfig(directory=Path(scenario["records"]), digest=base.digest, state=True))
+            model = build_model(scenario["kind"], tiny_config(scenario["kind"], **scenario.get("config", {})))
+            fill_pattern(model)
+            stream = checkpoint_stream(Path(scenario["checkpoint"]))
+            for version, send in scenario["syncs"]:
+                with tap.sync(version, source="session"):
+                    model.load_weights(iter(scenario_stream(stream, send, rank, layout)))
+                out["records"].append(str(tap.last_record_path()))
+        queue.put(out)
     except BaseException as exc:  # reported to the parent, which fails the test with it
         import traceback
 
         queue.put({"rank": rank, "error": f"{type(exc).__name__}: {exc}\n{traceback.format_exc()[-3000:]}"})
+
+
+def scenario_stream(stream: list[tuple[str, Any]], send: str, rank: int, layout: dict[str, Any]) -> list[Any]:
+    """What one engine rank receives.
+
+    * `all`: the full stream (every TP/EP rank receives the gathered tensors, as SGLang's update paths do);
+    * `ep-local`: non-expert tensors plus only the routed experts this EP rank owns (slime #2220, miles #3175);
+    * `ep-local-missing-expert-3`: the same, but expert 3 is never sent to its owner;
+    * `rank1-corrupt-norm`: TP rank 1's own payload carries a different `model.norm.weight`;
+    * `drop-layer-2-on-stage-1`: a PP stage never receives layer 2.
+    """
+    import re
+
+    expert = re.compile(r"\.experts\.(\d+)\.")
+    if send == "all":
+        return list(stream)
+    if send.startswith("ep-local"):
+        ep_size = layout["ep"]
+        per_rank = 4 // ep_size
+        own = range(rank * per_rank, (rank + 1) * per_rank)
+        out = []
+        for name, tensor in stream:
+            match = expert.search(name)
+            if match is None or int(match.group(1)) in own:
+                if send.endswith("missing-expert-3") and match is not None and int(match.group(1)) == 3:
+                    continue
+                out.append((name, tensor))
+        return out
+    if send == "rank1-corrupt-norm":
+        return [(n, t * 2 if rank == 1 and n == "model.norm.weight" else t) for n, t in stream]
+    if send == "drop-layer-2-on-stage-1":
+        return [(n, t) for n, t in stream if not (rank == 1 and ".layers.2." in n)]
+    raise KeyError(send)
+
+
+def run_layout(layout: dict[str, Any], scenarios: list[dict[str, Any]], timeout: float = 420) -> list[dict[str, Any]]:
+    """Launch `tp * pp` engine ranks (spawned processes, real gloo group) running `scenarios`."""
+    import multiprocessing
+
+    world = layout["tp"] * layout["pp"]
+    context = multiprocessing.get_context("spawn")
+    queue = context.Queue()
+    port = free_port()
+    workers = [
+        context.Process(target=layout_worker, args=(rank, world, port, layout, scenarios, queue))
+        for rank in range(world)
+    ]
+    for worker in workers:
+        worker.start()
+    try:
+        replies = [queue.get(timeout=timeout) for _ in workers]
+    finally:
+        for worker in workers:
+            worker.join(timeout=60)
+            if worker.is_alive():
+                worker.kill()
+    errors = [r["error"] for r in replies if "error" in r]
+    assert not errors, errors[0]
+    return replies

@@ -267,3 +267,68 @@ _verify_rule(
     "call 2 raised KeyError: 'model.layers.0.self_attn.qkv_proj.weight_packed'",
     "every call completes",
 )
+_verify_rule(
+    "WC740",
+    "engine-state-diverged",
+    Severity.ERROR,
+    "After the sync, an engine parameter differs from its state after the startup load of the same checkpoint.",
+    """
+    Needs `WEIGHTCHECK_STATE=1` in the engine (the tap digests every parameter and buffer after each sync) and
+    the startup checkpoint as the reference: pushing the weights the engine started from must leave its
+    state as the startup load left it. Covers transports that bypass load_weights (`load_format="direct"`,
+    custom loaders, RDMA/P2P), which the stream checks cannot see.
+    """,
+    "update_weights_from_tensor(load_format='direct') wrote gate_up_proj from the wrong tensor",
+    "every parameter equals its startup state",
+)
+_verify_rule(
+    "WC741",
+    "engine-replicas-disagree",
+    Severity.ERROR,
+    "Replicas that must hold the same bytes do not: a replicated tensor across TP/EP ranks, or two DP engines.",
+    """
+    Norms, routers and other tensors that are not split across ranks must be equal on every TP/EP rank of a
+    pipeline stage; two engines serving one weight version must hold equal state rank by rank. Needs
+    `WEIGHTCHECK_STATE=1`.
+    """,
+    "model.layers.3.mlp.gate.weight differs between tp_rank 0 and tp_rank 1",
+    "replicated tensors agree on every rank",
+)
+_verify_rule(
+    "WC742",
+    "engine-buffer-changed",
+    Severity.ERROR,
+    "A registered buffer differs from its state after the startup load (released and not restored?).",
+    """
+    Buffers (rotary caches, masks, derived constants) are not written by weight syncs. One that changed was
+    most likely released during memory release (`release_memory_occupation`) and not restored, or
+    overwritten by a transport. Needs `WEIGHTCHECK_STATE=1`.
+    """,
+    "model.layers.0.self_attn.rotary_emb.cos_sin_cache: all zeros after resume",
+    "every buffer equals its startup state",
+)
+_verify_rule(
+    "WC743",
+    "engine-param-not-as-received",
+    Severity.ERROR,
+    "A parameter written whole by one incoming tensor does not hold that tensor's bytes after the sync.",
+    """
+    The tap saw the tensor reach the parameter's loader, yet the parameter holds something else: a loader
+    that transformed it, a later write outside load_weights, or a write that did not land. Compared only
+    where dtype and shape are equal (no TP split, padding or cast). Needs `WEIGHTCHECK_STATE=1`.
+    """,
+    "model.norm.weight holds other bytes than the model.norm.weight the tap saw written into it",
+    "every whole-tensor write holds the bytes received",
+)
+_verify_rule(
+    "WC744",
+    "sync-bypassed-load-weights",
+    Severity.INFO,
+    "Nothing reached load_weights in this sync; only the engine-state checks judged it.",
+    """
+    A sync through `load_format="direct"`, a custom weight loader or RDMA/P2P: the stream checks have nothing
+    to compare, so verify reports how many engine parameters changed and relies on WC740–WC742.
+    """,
+    "sync 4: 0 tensors through load_weights; 38 parameters changed since sync 3",
+    "transports that go through load_weights, or WEIGHTCHECK_STATE=1",
+)

@@ -48,7 +48,8 @@ ENV_STRICT = "WEIGHTCHECK_STRICT"
 ENV_SYNC_DIGEST = "WEIGHTCHECK_TAP_SYNC_DIGEST"
 ENV_THREADS = "WEIGHTCHECK_DIGEST_THREADS"
 ENV_ENGINE = "WEIGHTCHECK_ENGINE"
-ENV_DIGEST = "WEIGHTCHECK_DIGEST"  # sha256 | xxh3_128 (default: xxh3_128 when xxhash is installed)
+ENV_STATE = "WEIGHTCHECK_STATE"  # 1: digest the engine's parameters and buffers after every sync
+ENV_DIGEST = "WEIGHTCHECK_DIGEST"  # sha256 | xxh3_128 | posmix128 (default: xxh3_128 when xxhash is installed)
 # Loggers whose warnings during a call are kept in the record ("Parameter X not found in params_dict").
 ENGINE_LOGGERS = ("sglang.srt",)
 _MAX_WARNINGS_PER_CALL = 50
@@ -70,6 +71,8 @@ class TapConfig:
     engine: str | None = None  # engine id in the record; default host:port from SGLang, else the host name
     # Digest algorithm (`weightcheck.digest.live_algorithm`): the trainer manifest must use the same one.
     digest: str = field(default_factory=lambda: live_algorithm())
+    # Digest every parameter and buffer of the engine's model after each sync (`weightcheck.tap.state`).
+    state: bool = False
 
 
 def config_from_env(environ: Mapping[str, str] | None = None) -> TapConfig | None:
@@ -90,12 +93,19 @@ def config_from_env(environ: Mapping[str, str] | None = None) -> TapConfig | Non
         digest_threads=max(1, threads),
         engine=env.get(ENV_ENGINE) or None,
         digest=live_algorithm(environ=env),
+        state=_truthy(env.get(ENV_STATE)),
     )
 
 
 @dataclass
 class EngineHooks:
-    """What an engine integration tells the tap (all optional)."""
+    """What an engine integration tells the tap (all optional).
+
+    `rank_info() -> {"tp_rank", "tp_size", "pp_rank", "pp_size", "ep_rank", "ep_size", ...}`: this process's
+    place in the engine. `default_loader(param, loaded_weight)`: the loader the engine uses for parameters
+    without a `weight_loader` attribute (without it, such parameters are recorded `tracked: false`: their
+    coverage is unknown); SGLang classes get SGLang's `default_weight_loader` automatically.
+    `current_weight_version()`, `engine_id()`, `engine_version()`: header fields."""
 
     rank_info: Callable[[], dict[str, Any]] | None = None
     default_loader: Callable[..., Any] | None = None
@@ -131,6 +141,7 @@ class _State:
         self.last_written: Path | None = None
         self.warned: set[str] = set()
         self.exit_hook = False
+        self.model: Any = None  # weakref to the engine's model: its state is digested when a sync closes
 
 
 _STATE = _State()
@@ -148,11 +159,12 @@ def configure(
     digest_threads: int | None = None,
     engine: str | None = None,
     digest: str | None = None,
+    state: bool = False,
 ) -> TapConfig | None:
     """Turn the tap on (records under `directory`) or off (`None`). Closes a sync left open.
 
-    `digest`: "sha256" or "xxh3_128"; default `weightcheck.digest.live_algorithm()` (xxh3_128 when xxhash is
-    installed, `WEIGHTCHECK_DIGEST` overrides)."""
+    `digest`: "sha256", "xxh3_128" or "posmix128" (on the tensor's device); default
+    `weightcheck.digest.live_algorithm()` (xxh3_128 when xxhash is installed, `WEIGHTCHECK_DIGEST` overrides)."""
     if isinstance(directory, TapConfig) or directory is None:
         config = directory
     else:
@@ -164,6 +176,7 @@ def configure(
             digest_threads=max(1, digest_threads or min(4, os.cpu_count() or 1)),
             engine=engine,
             digest=live_algorithm(digest),
+            state=state,
         )
     with _STATE.lock:
         if _STATE.current is not None:
@@ -193,6 +206,18 @@ def configure_from_env(environ: Mapping[str, str] | None = None) -> TapConfig | 
 
 def set_engine_hooks(hooks: EngineHooks) -> None:
     _STATE.hooks = hooks
+
+
+def note_model(model: Any) -> None:
+    """The engine's model, whose parameters and buffers are digested when a sync closes (`state=True`).
+    A tapped `load_weights` call notes its model; call this for a model that syncs bypass (load_format
+    "direct", custom loaders, RDMA) before any call reached it. Held weakly."""
+    import weakref
+
+    try:
+        _STATE.model = weakref.ref(model)
+    except TypeError:
+        _STATE.model = lambda: model
 
 
 def current_config() -> TapConfig | None:
@@ -300,7 +325,8 @@ def _close_sync(*, incomplete: bool) -> Path | None:
     _STATE.current = None
     if current is None or config is None:
         return None
-    if current.source.startswith("request") and not current.calls:
+    model_known = config.state and _STATE.model is not None and _STATE.model() is not None
+    if current.source.startswith("request") and not current.calls and not model_known:
         # A request the engine refused before loading anything (e.g. outside a session): no sync happened.
         if _STATE.next_seq == current.seq + 1:
             _STATE.next_seq = current.seq
@@ -345,6 +371,15 @@ def _close_sync(*, incomplete: bool) -> Path | None:
     }
     entries = [current.entries[seq] for seq in sorted(current.entries)]
     params = [coverage.as_line(name) for name, coverage in current.params.items()]
+    states: list[dict[str, Any]] = []
+    model = _STATE.model() if _STATE.model is not None else None
+    if config.state and model is not None:
+        from weightcheck.tap.state import engine_state
+
+        states = engine_state(model, config.digest)
+        header["state_digest"] = config.digest
+        if not current.model:
+            header["model"] = _model_info(model)
 
     def lines() -> Iterator[str]:
         yield encode_line(header)
@@ -354,7 +389,12 @@ def _close_sync(*, incomplete: bool) -> Path | None:
             yield encode_line(entry)
         for param in params:
             yield encode_line(param)
-        yield encode_line({"t": "end", "calls": len(current.calls), "tensors": len(entries), "params": len(params)})
+        for state in states:
+            yield encode_line(state)
+        end = {"t": "end", "calls": len(current.calls), "tensors": len(entries), "params": len(params)}
+        if states:
+            end["states"] = len(states)
+        yield encode_line(end)
 
     path = folder / f"{stem}.jsonl"
     write_atomic_text(path, lines())
@@ -422,10 +462,11 @@ class _Call:
         self.started = time.perf_counter()
         self.error: str | None = None
         self.futures: list[Future[None]] = []
-        self.coverage = CallCoverage(sync_.entries, sync_.params, _STATE.hooks.default_loader)
+        self.coverage = CallCoverage(sync_.entries, sync_.params, _default_loader_for(model))
         self.capture = _WarningCapture()
         if not sync_.model:
             sync_.model = _model_info(model)
+        note_model(model)
         if sync_.rank is None:
             sync_.rank = _engine_value(_STATE.hooks.rank_info) or {}
         for name in ENGINE_LOGGERS:
@@ -498,6 +539,23 @@ class _Call:
                 "unattributed_writes": self.coverage.unattributed_writes,
             }
         )
+
+
+def _default_loader_for(model: Any) -> Callable[..., Any] | None:
+    """The loader the engine uses for parameters without a `weight_loader` attribute: the engine hooks' one,
+    else SGLang's `default_weight_loader` for a class defined in an `sglang` module (so that `tap.install` on
+    an SGLang class tracks norms and routers without extra setup), else None (those parameters untracked)."""
+    if _STATE.hooks.default_loader is not None:
+        return _STATE.hooks.default_loader
+    if not type(model).__module__.startswith("sglang.") and not any(
+        base.__module__.startswith("sglang.") for base in type(model).__mro__
+    ):
+        return None
+    try:
+        from sglang.srt.model_loader.weight_utils import default_weight_loader
+    except Exception:
+        return None
+    return default_weight_loader  # type: ignore[no-any-return]
 
 
 def _fill_digest(entry: dict[str, Any], tensor: Any, algorithm: str) -> None:
@@ -578,3 +636,51 @@ def uninstall(klass: type, method: str = "load_weights") -> None:
     current = klass.__dict__.get(method)
     if current is not None and getattr(current, "__weightcheck_tap__", False):
         setattr(klass, method, current.__wrapped__)
+
+
+def wrap(model: Any, method: str = "load_weights") -> Any:
+    """Instance wrap: tap `model.<method>` (a bound method) of this one object, leaving its class alone.
+
+    For a model built elsewhere, a trainer-side replica (P2P transports), or a loader object whose method is
+    not on a class you want to patch. Returns `model`; `unwrap(model)` undoes it. Idempotent."""
+    import functools
+
+    bound = getattr(model, method)
+    if getattr(bound, "__weightcheck_tap__", False):
+        return model
+    original = getattr(bound, "__func__", None)
+
+    if original is not None and getattr(bound, "__self__", None) is model:
+
+        @functools.wraps(original)
+        def tapped(*args: Any, **kwargs: Any) -> Any:
+            return tap_load_weights(original, model, *args, **kwargs)
+
+    else:  # a plain callable stored on the instance (no `self`): adapt it to the hook's signature
+
+        def call(_model: Any, *args: Any, **kwargs: Any) -> Any:
+            return bound(*args, **kwargs)
+
+        @functools.wraps(bound)
+        def tapped(*args: Any, **kwargs: Any) -> Any:
+            return tap_load_weights(call, model, *args, **kwargs)
+
+    tapped.__wrapped__ = bound  # type: ignore[attr-defined]
+    tapped.__weightcheck_tap__ = True  # type: ignore[attr-defined]
+    if getattr(bound, "_supports_quantized_rl_reload", None) is not None:
+        tapped._supports_quantized_rl_reload = tapped  # type: ignore[attr-defined]
+    # nn.Module.__setattr__ stores plain callables in the instance __dict__, which shadows the class method.
+    object.__setattr__(model, method, tapped)
+    return model
+
+
+def unwrap(model: Any, method: str = "load_weights") -> Any:
+    """Undo `wrap` on this object."""
+    current = model.__dict__.get(method)
+    if current is not None and getattr(current, "__weightcheck_tap__", False):
+        wrapped = current.__wrapped__
+        if getattr(wrapped, "__self__", None) is model:
+            del model.__dict__[method]
+        else:
+            object.__setattr__(model, method, wrapped)
+    return model

@@ -144,6 +144,22 @@ class ParamEntry:
 
 
 @dataclass
+class StateEntry:
+    """One parameter or buffer of the engine's model after the sync (`WEIGHTCHECK_STATE=1`)."""
+
+    name: str
+    kind: str  # "param" | "buffer"
+    sharded: bool  # split across TP/EP ranks (parallel linear, embedding, fused MoE); else replicated
+    dtype: str | None
+    shape: tuple[int, ...] | None
+    hexdigest: str | None
+    algorithm: str
+    zeros: bool | None = None
+    nonfinite: int | None = None
+    error: str | None = None
+
+
+@dataclass
 class SyncRecord:
     """One rank's view of one sync."""
 
@@ -152,6 +168,7 @@ class SyncRecord:
     calls: list[CallEntry]
     tensors: list[TensorEntry]
     params: dict[str, ParamEntry]
+    states: dict[str, StateEntry] = field(default_factory=dict)
 
     @property
     def seq(self) -> int:
@@ -270,6 +287,34 @@ def _parse_tensor(doc: dict[str, Any], algorithm: str) -> TensorEntry:
     )
 
 
+def _parse_state(doc: dict[str, Any], algorithm: str) -> StateEntry:
+    name = doc.get("name")
+    if not isinstance(name, str) or not name:
+        raise RecordError("state entry without a name")
+    kind = doc.get("kind")
+    if kind not in ("param", "buffer"):
+        raise RecordError(f"state {name!r}: kind must be 'param' or 'buffer'")
+    hexdigest = doc.get(algorithm)
+    if hexdigest is not None and not is_hex_digest(hexdigest, algorithm):
+        raise RecordError(f"state {name!r}: {algorithm} must be {HEX_LENGTH[algorithm]} lowercase hex digits")
+    zeros = doc.get("zeros")
+    nonfinite = doc.get("nonfinite")
+    if nonfinite is not None:
+        _int(nonfinite, f"state {name!r}: nonfinite")
+    return StateEntry(
+        name=name,
+        kind=kind,
+        sharded=bool(doc.get("sharded", False)),
+        dtype=_opt_str(doc.get("dtype"), f"state {name!r}: dtype"),
+        shape=_shape(doc.get("shape"), f"state {name!r}: shape"),
+        hexdigest=hexdigest,
+        algorithm=algorithm,
+        zeros=zeros if isinstance(zeros, bool) else None,
+        nonfinite=nonfinite,
+        error=_opt_str(doc.get("error"), f"state {name!r}: error"),
+    )
+
+
 def _parse_call(doc: dict[str, Any]) -> CallEntry:
     seconds = doc.get("seconds")
     if seconds is not None and (isinstance(seconds, bool) or not isinstance(seconds, (int, float))):
@@ -321,6 +366,7 @@ def read_record(path: str | os.PathLike[str]) -> SyncRecord:
     calls: list[CallEntry] = []
     tensors: list[TensorEntry] = []
     params: dict[str, ParamEntry] = {}
+    states: dict[str, StateEntry] = {}
     end: dict[str, Any] | None = None
     for lineno, line in enumerate(text.splitlines(), 1):
         if not line.strip():
@@ -346,6 +392,12 @@ def read_record(path: str | os.PathLike[str]) -> SyncRecord:
             elif kind == "param":
                 entry = _parse_param(doc)
                 params[entry.name] = entry
+            elif kind == "state":
+                algorithm = header.get("state_digest")
+                if algorithm not in ALGORITHMS:
+                    raise RecordError(f"state lines need a known header 'state_digest', got {algorithm!r}")
+                state = _parse_state(doc, algorithm)
+                states[state.name] = state
             elif kind == "end":
                 end = doc
             else:
@@ -364,10 +416,12 @@ def read_record(path: str | os.PathLike[str]) -> SyncRecord:
     if end is None:
         raise RecordError("no 'end' line: the record is truncated")
     counts = {"calls": len(calls), "tensors": len(tensors), "params": len(params)}
+    if states or "states" in end:
+        counts["states"] = len(states)
     for key, count in counts.items():
         if end.get(key) != count:
             raise RecordError(f"'end' line says {end.get(key)!r} {key} but the file holds {count}")
-    return SyncRecord(path=target, header=header, calls=calls, tensors=tensors, params=params)
+    return SyncRecord(path=target, header=header, calls=calls, tensors=tensors, params=params, states=states)
 
 
 def find_record_files(root: str | os.PathLike[str]) -> dict[int, list[Path]]:

@@ -127,6 +127,9 @@ def _after_initialize_model(model: Any, *args: Any, **kwargs: Any) -> None:
     try:
         tap_class(type(model))
         _repoint_flashrl_marker(type(model))
+        # The served model: its state is digested after each sync (WEIGHTCHECK_STATE=1), including syncs that
+        # never reach load_weights (load_format="direct", custom loaders, RDMA).
+        core.note_model(model)
     except Exception as exc:
         core._fail("tapping the model class", exc)
 
