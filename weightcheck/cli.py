@@ -96,6 +96,8 @@ def resolve_settings(target: Path | None, config_path: Path | None, command: str
     if cli.get("fmt"):
         settings.format = cli["fmt"]
     where = f" in {settings.source}" if settings.source else ""
+    if settings.validate_with not in (None, "mirror", "compressed-tensors"):
+        raise click.UsageError(f"validate-with must be mirror or compressed-tensors in {settings.source}")
     if settings.format not in FORMATS:
         raise click.UsageError(f"unknown format {settings.format!r}{where} (choose from {', '.join(FORMATS)})")
     try:
@@ -156,7 +158,32 @@ def finish(
     sys.exit(result.exit_code(Severity.parse(settings.fail_on), exit_zero=exit_zero))
 
 
-@click.group(context_settings={"help_option_names": ["-h", "--help"]})
+# Commands that live in their own modules, by command name. Each registers itself on `cli` when imported
+# and is imported only when that command runs (or --help lists them), so `weightcheck lint` never pays for
+# layout/diff/verify imports. Each module is owned by one capability: adding one never touches the others.
+LAZY_COMMANDS: dict[str, str] = {
+    "layout": "weightcheck.commands.layout",
+    "diff": "weightcheck.commands.diff",
+    "verify": "weightcheck.commands.verify",
+    "explain-ignore": "weightcheck.commands.quant",
+}
+COMMAND_MODULES = tuple(dict.fromkeys(LAZY_COMMANDS.values()))
+
+
+class LazyGroup(click.Group):
+    """A click group that imports a command's module on first use (click's documented lazy-loading
+    pattern: override `get_command` and `list_commands`)."""
+
+    def list_commands(self, ctx: click.Context) -> list[str]:
+        return sorted({*super().list_commands(ctx), *LAZY_COMMANDS})
+
+    def get_command(self, ctx: click.Context, cmd_name: str) -> click.Command | None:
+        if cmd_name not in self.commands and cmd_name in LAZY_COMMANDS:
+            _import_command_module(LAZY_COMMANDS[cmd_name])
+        return super().get_command(ctx, cmd_name)
+
+
+@click.group(cls=LazyGroup, context_settings={"help_option_names": ["-h", "--help"]})
 @click.version_option(__version__, prog_name="weightcheck")
 def cli() -> None:
     """weightcheck: are the weights you are about to serve the weights you meant to serve?"""
@@ -179,6 +206,13 @@ def cli() -> None:
     default=None,
     help="With --content: compare per-tensor digests with this manifest.",
 )
+@click.option(
+    "--validate-with",
+    type=click.Choice(["mirror", "compressed-tensors"]),
+    default=None,
+    help="Validator of compressed-tensors configs (WC301): weightcheck's mirror (default, fast) or the installed "
+    "compressed-tensors package (imports torch).",
+)
 @progress_option
 @click.option("--revision", default=None, help="For a Hub repo id: branch, tag or commit (default: main).")
 @click.option("--download", is_flag=True, help="With --content on a Hub repo: download it into the HF cache first.")
@@ -188,6 +222,7 @@ def cli() -> None:
 def lint(
     targets: tuple[Path, ...],
     pattern: str | None,
+    validate_with: str | None,
     content: bool,
     hash_out: Path | None,
     against_manifest: Path | None,
@@ -229,6 +264,7 @@ def lint(
     check_ray(ray_address)
     options = {
         "pattern": pattern or settings.pattern,
+        "validate_with": validate_with or settings.validate_with,
         "content": content,
         "hash_out": hash_out,
         "against_manifest": against_manifest,
@@ -300,31 +336,25 @@ def rules(code: str | None, fmt: str | None, config_path: Path | None, output: A
         click.echo(f"  {r.code}  {r.name:<32} {r.severity_label:<14} {r.summary}", file=output)
 
 
-# Commands that live in their own modules register themselves on `cli` when imported. Each module is
-# owned by one capability (layout, diff, verify...), so adding one never touches the commands above.
-COMMAND_MODULES = (
-    "weightcheck.commands.layout",
-    "weightcheck.commands.diff",
-    "weightcheck.commands.verify",
-    "weightcheck.commands.quant",
-)
+def _import_command_module(module: str) -> None:
+    import importlib
+
+    try:
+        importlib.import_module(module)
+    except ModuleNotFoundError as exc:
+        if exc.name != module:  # a real import error inside the command module must surface
+            raise
 
 
 def _load_commands() -> None:
-    import importlib
-
+    """Import every command module now (for callers that walk `cli.commands`)."""
     for module in COMMAND_MODULES:
-        try:
-            importlib.import_module(module)
-        except ModuleNotFoundError as exc:
-            if exc.name != module:  # a real import error inside the command module must surface
-                raise
+        _import_command_module(module)
 
 
 def main() -> None:
     from weightcheck.deps import MissingDependency
 
-    _load_commands()
     try:
         cli.main(standalone_mode=False)
     except click.exceptions.Exit as exc:

@@ -21,7 +21,7 @@ if sys.version_info >= (3, 11):
 else:  # pragma: no cover
     import tomli as tomllib
 
-KNOWN_KEYS = {"select", "ignore", "extend-select", "fail-on", "format", "pattern", "allow-skip", "map"}
+KNOWN_KEYS = {"select", "ignore", "extend-select", "fail-on", "format", "pattern", "allow-skip", "map", "validate-with"}
 
 
 class SettingsError(ValueError):
@@ -37,6 +37,7 @@ class Settings:
     pattern: str | None = None
     allow_skip: list[str] = field(default_factory=list)
     map: list[str] = field(default_factory=list)
+    validate_with: str | None = None  # "mirror" | "compressed-tensors" (lint's WC301)
     source: str | None = None
 
 
@@ -132,7 +133,9 @@ def load_settings(target: Path | None = None, explicit: Path | None = None) -> S
         settings.select = [*settings.select, *_str_list(table["extend-select"], "extend-select")]
     if "ignore" in table:
         settings.ignore = _str_list(table["ignore"], "ignore")
-    for key, attr in (("fail-on", "fail_on"), ("format", "format"), ("pattern", "pattern")):
+    for key, attr in (
+        ("fail-on", "fail_on"), ("format", "format"), ("pattern", "pattern"), ("validate-with", "validate_with")
+    ):
         if key in table:
             if not isinstance(table[key], str):
                 raise SettingsError(f"{where}: {key} must be a string")

@@ -7,7 +7,7 @@ from collections import defaultdict
 from weightcheck.collapse import ids_pattern, summarize
 from weightcheck.findings import Severity
 from weightcheck.quant.analysis import PARAM_SUFFIXES, QuantAnalysis, analyze_checkpoint, is_class_entry, regex_error
-from weightcheck.quant.config import WeightScheme, packed_width, validate_ct_mirror, validate_with_compressed_tensors
+from weightcheck.quant.config import WeightScheme, packed_width, validate_ct
 from weightcheck.quant.inventory import ModuleInfo
 from weightcheck.quant.matchers import Consumer, get_consumer, overreach, regex_match
 from weightcheck.rules import LintContext, rule
@@ -39,9 +39,10 @@ def _labels(consumers: list[Consumer]) -> str:
     needs=("config",),
 )
 def quant_config_invalid(ctx: LintContext) -> None:
-    """compressed-tensors configs are validated with the package's own pydantic models when it is installed
+    """compressed-tensors configs are validated with weightcheck's mirror of the package's pydantic models
     (QuantizationScheme and QuantizationArgs forbid unknown keys; group strategies need a positive
-    group_size; block needs block_structure...), else with weightcheck's mirror of those rules. HF FP8,
+    group_size; block needs block_structure...), cross-checked against the package in weightcheck's tests;
+    `--validate-with compressed-tensors` (or a name the mirror does not know) asks the installed package. HF FP8,
     ModelOpt, AWQ/GPTQ/bitsandbytes configs get structural checks (block size, fmt, list types)."""
     qa = analysis_of(ctx)
     spec = qa.spec
@@ -49,11 +50,7 @@ def quant_config_invalid(ctx: LintContext) -> None:
         return
     problems = list(spec.problems)
     if spec.method == "compressed-tensors":
-        real = validate_with_compressed_tensors(spec.raw)
-        if real is None:
-            problems += validate_ct_mirror(spec.raw)
-        else:
-            problems += real
+        problems += validate_ct(spec.raw, ctx.options.get("validate_with") or "mirror")
     for problem in problems:
         ctx.report(f"{spec.source}: {problem}", file=CONFIG_FILE)
 
