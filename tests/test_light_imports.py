@@ -18,7 +18,7 @@ import pytest
 SAMPLES = Path(__file__).resolve().parent.parent / "sample_configs"
 HEAVY = ("torch", "transformers", "compressed_tensors", "safetensors")
 
-PROBE = """
+PROBE = f"""
 import json, sys
 sys.argv = ["weightcheck", *json.loads(sys.argv[1])]
 code = None
@@ -27,9 +27,9 @@ try:
     main()
 except SystemExit as exc:
     code = exc.code
-heavy = sorted(m for m in {heavy!r} if m in sys.modules)
+heavy = sorted(m for m in {HEAVY!r} if m in sys.modules)
 sys.stderr.write("\\nPROBE " + json.dumps({{"heavy": heavy, "exit": code}}) + "\\n")
-""".format(heavy=HEAVY)
+"""
 
 
 def lint_modules(*args: str) -> dict:

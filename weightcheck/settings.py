@@ -134,7 +134,10 @@ def load_settings(target: Path | None = None, explicit: Path | None = None) -> S
     if "ignore" in table:
         settings.ignore = _str_list(table["ignore"], "ignore")
     for key, attr in (
-        ("fail-on", "fail_on"), ("format", "format"), ("pattern", "pattern"), ("validate-with", "validate_with")
+        ("fail-on", "fail_on"),
+        ("format", "format"),
+        ("pattern", "pattern"),
+        ("validate-with", "validate_with"),
     ):
         if key in table:
             if not isinstance(table[key], str):
