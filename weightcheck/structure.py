@@ -107,7 +107,7 @@ def split_layer(name: str) -> tuple[str, int, str] | None:
     i = name.find(".layers.")
     if i > 0:
         idx, _, tail = name[i + 8 :].partition(".")
-        if idx.isdigit() and tail:
+        if idx.isdecimal() and tail:
             return name[: i + 7], int(idx), tail
     m = _LAYER_RE.match(name)
     if m:
@@ -123,6 +123,67 @@ def split_tail(tail: str) -> tuple[str | None, int, str]:
     return None, -1, normalize_param(tail)
 
 
+# ---- name templates ---------------------------------------------------------------------------------
+# `model.layers.3.mlp.experts.7.down_proj` is the template `model.layers.{i}.mlp.experts.{e}.down_proj` with
+# the ids ("3", "7"). Names of one template differ only in those digit runs, so a question whose answer
+# cannot depend on them (or only on their lengths) is answered once per template instead of once per name.
+
+Template = tuple[str, ...]  # literal parts around the id slots: ("model.layers.", ".mlp.experts.", ".down_proj")
+
+
+def _tail_template(tail: str) -> tuple[str, str, str] | None:
+    """`mlp.experts.7.down_proj` → (`mlp.experts.`, `7`, `.down_proj`), as `split_tail` finds the expert id."""
+    em = _EXPERT_RE.match(tail) if "experts." in tail else None
+    if em is None:
+        return None
+    start = len(em["head"]) + 1
+    end = start + len(em["idx"])
+    value = tail[start:end]
+    return (tail[:start], value, tail[end:]) if value.isascii() else None
+
+
+def name_template(
+    name: str, _tails: dict[str, tuple[str, str, str] | None] | None = None
+) -> tuple[Template, tuple[str, ...]]:
+    """(template parts, slot values as written) of a name; a name outside any layer is its own template.
+    Slots are the layer id (as `split_layer` finds it) and the expert id (as `split_tail` does)."""
+    split = split_layer(name)
+    if split is None:
+        return (name,), ()
+    start = len(split[0]) + 1
+    end = name.find(".", start)
+    layer = name[start:end]
+    if not (layer.isascii() and layer.isdigit()):
+        return (name,), ()
+    tail = split[2]
+    if _tails is None:
+        got = _tail_template(tail)
+    else:
+        got = _tails.get(tail, False)
+        if got is False:
+            got = _tails[tail] = _tail_template(tail)
+    if got is None:
+        return (name[:start], name[end:]), (layer,)
+    return (name[:start], "." + got[0], got[2]), (layer, got[1])
+
+
+def group_by_template(names: Iterable[str]) -> dict[Template, list[tuple[str, tuple[str, ...]]]]:
+    """Names grouped by template, each with its slot values."""
+    groups: dict[Template, list[tuple[str, tuple[str, ...]]]] = defaultdict(list)
+    tails: dict[str, tuple[str, str, str] | None] = {}
+    for name in names:
+        parts, values = name_template(name, tails)
+        groups[parts].append((name, values))
+    return groups
+
+
+def expand_template(parts: Template, values: tuple[str, ...]) -> str:
+    out = [parts[0]]
+    for value, part in zip(values, parts[1:], strict=True):
+        out += [value, part]
+    return "".join(out)
+
+
 def analyze(names: Iterable[str], text_config: dict[str, Any]) -> LayerStructure:
     """Group names by decoder layer under the most plausible language-model prefix."""
     by_prefix: dict[str, dict[int, list[tuple[str, str]]]] = defaultdict(lambda: defaultdict(list))
@@ -132,7 +193,7 @@ def analyze(names: Iterable[str], text_config: dict[str, Any]) -> LayerStructure
         i = name.find(".layers.")
         if i > 0:
             idx, _, tail = name[i + 8 :].partition(".")
-            if idx.isdigit() and tail:
+            if idx.isdecimal() and tail:
                 by_prefix[name[: i + 7]][int(idx)].append((name, tail))
                 continue
         split = split_layer(name)

@@ -1,0 +1,284 @@
+"""An ignore list compiled for one consumer and evaluated over name templates.
+
+`matches(names)` returns, for every name some entry covers, the covering entries (in list order) — exactly
+what `Consumer.match` says for each (name, entry) pair, but without evaluating every pair. Names are
+grouped by template (`model.layers.{i}.mlp.experts.{e}.down_proj`, `weightcheck.structure`), and each entry
+is decided per template:
+
+* **Cannot match** the template at all — for an entry whose consumer matches it as a string (equality,
+  prefix, suffix, dotted components, substring), some form of the entry must be a substring of the name
+  (or the name of the entry), and then it is also one after every digit run is replaced by `#`, which
+  is the same string for every name of a template.
+* **Digit-uniform** — an entry with no digit (and no construct that can tell digits apart) answers the
+  same for every name of a template whose ids have the same lengths: evaluated once per length class.
+* **Specific** — an entry with digits (`model.layers.3.mlp.gate`) is evaluated only on the names whose
+  ids can supply its digit runs (`layer == 3`), found through an index of the template's ids.
+
+Every decision that says "match" comes from the consumer's own `match`, or from the same compiled
+`re.match` for `re:` entries; the shortcuts only skip pairs that cannot match. `tests/test_compiled.py`
+checks the result against evaluating every pair.
+"""
+
+from __future__ import annotations
+
+import re
+from collections import defaultdict
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass, field
+
+from weightcheck.quant.matchers import Consumer, _compiled
+from weightcheck.structure import Template, group_by_template
+
+_RUNS = re.compile(r"\d+")
+# Characters that make a transformers entry more than a string with `.` wildcards.
+_REGEX_SPECIAL = set("^$*+?{}[]\\|()")
+
+
+def abstract(text: str) -> str:
+    return _RUNS.sub("#", text)
+
+
+def digit_uniform(text: str) -> bool:
+    """True when a pattern built from `text` cannot tell one digit from another: no digit characters (no
+    literal digit, digit range, backreference or repeat count), no `\\N{DIGIT ...}` and no named
+    backreference. `\\d`, `\\w`, `.` and `[^x]` treat all digits alike, so the result depends only on
+    where digits are, not which."""
+    return not any(ch.isdigit() for ch in text) and "\\N" not in text and "(?P=" not in text
+
+
+@dataclass
+class _Group:
+    parts: Template
+    members: list[tuple[str, tuple[str, ...]]]
+    abstract: str = ""
+    stripped: str | None = None  # abstract with `language_model.` removed once (vLLM ModelOpt)
+    fixed_runs: frozenset[str] = frozenset()
+    classes: dict[tuple[int, ...], list[int]] = field(default_factory=dict)
+    # slot k -> value -> member indexes
+    by_value: list[dict[str, list[int]]] = field(default_factory=list)
+
+    @classmethod
+    def build(cls, parts: Template, members: list[tuple[str, tuple[str, ...]]]) -> _Group:
+        group = cls(parts, members)
+        rep = members[0][0]
+        group.abstract = abstract(rep)
+        if "language_model." in rep:
+            group.stripped = abstract(rep.replace("language_model.", "", 1))
+        group.fixed_runs = frozenset(r for p in parts for r in _RUNS.findall(p))
+        group.by_value = [defaultdict(list) for _ in parts[1:]]
+        classes: dict[tuple[int, ...], list[int]] = defaultdict(list)
+        for i, (_, values) in enumerate(members):
+            classes[tuple(len(v) for v in values)].append(i)
+            for k, v in enumerate(values):
+                group.by_value[k][v].append(i)
+        group.classes = dict(classes)
+        return group
+
+
+class _Entry:
+    """How one entry is matched by one consumer, and which shortcuts are sound for it."""
+
+    __slots__ = (
+        "entry",
+        "forward",
+        "is_regex",
+        "literal",
+        "lower",
+        "position",
+        "positional",
+        "regex",
+        "reverse",
+        "uniform",
+    )  # fmt: skip
+
+    def __init__(self, consumer: Consumer, entry: str, position: int) -> None:
+        self.entry, self.position = entry, position
+        self.is_regex = False
+        self.regex: re.Pattern[str] | None = None  # `re:` entry evaluated with re.match (None: never matches)
+        self.forward: tuple[str, ...] = ()  # forms of which one must be a substring of the name
+        self.reverse: tuple[str, ...] = ()  # forms the name must be a substring of (FP8 expert prefixes)
+        self.lower = False
+        self.positional: re.Pattern[str] | None = None  # transformers: start-anchored `.`-wildcard match
+        self.literal = True  # False: no string shortcut is known; only uniformity is used
+        self.uniform = digit_uniform(entry)
+        key = consumer.key
+        is_re = entry.startswith("re:")
+        if is_re and key in ("ct", "vllm", "sglang", "sglang-substring", "slime-int4", "miles-nvfp4"):
+            self.is_regex, self.regex = True, _compiled(entry[3:])
+            self.literal = False
+            self.uniform = digit_uniform(entry[3:])
+        elif key in ("ct", "vllm", "sglang", "slime-int4", "miles-nvfp4", "vllm-awq", "vllm-bnb"):
+            self.forward = (entry,)
+        elif key == "sglang-substring":
+            self.forward, self.lower = (entry.lower(),), True
+        elif key == "vllm-fp8":
+            self.forward = (entry,)
+            self.reverse = (entry,) if "experts" in entry else ()
+        elif key == "sglang-fp8":
+            base = entry.removeprefix("model.")
+            variants = (base, "model." + base)
+            self.forward = tuple(v.rstrip(".") for v in variants)
+            self.reverse = tuple(v for v in variants if "experts" in v)
+        elif key == "transformers" and not (_REGEX_SPECIAL & set(entry)):
+            # re.match(entry) with `.` as the only wildcard, or name.endswith(entry).
+            self.forward = (entry,)
+            self.positional = re.compile("".join("." if ch == "." else re.escape(ch) for ch in abstract_chars(entry)))
+        elif key == "sglang-modelopt" and not (_REGEX_SPECIAL & set(entry) or "*" in entry):
+            tail = entry.rsplit(".", 1)[-1]
+            self.forward = (
+                (entry, tail) if tail in ("q_a_proj", "q_b_proj", "kv_a_proj_with_mqa", "kv_b_proj") else (entry,)
+            )
+        elif key == "vllm-modelopt" and not set("*?[") & set(entry):
+            self.forward = (entry,)
+        else:
+            self.literal = False
+
+
+def abstract_chars(text: str) -> str:
+    """Every digit replaced by `#`, keeping positions (for start-anchored positional matching)."""
+    return "".join("#" if ch.isdigit() else ch for ch in text)
+
+
+class CompiledIgnore:
+    """One consumer's view of an ignore list, evaluated over many names at once."""
+
+    def __init__(self, consumer: Consumer, entries: Iterable[str]) -> None:
+        self.consumer = consumer
+        self.entries = [_Entry(consumer, e, i) for i, e in enumerate(dict.fromkeys(entries))]
+
+    def matches(self, names: Iterable[str]) -> dict[str, list[str]]:
+        """name -> entries covering it (list order), for the names some entry covers."""
+        found: dict[str, set[int]] = defaultdict(set)
+        if self.entries:
+            for parts, members in group_by_template(names).items():
+                self._group(_Group.build(parts, members), found)
+        order = {e.position: e.entry for e in self.entries}
+        return {name: [order[p] for p in sorted(hits)] for name, hits in found.items()}
+
+    # ---- per template ----------------------------------------------------------------------------
+
+    def _group(self, group: _Group, found: dict[str, set[int]]) -> None:
+        match = self.consumer.match
+        members = group.members
+        for e in self.entries:
+            if e.literal and not self._may_match(e, group):
+                continue
+            if e.uniform:
+                for idx in group.classes.values():
+                    if self._decide(e, members[idx[0]][0], match):
+                        for i in idx:
+                            found[members[i][0]].add(e.position)
+                continue
+            for i in self._candidates(e, group):
+                name = members[i][0]
+                if self._decide(e, name, match):
+                    found[name].add(e.position)
+
+    @staticmethod
+    def _decide(e: _Entry, name: str, match: Callable[[str, str], bool]) -> bool:
+        if e.is_regex:  # what every consumer does with `re:`: re.match; an invalid pattern matches nothing
+            return e.regex is not None and e.regex.match(name) is not None
+        return match(name, e.entry)
+
+    def _may_match(self, e: _Entry, group: _Group) -> bool:
+        targets = [group.abstract] if group.stripped is None else [group.abstract, group.stripped]
+        if e.lower:
+            targets = [t.lower() for t in targets]
+        if any(abstract(f) in t for f in e.forward for t in targets):
+            return True
+        if any(group.abstract in abstract(r) for r in e.reverse):
+            return True
+        if e.positional is not None:
+            return any(e.positional.match(abstract_chars(self._rep(group, idx))) for idx in group.classes.values())
+        return False
+
+    @staticmethod
+    def _rep(group: _Group, idx: list[int]) -> str:
+        return group.members[idx[0]][0]
+
+    def _candidates(self, e: _Entry, group: _Group) -> Iterable[int]:
+        """Member indexes the entry could match (a superset of those it does)."""
+        every = range(len(group.members))
+        if not e.literal or not group.by_value or group.stripped is not None:
+            return every
+        out: set[int] = set()
+        for form in e.forward:
+            got = self._forward(form.lower() if e.lower else form, group)
+            if got is None:
+                return every
+            out |= got
+        for form in e.reverse:
+            out |= self._reverse(form, group)
+        if e.positional is not None:
+            got = self._positional(e.entry, group)
+            if got is None:
+                return every
+            out |= got
+        return sorted(out)
+
+    @staticmethod
+    def _forward(form: str, group: _Group) -> set[int] | None:
+        """Members of which `form` can be a substring: each digit run of the form must be supplied by a
+        digit run of the name (whole when inside the form, a suffix/prefix at its edges)."""
+        wanted: set[int] | None = None
+        for m in _RUNS.finditer(form):
+            run = m.group()
+            lead, trail = m.start() == 0, m.end() == len(form)
+            if lead and trail:
+                ok = lambda v, r=run: r in v  # noqa: E731
+            elif lead:
+                ok = lambda v, r=run: v.endswith(r)  # noqa: E731
+            elif trail:
+                ok = lambda v, r=run: v.startswith(r)  # noqa: E731
+            else:
+                ok = lambda v, r=run: v == r  # noqa: E731
+            if any(ok(f) for f in group.fixed_runs):
+                continue  # a fixed part of the template can supply it: no restriction from this run
+            have: set[int] = set()
+            for slot in group.by_value:
+                for value, idx in slot.items():
+                    if ok(value):
+                        have.update(idx)
+            wanted = have if wanted is None else wanted & have
+            if not wanted:
+                return set()
+        return wanted  # None: no run restricts
+
+    @staticmethod
+    def _reverse(form: str, group: _Group) -> set[int]:
+        """Members that can be a substring of `form`: every id (a whole dotted component) is a run of it."""
+        runs = set(_RUNS.findall(form))
+        out: set[int] | None = None
+        for slot in group.by_value:
+            have = {i for v in runs & slot.keys() for i in slot[v]}
+            out = have if out is None else out & have
+        return set(range(len(group.members))) if out is None else out
+
+    @staticmethod
+    def _positional(entry: str, group: _Group) -> set[int] | None:
+        """transformers' start-anchored match of an entry whose only wildcard is `.`: a digit of the entry
+        over an id slot must equal that digit of the id."""
+        out: set[int] = set()
+        for lengths, idx in group.classes.items():
+            starts, pos = [], len(group.parts[0])
+            for k, n in enumerate(lengths):
+                starts.append(pos)
+                pos += n + len(group.parts[k + 1])
+            members: set[int] | None = None
+            for k, n in enumerate(lengths):
+                piece = entry[starts[k] : starts[k] + n]
+                if not piece or all(ch == "." for ch in piece):
+                    continue
+                slot = group.by_value[k]
+                if len(piece) == n and "." not in piece:
+                    allowed = [piece] if piece in slot else []
+                else:
+                    allowed = [
+                        v for v in slot if len(v) == n and all(c == "." or c == v[j] for j, c in enumerate(piece))
+                    ]
+                have = {i for v in allowed for i in slot[v]}
+                members = have if members is None else members & have
+            if members is None:
+                return None  # no digit of the entry falls on an id of this class
+            out |= members & set(idx)
+        return out
