@@ -6,14 +6,17 @@ Answers, per module and per consumer: is it targeted, is it ignored, is it store
 from __future__ import annotations
 
 import re
+from collections import defaultdict
+from collections.abc import Iterable
 from dataclasses import dataclass, field
 from typing import Any
 
 from weightcheck.checkpoint import Checkpoint
 from weightcheck.patterns import ExpectedModule, Pattern, PatternError, expand, resolve_pattern
+from weightcheck.quant.compiled import CompiledIgnore
 from weightcheck.quant.config import QuantSpec, parse_quant_spec
 from weightcheck.quant.inventory import Inventory, ModuleInfo, from_checkpoint, from_config
-from weightcheck.quant.matchers import Consumer, IgnoreIndex, _compiled, consumers_for, ct_match, fused_groups
+from weightcheck.quant.matchers import Consumer, _compiled, consumers_for, ct_match, fused_groups, get_consumer
 
 _CLASS_NAME = re.compile(r"^[A-Z][A-Za-z0-9_]*$")
 PARAM_SUFFIXES = (".weight", ".bias", "_scale", "_packed", ".qweight", ".qzeros", ".scales", "_shape", ".g_idx")
@@ -30,11 +33,10 @@ class QuantAnalysis:
     inventory: Inventory | None
     pattern_error: str | None = None
     notes: list[str] = field(default_factory=list)
-    _ignored: dict[tuple[str, str], list[str]] = field(default_factory=dict)
-    _indexes: dict[str, IgnoreIndex] = field(default_factory=dict)
     _fused: dict[str, list[str]] | None = None
     _expected: list[ExpectedModule] | None = None
-    _hits: dict[str, set[str]] = field(default_factory=dict)
+    _hits: dict[str, dict[str, list[str]]] = field(default_factory=dict)
+    _regex: dict[str, dict[str, list[str]]] = field(default_factory=dict)
 
     @property
     def consumers(self) -> list[Consumer]:
@@ -48,12 +50,9 @@ class QuantAnalysis:
         assert self.spec is not None
         if not self.spec.ignore:
             return []
-        key = (consumer.key, module.name)
-        if key not in self._ignored:
-            # Online quantizers see the parameter; everyone else the module.
-            name = f"{module.name}.weight" if consumer.level == "param" else module.name
-            self._ignored[key] = self.index(consumer).matching(name)
-        return self._ignored[key]
+        # Online quantizers see the parameter; everyone else the module.
+        name = f"{module.name}.weight" if consumer.level == "param" else module.name
+        return self.hits(consumer).get(name, [])
 
     def expected(self, config: dict[str, Any]) -> list[ExpectedModule]:
         """The pattern's expansion against the config (computed once)."""
@@ -65,23 +64,44 @@ class QuantAnalysis:
                 self._expected, _ = expand(self.pattern, config)
         return self._expected
 
-    def index(self, consumer: Consumer) -> IgnoreIndex:
-        if consumer.key not in self._indexes:
-            assert self.spec is not None
-            self._indexes[consumer.key] = consumer.index(self.spec.ignore)
-        return self._indexes[consumer.key]
+    def hits(self, consumer: Consumer) -> dict[str, list[str]]:
+        """name -> covering entries, for every module (parameter, for parameter-level consumers) some entry
+        covers. Computed once per consumer over name templates (`weightcheck.quant.compiled`)."""
+        if consumer.key not in self._hits:
+            assert self.spec is not None and self.inventory is not None
+            names: Iterable[str] = self.inventory.modules
+            if consumer.level == "param":
+                names = {*self.inventory.params, *(f"{m}.weight" for m in self.inventory.modules)}
+            self._hits[consumer.key] = CompiledIgnore(consumer, self.spec.ignore).matches(names)
+        return self._hits[consumer.key]
+
+    def ignored_modules(self, consumer: Consumer) -> list[str]:
+        """Module names a module-level consumer skips."""
+        assert self.inventory is not None
+        return [n for n in self.hits(consumer) if n in self.inventory.modules]
 
     def entries_hit(self, consumer: Consumer) -> set[str]:
         """Ignore entries that match at least one module (or parameter, for parameter-level consumers)."""
-        if consumer.key not in self._hits:
-            assert self.inventory is not None
-            names = self.inventory.params if consumer.level == "param" else self.inventory.modules
-            index = self.index(consumer)
-            hit: set[str] = set()
-            for name in names:
-                hit.update(index.matching(name))
-            self._hits[consumer.key] = hit
-        return self._hits[consumer.key]
+        assert self.inventory is not None
+        hits = self.hits(consumer)
+        if consumer.level == "param":
+            params = set(self.inventory.params)
+            return {e for name, entries in hits.items() if name in params for e in entries}
+        return {e for name, entries in hits.items() if name in self.inventory.modules for e in entries}
+
+    def regex_matches(self, entry: str, level: str = "module") -> list[str]:
+        """Module (or parameter) names an `re:` entry matches with `re.match`, as every consumer applies it."""
+        assert self.spec is not None and self.inventory is not None
+        key = f"re:{level}"
+        if key not in self._regex:
+            entries = [e for e in self.spec.ignore if e.startswith("re:")]
+            names: Iterable[str] = self.inventory.modules if level == "module" else self.inventory.params
+            inverse: dict[str, list[str]] = defaultdict(list)
+            for name, found in CompiledIgnore(get_consumer("ct"), entries).matches(names).items():
+                for e in found:
+                    inverse[e].append(name)
+            self._regex[key] = inverse
+        return self._regex[key].get(entry, [])
 
     def fused(self) -> dict[str, list[str]]:
         if self._fused is None:

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import fnmatch
 import re
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Container, Iterable
 from dataclasses import dataclass
 from functools import lru_cache
 
@@ -262,6 +262,17 @@ def fused_groups(modules: Iterable[str]) -> dict[str, list[str]]:
                 members = [f"{head}.{s}" if head else s for s in shards]
                 groups[key] = [m for m in members if m in present]
     return {k: v for k, v in groups.items() if len(v) > 1}
+
+
+def fused_group_of(module: str, present: Container[str]) -> tuple[str, list[str]] | None:
+    """The fused module `module` is a shard of, with its present shards (as `fused_groups` builds it)."""
+    head, _, leaf = module.rpartition(".")
+    for fused, shards in FUSED_SHARDS.items():
+        if leaf in shards:
+            members = [f"{head}.{s}" if head else s for s in shards]
+            members = [m for m in members if m in present]
+            return (f"{head}.{fused}" if head else fused, members) if len(members) > 1 else None
+    return None
 
 
 def regex_stem(pattern: str) -> str:

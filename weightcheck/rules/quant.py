@@ -9,7 +9,7 @@ from weightcheck.findings import Severity
 from weightcheck.quant.analysis import PARAM_SUFFIXES, QuantAnalysis, analyze_checkpoint, is_class_entry, regex_error
 from weightcheck.quant.config import WeightScheme, packed_width, validate_ct
 from weightcheck.quant.inventory import ModuleInfo
-from weightcheck.quant.matchers import Consumer, get_consumer, overreach, regex_match
+from weightcheck.quant.matchers import Consumer, fused_group_of, get_consumer, overreach
 from weightcheck.rules import LintContext, rule
 
 CONFIG_FILE = "config.json"
@@ -72,19 +72,15 @@ def ignore_entry_unmatched(ctx: LintContext) -> None:
     qa = _quantized(ctx)
     if qa is None or qa.inventory is None or not qa.spec.ignore:
         return
-    modules = list(qa.inventory.modules)
-    params = qa.inventory.params
     # A tied head has no lm_head module (it is the embedding); llm-compressor still writes its default
     # `ignore: ["lm_head"]`, which is harmless.
     tied = ctx.ckpt.text_config().get("tie_word_embeddings") is True and "lm_head" not in qa.inventory.modules
     for entry in qa.spec.ignore:
-        if is_class_entry(entry) or regex_error(entry) or _looks_like_param(entry, modules, params):
+        if is_class_entry(entry) or regex_error(entry) or _looks_like_param(qa, entry):
             continue
         if tied and any(c.match("lm_head", entry) for c in qa.module_consumers()):
             continue
-        matched_by = [
-            c for c in qa.consumers if any(c.match(n, entry) for n in (params if c.level == "param" else modules))
-        ]
+        matched_by = [c for c in qa.consumers if entry in qa.entries_hit(c)]
         if any(c.key in ("ct", "vllm", "sglang", "sglang-fp8", "vllm-fp8", "transformers") for c in matched_by):
             continue
         hint = ""
@@ -99,10 +95,9 @@ def ignore_entry_unmatched(ctx: LintContext) -> None:
         )
 
 
-def _looks_like_param(entry: str, modules: list[str], params: list[str]) -> bool:
+def _looks_like_param(qa: QuantAnalysis, entry: str) -> bool:
     if entry.startswith("re:"):
-        pattern = entry[3:]
-        return not any(regex_match(pattern, m) for m in modules) and any(regex_match(pattern, p) for p in params)
+        return not qa.regex_matches(entry, "module") and bool(qa.regex_matches(entry, "param"))
     return entry.endswith(PARAM_SUFFIXES)
 
 
@@ -144,9 +139,8 @@ def ignore_entry_is_parameter(ctx: LintContext) -> None:
     qa = _quantized(ctx)
     if qa is None or qa.inventory is None:
         return
-    modules = list(qa.inventory.modules)
     for entry in qa.spec.ignore:
-        if regex_error(entry) or not _looks_like_param(entry, modules, qa.inventory.params):
+        if regex_error(entry) or not _looks_like_param(qa, entry):
             continue
         module_form = entry
         if entry.startswith("re:") and entry.endswith(r"\..*"):
@@ -178,11 +172,10 @@ def ignore_regex_overreach(ctx: LintContext) -> None:
     qa = _quantized(ctx)
     if qa is None or qa.inventory is None:
         return
-    modules = sorted(qa.inventory.modules)
     for entry in qa.spec.ignore:
         if not entry.startswith("re:") or regex_error(entry):
             continue
-        hits = [m for m in modules if regex_match(entry[3:], m) and overreach(entry[3:], m)]
+        hits = sorted(m for m in qa.regex_matches(entry) if overreach(entry[3:], m))
         if hits:
             layers = sorted({qa.inventory.modules[m].layer for m in hits} - {None})
             where = f"layers {ids_pattern(layers)}: " if layers else ""
@@ -413,12 +406,13 @@ def fused_group_partially_ignored(ctx: LintContext) -> None:
     qa = _quantized(ctx)
     if qa is None or qa.inventory is None or not qa.spec.ignore:
         return  # with nothing ignored, no group can be partially ignored
+    modules = qa.inventory.modules
     for consumer in _engine_view(qa):
-        partial: list[str] = []
-        for fused, shards in sorted(qa.fused().items()):
-            flags = {qa.is_ignored(consumer, qa.inventory.modules[s]) for s in shards}
-            if len(flags) == 2:
-                partial.append(fused)
+        # Only a group with an ignored shard can be partially ignored: start from the ignored modules.
+        groups = dict(filter(None, (fused_group_of(m, modules) for m in qa.ignored_modules(consumer))))
+        partial = sorted(
+            fused for fused, shards in groups.items() if len({qa.is_ignored(consumer, modules[s]) for s in shards}) == 2
+        )
         if partial:
             ctx.report(
                 f"{consumer.label}: {len(partial)} fused module(s) have some shards ignored and others not "
@@ -452,8 +446,10 @@ def shard_ignore_needs_fused_name(ctx: LintContext) -> None:
         return
     sglang = get_consumer("sglang")
     hits: list[str] = []
-    for fused, shards in sorted(qa.fused().items()):
-        shard_modules = [qa.inventory.modules[s] for s in shards]
+    modules = qa.inventory.modules
+    groups = dict(filter(None, (fused_group_of(m, modules) for m in qa.ignored_modules(sglang))))
+    for fused, shards in sorted(groups.items()):
+        shard_modules = [modules[s] for s in shards]
         if all(qa.is_ignored(sglang, m) for m in shard_modules) and not any(
             sglang.match(fused, e) for e in qa.spec.ignore
         ):
