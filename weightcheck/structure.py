@@ -172,6 +172,19 @@ def group_by_template(names: Iterable[str]) -> dict[Template, list[tuple[str, tu
     groups: dict[Template, list[tuple[str, tuple[str, ...]]]] = defaultdict(list)
     tails: dict[str, tuple[str, str, str] | None] = {}
     for name in names:
+        # Inlined fast path of name_template for `<prefix>.layers.<i>.<tail>` (most names of a checkpoint).
+        i = name.find(".layers.")
+        if i > 0:
+            idx, _, tail = name[i + 8 :].partition(".")
+            if tail and idx.isascii() and idx.isdigit():
+                got = tails.get(tail, False)
+                if got is False:
+                    got = tails[tail] = _tail_template(tail)
+                if got is None:
+                    groups[(name[: i + 8], "." + tail)].append((name, (idx,)))
+                else:
+                    groups[(name[: i + 8], "." + got[0], got[2])].append((name, (idx, got[1])))
+                continue
         parts, values = name_template(name, tails)
         groups[parts].append((name, values))
     return groups

@@ -7,13 +7,13 @@ from __future__ import annotations
 
 import re
 from collections import defaultdict
-from collections.abc import Iterable
+from collections.abc import Container, Iterable
 from dataclasses import dataclass, field
 from typing import Any
 
 from weightcheck.checkpoint import Checkpoint
 from weightcheck.patterns import ExpectedModule, Pattern, PatternError, expand, resolve_pattern
-from weightcheck.quant.compiled import CompiledIgnore
+from weightcheck.quant.compiled import CompiledIgnore, NameSet
 from weightcheck.quant.config import QuantSpec, parse_quant_spec
 from weightcheck.quant.inventory import Inventory, ModuleInfo, from_checkpoint, from_config
 from weightcheck.quant.matchers import Consumer, _compiled, consumers_for, ct_match, fused_groups, get_consumer
@@ -37,6 +37,8 @@ class QuantAnalysis:
     _expected: list[ExpectedModule] | None = None
     _hits: dict[str, dict[str, list[str]]] = field(default_factory=dict)
     _regex: dict[str, dict[str, list[str]]] = field(default_factory=dict)
+    _names: dict[str, NameSet] = field(default_factory=dict)
+    _entries_hit: dict[str, set[str]] = field(default_factory=dict)
 
     @property
     def consumers(self) -> list[Consumer]:
@@ -69,11 +71,19 @@ class QuantAnalysis:
         covers. Computed once per consumer over name templates (`weightcheck.quant.compiled`)."""
         if consumer.key not in self._hits:
             assert self.spec is not None and self.inventory is not None
-            names: Iterable[str] = self.inventory.modules
-            if consumer.level == "param":
-                names = {*self.inventory.params, *(f"{m}.weight" for m in self.inventory.modules)}
-            self._hits[consumer.key] = CompiledIgnore(consumer, self.spec.ignore).matches(names)
+            self._hits[consumer.key] = CompiledIgnore(consumer, self.spec.ignore).matches(self.name_set(consumer.level))
         return self._hits[consumer.key]
+
+    def name_set(self, level: str) -> NameSet:
+        """Module names (level "module") or the parameter names online quantizers see ("param": every
+        stored parameter and every module's `.weight`), grouped by template once."""
+        if level not in self._names:
+            assert self.inventory is not None
+            names: Iterable[str] = self.inventory.modules
+            if level == "param":
+                names = {*self.inventory.params, *(f"{m}.weight" for m in self.inventory.modules)}
+            self._names[level] = NameSet(names)
+        return self._names[level]
 
     def ignored_modules(self, consumer: Consumer) -> list[str]:
         """Module names a module-level consumer skips."""
@@ -83,11 +93,13 @@ class QuantAnalysis:
     def entries_hit(self, consumer: Consumer) -> set[str]:
         """Ignore entries that match at least one module (or parameter, for parameter-level consumers)."""
         assert self.inventory is not None
-        hits = self.hits(consumer)
-        if consumer.level == "param":
-            params = set(self.inventory.params)
-            return {e for name, entries in hits.items() if name in params for e in entries}
-        return {e for name, entries in hits.items() if name in self.inventory.modules for e in entries}
+        if consumer.key not in self._entries_hit:
+            hits = self.hits(consumer)
+            names: Container[str] = self.inventory.modules
+            if consumer.level == "param":
+                names = set(self.inventory.params)
+            self._entries_hit[consumer.key] = {e for name, found in hits.items() if name in names for e in found}
+        return self._entries_hit[consumer.key]
 
     def regex_matches(self, entry: str, level: str = "module") -> list[str]:
         """Module (or parameter) names an `re:` entry matches with `re.match`, as every consumer applies it."""
@@ -95,7 +107,7 @@ class QuantAnalysis:
         key = f"re:{level}"
         if key not in self._regex:
             entries = [e for e in self.spec.ignore if e.startswith("re:")]
-            names: Iterable[str] = self.inventory.modules if level == "module" else self.inventory.params
+            names = self.name_set(level) if level == "module" else NameSet(self.inventory.params)
             inverse: dict[str, list[str]] = defaultdict(list)
             for name, found in CompiledIgnore(get_consumer("ct"), entries).matches(names).items():
                 for e in found:

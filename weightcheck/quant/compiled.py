@@ -24,7 +24,6 @@ from __future__ import annotations
 import re
 from collections import defaultdict
 from collections.abc import Callable, Iterable
-from dataclasses import dataclass, field
 
 from weightcheck.quant.matchers import Consumer, _compiled
 from weightcheck.structure import Template, group_by_template
@@ -46,33 +45,47 @@ def digit_uniform(text: str) -> bool:
     return not any(ch.isdigit() for ch in text) and "\\N" not in text and "(?P=" not in text
 
 
-@dataclass
 class _Group:
-    parts: Template
-    members: list[tuple[str, tuple[str, ...]]]
-    abstract: str = ""
-    stripped: str | None = None  # abstract with `language_model.` removed once (vLLM ModelOpt)
-    fixed_runs: frozenset[str] = frozenset()
-    classes: dict[tuple[int, ...], list[int]] = field(default_factory=dict)
-    # slot k -> value -> member indexes
-    by_value: list[dict[str, list[int]]] = field(default_factory=list)
+    """The names of one template; id indexes are built only for the entries that need them."""
 
-    @classmethod
-    def build(cls, parts: Template, members: list[tuple[str, tuple[str, ...]]]) -> _Group:
-        group = cls(parts, members)
+    __slots__ = ("_by_value", "_classes", "abstract", "fixed_runs", "members", "parts", "stripped")
+
+    def __init__(self, parts: Template, members: list[tuple[str, tuple[str, ...]]]) -> None:
+        self.parts, self.members = parts, members
         rep = members[0][0]
-        group.abstract = abstract(rep)
-        if "language_model." in rep:
-            group.stripped = abstract(rep.replace("language_model.", "", 1))
-        group.fixed_runs = frozenset(r for p in parts for r in _RUNS.findall(p))
-        group.by_value = [defaultdict(list) for _ in parts[1:]]
-        classes: dict[tuple[int, ...], list[int]] = defaultdict(list)
-        for i, (_, values) in enumerate(members):
-            classes[tuple(len(v) for v in values)].append(i)
-            for k, v in enumerate(values):
-                group.by_value[k][v].append(i)
-        group.classes = dict(classes)
-        return group
+        self.abstract = abstract(rep)
+        # vLLM ModelOpt also matches with `language_model.` removed once.
+        self.stripped = abstract(rep.replace("language_model.", "", 1)) if "language_model." in rep else None
+        self.fixed_runs = frozenset(r for p in parts for r in _RUNS.findall(p))
+        self._classes: dict[tuple[int, ...], list[int]] | None = None
+        self._by_value: list[dict[str, list[int]]] | None = None
+
+    @property
+    def classes(self) -> dict[tuple[int, ...], list[int]]:
+        """Member indexes by the lengths of their ids."""
+        if self._classes is None:
+            classes: dict[tuple[int, ...], list[int]] = defaultdict(list)
+            for i, (_, values) in enumerate(self.members):
+                classes[tuple(map(len, values))].append(i)
+            self._classes = dict(classes)
+        return self._classes
+
+    @property
+    def by_value(self) -> list[dict[str, list[int]]]:
+        """Per id slot: value -> member indexes."""
+        if self._by_value is None:
+            self._by_value = [defaultdict(list) for _ in self.parts[1:]]
+            for i, (_, values) in enumerate(self.members):
+                for k, v in enumerate(values):
+                    self._by_value[k][v].append(i)
+        return self._by_value
+
+
+class NameSet:
+    """Names grouped by template once, shared by every consumer's compiled list."""
+
+    def __init__(self, names: Iterable[str]) -> None:
+        self.groups = [_Group(parts, members) for parts, members in group_by_template(names).items()]
 
 
 class _Entry:
@@ -146,12 +159,12 @@ class CompiledIgnore:
         self.consumer = consumer
         self.entries = [_Entry(consumer, e, i) for i, e in enumerate(dict.fromkeys(entries))]
 
-    def matches(self, names: Iterable[str]) -> dict[str, list[str]]:
+    def matches(self, names: Iterable[str] | NameSet) -> dict[str, list[str]]:
         """name -> entries covering it (list order), for the names some entry covers."""
         found: dict[str, set[int]] = defaultdict(set)
         if self.entries:
-            for parts, members in group_by_template(names).items():
-                self._group(_Group.build(parts, members), found)
+            for group in (names if isinstance(names, NameSet) else NameSet(names)).groups:
+                self._group(group, found)
         order = {e.position: e.entry for e in self.entries}
         return {name: [order[p] for p in sorted(hits)] for name, hits in found.items()}
 
@@ -199,7 +212,7 @@ class CompiledIgnore:
     def _candidates(self, e: _Entry, group: _Group) -> Iterable[int]:
         """Member indexes the entry could match (a superset of those it does)."""
         every = range(len(group.members))
-        if not e.literal or not group.by_value or group.stripped is not None:
+        if not e.literal or len(group.parts) == 1 or group.stripped is not None:
             return every
         out: set[int] = set()
         for form in e.forward:
