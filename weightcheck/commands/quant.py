@@ -29,17 +29,26 @@ def explain(path: Path, pattern: str | None = None) -> dict[str, Any]:
     if qa.inventory is None:
         doc["error"] = "no modules to match against (no tensors and no architecture pattern)"
         return doc
-    modules = sorted(qa.inventory.modules)
-    params = qa.inventory.params
+    # Per consumer, entry -> the names it matches (sorted), from the compiled template-level evaluation.
+    by_entry: dict[str, dict[str, list[str]]] = {}
+    for consumer in qa.consumers:
+        names: set[str] | dict[str, Any] = (
+            set(qa.inventory.params) if consumer.level == "param" else qa.inventory.modules
+        )
+        inverse: dict[str, list[str]] = {}
+        for name, found in qa.hits(consumer).items():
+            if name in names:
+                for e in found:
+                    inverse.setdefault(e, []).append(name)
+        by_entry[consumer.key] = {e: sorted(v) for e, v in inverse.items()}
     for entry in qa.spec.ignore:
         per: dict[str, Any] = {}
         module_sets: dict[str, frozenset[str]] = {}
         for consumer in qa.consumers:
+            hits = by_entry[consumer.key].get(entry, [])
             if consumer.level == "param":
-                hits = [p for p in params if consumer.match(p, entry)]
                 covered = frozenset(p.rsplit(".", 1)[0] for p in hits if p.endswith(".weight"))
             else:
-                hits = [m for m in modules if consumer.match(m, entry)]
                 covered = frozenset(hits)
             module_sets[consumer.key] = covered
             per[consumer.key] = {"label": consumer.label, "level": consumer.level, "count": len(hits),
