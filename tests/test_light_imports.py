@@ -81,8 +81,10 @@ def test_validate_with_compressed_tensors_asks_the_package(tmp_path: Path) -> No
 
     mirror = lint_modules(str(tmp_path))
     real = lint_modules(str(tmp_path), "--validate-with", "compressed-tensors")
+    (tmp_path / "pyproject.toml").write_text('[tool.weightcheck]\nvalidate-with = "compressed-tensors"\n')
+    from_settings = lint_modules(str(tmp_path))
     assert mirror["heavy"] == []
-    assert "compressed_tensors" in real["heavy"]
-    for out in (mirror, real):
+    assert "compressed_tensors" in real["heavy"] and "compressed_tensors" in from_settings["heavy"]
+    for out in (mirror, real, from_settings):
         wc301 = [f for f in out["report"]["findings"] if f["code"] == "WC301"]
         assert wc301 and "pytorch_dtype" in wc301[0]["message"], out["report"]["findings"]
