@@ -48,7 +48,10 @@ def digit_uniform(text: str) -> bool:
 class _Group:
     """The names of one template; id indexes are built only for the entries that need them."""
 
-    __slots__ = ("_by_value", "_classes", "abstract", "fixed_runs", "members", "parts", "stripped")
+    __slots__ = (
+        "_by_value", "_classes", "_shapes", "abstract", "fixed_runs", "members", "parts", "stripped", "targets",
+        "targets_lower",
+    )  # fmt: skip
 
     def __init__(self, parts: Template, members: list[tuple[str, tuple[str, ...]]]) -> None:
         self.parts, self.members = parts, members
@@ -57,6 +60,9 @@ class _Group:
         # vLLM ModelOpt also matches with `language_model.` removed once.
         self.stripped = abstract(rep.replace("language_model.", "", 1)) if "language_model." in rep else None
         self.fixed_runs = frozenset(r for p in parts for r in _RUNS.findall(p))
+        self.targets = (self.abstract,) if self.stripped is None else (self.abstract, self.stripped)
+        self.targets_lower = tuple(t.lower() for t in self.targets)
+        self._shapes: list[str] | None = None
         self._classes: dict[tuple[int, ...], list[int]] | None = None
         self._by_value: list[dict[str, list[int]]] | None = None
 
@@ -69,6 +75,13 @@ class _Group:
                 classes[tuple(map(len, values))].append(i)
             self._classes = dict(classes)
         return self._classes
+
+    @property
+    def class_shapes(self) -> list[str]:
+        """One name per id-length class with every digit replaced by `#` (positions kept)."""
+        if self._shapes is None:
+            self._shapes = [abstract_chars(self.members[idx[0]][0]) for idx in self.classes.values()]
+        return self._shapes
 
     @property
     def by_value(self) -> list[dict[str, list[int]]]:
@@ -92,16 +105,8 @@ class _Entry:
     """How one entry is matched by one consumer, and which shortcuts are sound for it."""
 
     __slots__ = (
-        "entry",
-        "forward",
-        "is_regex",
-        "literal",
-        "lower",
-        "position",
-        "positional",
-        "regex",
-        "reverse",
-        "uniform",
+        "entry", "forward", "forward_abstract", "is_regex", "literal", "lower", "position", "positional", "regex",
+        "reverse", "reverse_abstract", "uniform",
     )  # fmt: skip
 
     def __init__(self, consumer: Consumer, entry: str, position: int) -> None:
@@ -145,6 +150,8 @@ class _Entry:
             self.forward = (entry,)
         else:
             self.literal = False
+        self.forward_abstract = tuple(abstract(f) for f in self.forward)
+        self.reverse_abstract = tuple(abstract(r) for r in self.reverse)
 
 
 def abstract_chars(text: str) -> str:
@@ -194,20 +201,14 @@ class CompiledIgnore:
         return match(name, e.entry)
 
     def _may_match(self, e: _Entry, group: _Group) -> bool:
-        targets = [group.abstract] if group.stripped is None else [group.abstract, group.stripped]
-        if e.lower:
-            targets = [t.lower() for t in targets]
-        if any(abstract(f) in t for f in e.forward for t in targets):
+        targets = group.targets_lower if e.lower else group.targets
+        if any(f in t for f in e.forward_abstract for t in targets):
             return True
-        if any(group.abstract in abstract(r) for r in e.reverse):
+        if any(group.abstract in r for r in e.reverse_abstract):
             return True
         if e.positional is not None:
-            return any(e.positional.match(abstract_chars(self._rep(group, idx))) for idx in group.classes.values())
+            return any(e.positional.match(rep) for rep in group.class_shapes)
         return False
-
-    @staticmethod
-    def _rep(group: _Group, idx: list[int]) -> str:
-        return group.members[idx[0]][0]
 
     def _candidates(self, e: _Entry, group: _Group) -> Iterable[int]:
         """Member indexes the entry could match (a superset of those it does)."""
