@@ -165,6 +165,16 @@ class CompiledIgnore:
     def __init__(self, consumer: Consumer, entries: Iterable[str]) -> None:
         self.consumer = consumer
         self.entries = [_Entry(consumer, e, i) for i, e in enumerate(dict.fromkeys(entries))]
+        # Literal entries whose template test is the same (`model.layers.#.mlp.gate` for every per-layer
+        # router entry) are tested once per template.
+        self._buckets: dict[tuple[object, ...], list[_Entry]] = defaultdict(list)
+        self._others: list[_Entry] = []
+        for e in self.entries:
+            if e.literal:
+                key = (e.forward_abstract, e.reverse_abstract, e.lower, e.positional and e.positional.pattern)
+                self._buckets[key].append(e)
+            else:
+                self._others.append(e)
 
     def matches(self, names: Iterable[str] | NameSet) -> dict[str, list[str]]:
         """name -> entries covering it (list order), for the names some entry covers."""
@@ -180,9 +190,9 @@ class CompiledIgnore:
     def _group(self, group: _Group, found: dict[str, set[int]]) -> None:
         match = self.consumer.match
         members = group.members
-        for e in self.entries:
-            if e.literal and not self._may_match(e, group):
-                continue
+        todo = [e for bucket in self._buckets.values() if self._may_match(bucket[0], group) for e in bucket]
+        todo += self._others
+        for e in todo:
             if e.uniform:
                 for idx in group.classes.values():
                     if self._decide(e, members[idx[0]][0], match):
