@@ -22,6 +22,8 @@ def _readable(ctx: LintContext, shard: str) -> bool:
     summary="The index names a shard file that is not on disk.",
     bad='"weight_map": {"model.layers.40.mlp.down_proj.weight": "model-00010-of-00093.safetensors"}  (file absent)',
     good="Every file named in weight_map exists in the checkpoint directory.",
+    fix="Copy the missing shard into the checkpoint (re-download or re-export it); never drop its index entries.",
+    implies={**{"WC401": "subjects", "WC402": "subjects", "WC403": "subjects", "WC410": "subjects", "WC313": "subjects", "WC205": "all"}, "WC106": "subjects"},
 )
 def indexed_shard_missing(ctx: LintContext) -> None:
     """Older loaders leave the parameters of a missing shard uninitialized and serve garbage (sgl-project/sglang#32279);
@@ -48,6 +50,9 @@ def indexed_shard_missing(ctx: LintContext) -> None:
     summary="An index entry points at a shard that does not contain that tensor (a ghost entry).",
     bad='"mtp.fc.weight": "model-00012-of-00012.safetensors"   (the shard has no mtp.fc.weight)',
     good="Each weight_map key is present in the header of the shard it names.",
+    fix="Re-export the tensor into the shard; if it lives in another shard, point the index entry there "
+    "(`weightcheck lint --fix` does that).",
+    implies={"WC401": "subjects", "WC402": "subjects", "WC403": "subjects", "WC410": "subjects", "WC313": "subjects", "WC205": "all"},
 )
 def indexed_key_not_in_shard(ctx: LintContext) -> None:
     """Writers that record the keys they *meant* to write produce index entries for tensors that are not in
@@ -229,6 +234,9 @@ def index_path_escapes(ctx: LintContext) -> None:
     summary="model.safetensors.index.json cannot be parsed or lacks weight_map / metadata.",
     bad='{"weight_map": {...}}   (no "metadata": transformers raises KeyError) — or truncated JSON',
     good='{"metadata": {"total_size": 123}, "weight_map": {"model.norm.weight": "model-00001-of-00002.safetensors"}}',
+    fix="Rewrite the index from the shards (transformers' save_pretrained writes it; `weightcheck lint --fix` "
+    "mends total_size and missing entries once the file parses).",
+    implies={"WC105": "all", "WC106": "all", "WC201": "all", "WC202": "all", "WC203": "all", "WC205": "all"},
 )
 def index_invalid(ctx: LintContext) -> None:
     """transformers reads `index["metadata"]` unconditionally (KeyError when absent) and takes the shard list
