@@ -59,13 +59,15 @@ class Finding:
         """Names this finding is about: files and tensors/modules, from its location and its details'
         full lists. A collapsed pattern (`layers.{0..3}`) is not a name and never matches one."""
         out: set[str] = set()
-        for value in (self.location.file, self.location.tensor, self.location.module):
-            if value and "{" not in value and "*" not in value and ", " not in value:
-                out.add(value)
         for key in ("tensors", "modules", "files", "names"):
             items = self.details.get(key)
             if isinstance(items, list):
                 out.update(x for x in items if isinstance(x, str))
+        if out:  # the details' full list is the precise one; the location may name where it was seen
+            return frozenset(out)
+        for value in (self.location.file, self.location.tensor, self.location.module):
+            if value and "{" not in value and "*" not in value and ", " not in value:
+                out.add(value)
         return frozenset(out)
 
     def fingerprint(self, target: str = "") -> str:

@@ -50,7 +50,8 @@ def _lines(result: Result, verbose: bool) -> list[tuple[str, str]]:
                     out.append(("dim", f"    related {r.code} {r.name}: {rw + ': ' if rw else ''}{r.message}"))
             elif f.related:
                 codes = ", ".join(dict.fromkeys(r.code for r in f.related))
-                out.append(("dim", f"    + {len(f.related)} follow-on finding(s) from this cause ({codes}); -v shows them"))
+                more = f"    + {len(f.related)} follow-on finding(s) from this cause ({codes}); -v shows them"
+                out.append(("dim", more))
         if len(items) > len(shown):
             out.append(("dim", f"  … {len(items) - len(shown)} more (use --verbose)"))
         if one_fix and items[0].fix:

@@ -185,6 +185,7 @@ def shard_numbering(ctx: LintContext) -> None:
             continue
         total = totals[0]
         present = {i for i, _, n in items if n in on_disk}
+        w = width[stem]
         missing = sorted(set(range(1, total + 1)) - present)
         beyond = sorted(i for i in present if i < 1 or i > total)
         if missing:
@@ -193,7 +194,7 @@ def shard_numbering(ctx: LintContext) -> None:
                 f"missing numbers {format_ranges(missing)}",
                 file=f"{stem}-*-of-{total:0{width[stem]}d}.safetensors",
                 count=len(missing),
-                details={"files": [f"{stem}-{i:0{width[stem]}d}-of-{total:0{width[stem]}d}.safetensors" for i in missing]},
+                details={"files": [f"{stem}-{i:0{w}d}-of-{total:0{w}d}.safetensors" for i in missing]},
             )
         if beyond:
             ctx.report(f"shard numbers {beyond} lie outside 1..{total}", file=f"{stem}-*")

@@ -2,12 +2,18 @@
 
 from __future__ import annotations
 
+import re
 from collections import defaultdict
 
 from weightcheck.checkpoint import INDEX_NAME
 from weightcheck.collapse import summarize
 from weightcheck.findings import Severity
 from weightcheck.rules import LintContext, rule
+
+# A tensor lost from the checkpoint is also seen as a layer lacking a key (WC401-403), a key the pattern
+# expects (WC410), a quantized module lacking a companion (WC313) and a total_size the shards no longer reach.
+LOST_TENSOR_FOLLOW_ONS = {code: "subjects" for code in ("WC401", "WC402", "WC403", "WC410", "WC313", "WC205")}
+_DIGITS = re.compile(r"(?<=\.)\d+(?=\.)")
 
 
 def _readable(ctx: LintContext, shard: str) -> bool:
@@ -23,7 +29,7 @@ def _readable(ctx: LintContext, shard: str) -> bool:
     bad='"weight_map": {"model.layers.40.mlp.down_proj.weight": "model-00010-of-00093.safetensors"}  (file absent)',
     good="Every file named in weight_map exists in the checkpoint directory.",
     fix="Copy the missing shard into the checkpoint (re-download or re-export it); never drop its index entries.",
-    implies={**{"WC401": "subjects", "WC402": "subjects", "WC403": "subjects", "WC410": "subjects", "WC313": "subjects", "WC205": "all"}, "WC106": "subjects"},
+    implies={**LOST_TENSOR_FOLLOW_ONS, "WC106": "subjects"},
 )
 def indexed_shard_missing(ctx: LintContext) -> None:
     """Older loaders leave the parameters of a missing shard uninitialized and serve garbage (sgl-project/sglang#32279);
@@ -39,7 +45,7 @@ def indexed_shard_missing(ctx: LintContext) -> None:
             f"{shard} is named by {INDEX_NAME} for {len(keys)} tensors but does not exist: {summarize(keys)}",
             file=shard,
             count=len(keys),
-            details={"tensors": sorted(keys)[:1000]},
+            details={"tensors": sorted(keys)[:1000], "files": [shard]},
         )
 
 
@@ -52,7 +58,7 @@ def indexed_shard_missing(ctx: LintContext) -> None:
     good="Each weight_map key is present in the header of the shard it names.",
     fix="Re-export the tensor into the shard; if it lives in another shard, point the index entry there "
     "(`weightcheck lint --fix` does that).",
-    implies={"WC401": "subjects", "WC402": "subjects", "WC403": "subjects", "WC410": "subjects", "WC313": "subjects", "WC205": "all"},
+    implies=LOST_TENSOR_FOLLOW_ONS,
 )
 def indexed_key_not_in_shard(ctx: LintContext) -> None:
     """Writers that record the keys they *meant* to write produce index entries for tensors that are not in
@@ -192,11 +198,36 @@ def index_total_size(ctx: LintContext) -> None:
             actual -= r.tensors[key].nbytes
         seen.update(r.tensors)
     if int(total) != actual:
+        ghosts = _lost_entries_explaining(ckpt, int(total) - actual)
+        because = f"; the difference is the size of the lost tensor(s) {summarize(ghosts)}" if ghosts else ""
         ctx.report(
             f"metadata.total_size is {int(total)} but the indexed shards hold {actual} bytes of tensors "
-            f"({actual - int(total):+d})",
+            f"({actual - int(total):+d}){because}",
             file=INDEX_NAME,
+            fix=f'set "metadata": {{"total_size": {actual}}} in {INDEX_NAME} (`weightcheck lint --fix` does it)'
+            if not ghosts
+            else "restore the lost tensor(s); total_size is right for the checkpoint as it should be",
+            details={"total_size": int(total), "actual": actual, **({"tensors": ghosts} if ghosts else {})},
         )
+
+
+def _lost_entries_explaining(ckpt, missing_bytes: int) -> list[str]:  # type: ignore[no-untyped-def]
+    """Index entries whose tensor is in no shard, when their sizes (taken from a peer with the same name
+    up to layer/expert ids) add up to exactly the bytes total_size counts too many: then total_size is
+    the index's honest record of a tensor that was lost, and WC202 is the root cause."""
+    if missing_bytes <= 0:
+        return []
+    stored: dict[str, int] = {}
+    peer_size: dict[str, int] = {}
+    for report in ckpt.shards.values():
+        for key, info in report.tensors.items():
+            stored[key] = info.nbytes
+            peer_size.setdefault(_DIGITS.sub("*", key), info.nbytes)
+    lost = sorted(k for k in ckpt.weight_map if k not in stored)
+    sizes = [peer_size.get(_DIGITS.sub("*", k)) for k in lost]
+    if not lost or any(size is None for size in sizes) or sum(sizes) != missing_bytes:  # type: ignore[arg-type]
+        return []
+    return lost
 
 
 @rule(
