@@ -35,10 +35,11 @@ class QuantAnalysis:
     _fused: dict[str, list[str]] | None = None
     _expected: list[ExpectedModule] | None = None
     _hits: dict[str, set[str]] = field(default_factory=dict)
+    deployed: list[str] | None = None  # `consumers = [...]`: only these consumers' views are checked
 
     @property
     def consumers(self) -> list[Consumer]:
-        return consumers_for(self.spec.method) if self.spec else []
+        return consumers_for(self.spec.method, self.deployed) if self.spec else []
 
     def module_consumers(self) -> list[Consumer]:
         return [c for c in self.consumers if c.level == "module"]

@@ -31,6 +31,7 @@ RULE_MODULES = (
     "weightcheck.rules.arch",
     "weightcheck.rules.content",
     "weightcheck.rules.verify",
+    "weightcheck.fixes",
 )
 
 FAMILIES = {

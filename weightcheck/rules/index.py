@@ -74,18 +74,20 @@ def indexed_key_not_in_shard(ctx: LintContext) -> None:
     for name, report in ckpt.shards.items():
         for key in report.tensors:
             located[key].append(name)
-    groups: dict[tuple[str, str], list[str]] = defaultdict(list)
+    groups: dict[tuple[str, tuple[str, ...]], list[str]] = defaultdict(list)
     for key, shard in ghosts:
-        elsewhere = located.get(key)
-        where = f"found in {', '.join(sorted(elsewhere))}" if elsewhere else "not found in any shard"
-        groups[(shard, where)].append(key)
-    for (shard, where), keys in sorted(groups.items()):
+        groups[(shard, tuple(sorted(located.get(key, ()))))].append(key)
+    for (shard, elsewhere), keys in sorted(groups.items()):
+        where = f"found in {', '.join(elsewhere)}" if elsewhere else "not found in any shard"
         ctx.report(
             f"{len(keys)} index entries point at {shard}, which lacks them ({where}): {summarize(keys)}",
             file=shard,
             tensor=summarize(keys, limit=3),
             count=len(keys),
-            details={"tensors": sorted(keys)[:1000]},
+            details={"tensors": sorted(keys)[:1000], "found_in": list(elsewhere)},
+            fix=f"point the entries at {elsewhere[0]} (`weightcheck lint --fix` does it)"
+            if len(elsewhere) == 1
+            else "",
         )
 
 
@@ -96,6 +98,7 @@ def indexed_key_not_in_shard(ctx: LintContext) -> None:
     summary="A tensor stored in an indexed shard is absent from weight_map.",
     bad="model-00003-of-00004.safetensors holds model.layers.7.mlp.gate.weight; weight_map has no such key",
     good="weight_map lists every tensor of every shard it references.",
+    fix='add "<tensor>": "<its shard>" to weight_map for each tensor (`weightcheck lint --fix` does it)',
 )
 def shard_key_not_indexed(ctx: LintContext) -> None:
     """transformers reports missing/unexpected keys from the index, so a tensor present only in a shard is
@@ -164,6 +167,7 @@ def tensor_in_several_shards(ctx: LintContext) -> None:
     summary="metadata.total_size differs from the sum of tensor bytes in the shards.",
     bad='"metadata": {"total_size": 2301}   (sum of rows, not bytes; the tensors hold 4718592 bytes)',
     good='"metadata": {"total_size": 4718592}',
+    fix="set metadata.total_size to the sum of the shards' tensor bytes (`weightcheck lint --fix` does it)",
 )
 def index_total_size(ctx: LintContext) -> None:
     """`total_size` is the sum of tensor storage bytes (headers excluded). Nobody checks it, but a wrong value
