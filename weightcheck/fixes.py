@@ -128,12 +128,10 @@ def plan_fixes(root: Path, result: Result) -> tuple[list[FileEdit], list[Finding
     from weightcheck.checkpoint import INDEX_NAME
 
     plan = _Plan(root)
+    size_wrong = False
     for f in _walk(result.findings):
         if f.code == "WC205" and "actual" in f.details and "tensors" not in f.details:
-            edit = plan.load(INDEX_NAME)
-            if edit and isinstance(edit.data.get("metadata"), dict):
-                edit.data["metadata"]["total_size"] = f.details["actual"]
-                edit.what.append(f"{INDEX_NAME}: metadata.total_size = {f.details['actual']}")
+            size_wrong = True
         elif f.code == "WC203" and f.location.file and f.details.get("tensors"):
             edit = plan.load(INDEX_NAME)
             if edit and isinstance(edit.data.get("weight_map"), dict):
@@ -166,8 +164,35 @@ def plan_fixes(root: Path, result: Result) -> tuple[list[FileEdit], list[Finding
             if new:
                 table[field_name] = [*current, *new]
                 edit.what.append(f"{rel}: {key}.{field_name} += {new}")
+    index = plan.edits.get(INDEX_NAME)
+    if size_wrong or (index is not None and index.what):
+        # Last, from the index as edited: entry fixes can change which shards it references.
+        index = index or plan.load(INDEX_NAME)
+        total = _total_size(root, index.data.get("weight_map")) if index else None
+        meta = index.data.get("metadata") if index else None
+        if index and total is not None and isinstance(meta, dict) and meta.get("total_size") != total:
+            meta["total_size"] = total
+            index.what.append(f"{INDEX_NAME}: metadata.total_size = {total}")
     edits = [e for e in plan.edits.values() if e.what and e.text() != e.original]
     return edits, plan.refused
+
+
+def _total_size(root: Path, weight_map: Any) -> int | None:
+    """Tensor bytes of the shards `weight_map` references, a tensor stored twice counted once (as WC205
+    computes it); None when a shard is unreadable (nothing mechanical to write then)."""
+    from weightcheck.checkpoint import load_checkpoint
+
+    if not isinstance(weight_map, dict) or not all(isinstance(v, str) for v in weight_map.values()):
+        return None
+    ckpt = load_checkpoint(root)
+    total, seen = 0, set()
+    for shard in sorted(set(weight_map.values())):
+        report = ckpt.shards.get(shard)
+        if report is None or not report.names_known or report.problems:
+            return None
+        total += report.data_end - sum(report.tensors[k].nbytes for k in report.tensors.keys() & seen)
+        seen.update(report.tensors)
+    return total
 
 
 def _confined(root: Path, rel: str) -> str | None:
