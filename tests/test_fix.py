@@ -111,3 +111,15 @@ def test_lint_without_fix_never_writes_and_diff_needs_fix(make_ckpt) -> None:
 def test_rules_explain_shows_fix() -> None:
     out = wc("rules", "WC205").stdout
     assert "Fix:" in out and "--fix" in out
+
+
+def test_fix_on_a_shipped_sample_config(tmp_path: Path) -> None:
+    """Config-only: the GLM-4.5-Air W4A16 sample whose ignore list lacks routers and embeddings."""
+    import shutil
+
+    sample = Path(__file__).parent.parent / "sample_configs" / "glm-4.5-air-w4a16-router-not-ignored"
+    path = Path(shutil.copytree(sample, tmp_path / "glm"))
+    assert {f["code"] for f in findings(path)} == {"WC309"}
+    assert wc("lint", str(path), "--fix").returncode == 0
+    assert quant_config(path)["ignore"] == ["lm_head", "re:.*embed_tokens($|\\..*)", "re:.*mlp\\.gate($|\\..*)"]
+    assert findings(path) == []

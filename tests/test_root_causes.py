@@ -159,5 +159,6 @@ def test_related_shown_with_verbose_and_in_json(make_ckpt) -> None:
 def test_every_rule_has_a_fix_text(code: str) -> None:
     from weightcheck.rules import all_rules
 
-    assert all(r.fix_text() for r in all_rules().values())
+    # every rule has its own fix text, not the generic fallback
+    assert [r.code for r in all_rules().values() if "good example" in r.fix_text()] == []
     assert "Fix:" in all_rules()[code].explain()

@@ -191,7 +191,9 @@ def finish(
     verbose: bool,
     debug: bool = False,
 ) -> None:
-    from weightcheck.triage import BaselineError, apply_baseline, read_baseline, write_baseline
+    from weightcheck.triage import BaselineError, apply_baseline, fill_fix_texts, read_baseline, write_baseline
+
+    fill_fix_texts(result.findings)  # every command's findings say what to do (lint fills them already)
 
     baseline = _meta("baseline") or (Path(settings.baseline) if settings.baseline else None)
     if _meta("write_baseline"):

@@ -86,6 +86,10 @@ class Rule:
     def fix_text(self) -> str:
         if self.fix:
             return self.fix
+        from weightcheck.rules.fixtexts import FIX_TEXTS
+
+        if self.code in FIX_TEXTS:
+            return FIX_TEXTS[self.code]
         first = next((line.strip() for line in self.good.strip().splitlines() if line.strip()), "")
         return f"make it look like the rule's good example: {first}" if first else ""
 
