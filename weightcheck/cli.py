@@ -60,36 +60,15 @@ def output_options(fn: Callable[..., Any]) -> Callable[..., Any]:
             "--output", "-o", type=click.File("w"), default="-", help="Write the report here (default: stdout)."
         ),
         click.option("--color/--no-color", default=None, help="Force colour on or off in text output."),
-<<<<<<< HEAD
         click.option("--verbose", "-v", is_flag=True, help="Show every finding and every name in text output."),
         click.option("--debug", is_flag=True, help="Print the traceback of an internal error (WC000) on stderr."),
-=======
-        click.option("--verbose", "-v", is_flag=True, help="Show every finding in text output."),
         *_triage_options(),
->>>>>>> 8bb58fd (lint --fix [--diff]: total_size, missing/misplaced index entries and ignore-list entries written atomically to JSON files inside the checkpoint only (WC110 when refused); WC309 names the entries to add per consumer; consumers = [...] / --consumers limit the ignore-list views checked; baseline and per-tensor-ignores settings)
     ]
     for deco in reversed(decorators):
         fn = deco(fn)
     return fn
 
 
-<<<<<<< HEAD
-def progress_option(fn: Callable[..., Any]) -> Callable[..., Any]:
-    return click.option(
-        "--progress/--no-progress",
-        default=None,
-        help="Progress on stderr for long work: a bar on a terminal, a plain line every 10 s otherwise "
-        "(default: on).",
-    )(fn)
-
-
-def resolve_settings(target: Path | None, config_path: Path | None, command: str | None = None, **cli: Any) -> Settings:
-    """Config file settings (discovered or --config) overridden by the command line; every value checked.
-
-    `command` ("lint", "diff", "verify") also makes a selection that leaves that command no rule an error."""
-    from weightcheck.rules import UnknownSelector, check_selectors
-
-=======
 # ---- suppression, baselines, targets, --fix (docs/suppression.md). Stored in the click context's meta so
 # each command's signature stays as it is; `finish` and `lint` read them back.
 def _to_meta(ctx: click.Context, param: click.Parameter, value: Any) -> Any:
@@ -123,8 +102,21 @@ def _lint_fix_options(fn: Callable[..., Any]) -> Callable[..., Any]:
                         "never tensor data.")(fn)  # fmt: skip
 
 
-def resolve_settings(target: Path, config_path: Path | None, **cli: Any) -> Settings:
->>>>>>> 8bb58fd (lint --fix [--diff]: total_size, missing/misplaced index entries and ignore-list entries written atomically to JSON files inside the checkpoint only (WC110 when refused); WC309 names the entries to add per consumer; consumers = [...] / --consumers limit the ignore-list views checked; baseline and per-tensor-ignores settings)
+def progress_option(fn: Callable[..., Any]) -> Callable[..., Any]:
+    return click.option(
+        "--progress/--no-progress",
+        default=None,
+        help="Progress on stderr for long work: a bar on a terminal, a plain line every 10 s otherwise "
+        "(default: on).",
+    )(fn)
+
+
+def resolve_settings(target: Path | None, config_path: Path | None, command: str | None = None, **cli: Any) -> Settings:
+    """Config file settings (discovered or --config) overridden by the command line; every value checked.
+
+    `command` ("lint", "diff", "verify") also makes a selection that leaves that command no rule an error."""
+    from weightcheck.rules import UnknownSelector, check_selectors
+
     try:
         settings = load_settings(target, config_path)
     except SettingsError as exc:
@@ -137,15 +129,12 @@ def resolve_settings(target: Path, config_path: Path | None, **cli: Any) -> Sett
         settings.fail_on = cli["fail_on"]
     if cli.get("fmt"):
         settings.format = cli["fmt"]
-<<<<<<< HEAD
     where = f" in {settings.source}" if settings.source else ""
-=======
     if _meta("consumers"):
         try:
             settings.consumers = check_consumers(_split_codes(_meta("consumers")))
         except SettingsError as exc:
             raise click.UsageError(str(exc)) from None
->>>>>>> 8bb58fd (lint --fix [--diff]: total_size, missing/misplaced index entries and ignore-list entries written atomically to JSON files inside the checkpoint only (WC110 when refused); WC309 names the entries to add per consumer; consumers = [...] / --consumers limit the ignore-list views checked; baseline and per-tensor-ignores settings)
     if settings.format not in FORMATS:
         raise click.UsageError(f"unknown format {settings.format!r}{where} (choose from {', '.join(FORMATS)})")
     try:
@@ -278,24 +267,18 @@ def lint(
         "content": content,
         "hash_out": hash_out,
         "against_manifest": against_manifest,
-<<<<<<< HEAD
         "progress": choose_mode(progress),
-    }
-    try:
-        with full_lists(verbose):  # -v: every name pattern, not "(+N more patterns)"
-            result = lint_many(targets, select=settings.select, ignore=settings.ignore, options=options)
-=======
-        # Progress bars (drawn on stderr) only for a human watching text output.
-        "progress": settings.format == "text" and sys.stderr.isatty(),
         "per_tensor_ignores": settings.per_tensor_ignores,
         "consumers": settings.consumers,
     }
     try:
-        result = run_lint(target, select=settings.select, ignore=settings.ignore, options=options)
-        if _meta("fix") or _meta("fix_diff"):
-            again = lambda: run_lint(target, select=settings.select, ignore=settings.ignore, options=options)  # noqa: E731
-            result = _fix(target, result, output, again)
->>>>>>> 8bb58fd (lint --fix [--diff]: total_size, missing/misplaced index entries and ignore-list entries written atomically to JSON files inside the checkpoint only (WC110 when refused); WC309 names the entries to add per consumer; consumers = [...] / --consumers limit the ignore-list views checked; baseline and per-tensor-ignores settings)
+        with full_lists(verbose):  # -v: every name pattern, not "(+N more patterns)"
+            result = lint_many(targets, select=settings.select, ignore=settings.ignore, options=options)
+            if _meta("fix") or _meta("fix_diff"):
+                if len(targets) != 1:
+                    raise click.UsageError("--fix takes one checkpoint at a time")
+                again = lambda: lint_many(targets, select=settings.select, ignore=settings.ignore, options=options)  # noqa: E731
+                result = _fix(Path(targets[0]), result, output, again)
     except PatternError as exc:
         raise click.UsageError(str(exc)) from None
     finish(result, settings, output, exit_zero=exit_zero, color=color, verbose=verbose, debug=debug)
