@@ -92,14 +92,18 @@ def covering_entries(names: list[str], consumer_keys: Iterable[str]) -> list[str
     """`ignore_entries(names)`, plus the exact name for any consumer the regex form does not cover."""
     from weightcheck.quant.matchers import get_consumer
 
-    entries = ignore_entries(names)
+    regexes = ignore_entries(names)
+    exact: list[str] = []
+    used = False
     for key in consumer_keys:
         consumer = get_consumer(key)
         for name in names:
             probe = f"{name}.weight" if consumer.level == "param" else name
-            if not consumer.matches(probe, entries):
-                entries.append(name)
-    return list(dict.fromkeys(entries))
+            if consumer.matches(probe, regexes):
+                used = True
+            else:
+                exact.append(name)  # e.g. modules_to_not_convert readers that take no `re:` entries
+    return list(dict.fromkeys([*(regexes if used else []), *exact]))
 
 
 class _Plan:
