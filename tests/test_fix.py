@@ -119,7 +119,7 @@ def test_fix_on_a_shipped_sample_config(tmp_path: Path) -> None:
 
     sample = Path(__file__).parent.parent / "sample_configs" / "glm-4.5-air-w4a16-router-not-ignored"
     path = Path(shutil.copytree(sample, tmp_path / "glm"))
-    assert {f["code"] for f in findings(path)} == {"WC309"}
-    assert wc("lint", str(path), "--fix").returncode == 0
+    # (a 46-layer, 128-expert config lints in seconds: one --fix run, which lints again after writing)
+    proc = wc("lint", str(path), "--fix")
+    assert proc.returncode == 0 and "fixed: config.json" in proc.stdout and "clean" in proc.stdout, proc.stdout
     assert quant_config(path)["ignore"] == ["lm_head", "re:.*embed_tokens($|\\..*)", "re:.*mlp\\.gate($|\\..*)"]
-    assert findings(path) == []
