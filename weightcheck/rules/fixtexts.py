@@ -46,6 +46,7 @@ FIX_TEXTS: dict[str, str] = {
     "WC316": "make config.json's ignore and hf_quant_config.json's exclude_modules list the same modules",
     "WC317": "unfuse the 3-D expert tensor into per-expert `weight_packed` before quantizing",
     "WC318": "replace the class name by a module-name regex (e.g. `re:.*mlp$`)",
+    "WC339": "check this method's ignore list and companions by hand (weightcheck cannot model its format yet)",
     # WC4xx expected keys
     "WC401": "re-export the missing layers (a pipeline stage that was never gathered, a shard not written)",
     "WC402": "re-export the layers with the keys their peers have",
@@ -56,6 +57,9 @@ FIX_TEXTS: dict[str, str] = {
     "WC407": "set tie_word_embeddings to match the checkpoint, or store/drop lm_head.weight accordingly",
     "WC410": "re-export the missing weights, or pass --pattern if the architecture was detected wrongly",
     "WC411": "rename the tensors to the names the architecture uses, or drop them",
+    "WC427": "add an architecture pattern for this model_type (`weightcheck lint --pattern FILE`) to check it fully",
+    "WC428": "re-export the stacked expert tensors with every expert the config declares (gather all EP ranks)",
+    "WC429": "lint the weights (not only the config), or add an architecture pattern for this model_type",
     "WC501": "re-export with the config's dimensions (or fix the config's hidden/intermediate sizes)",
     # WC6xx content
     "WC601": "find the step that produced NaN/Inf (training divergence, a bad conversion) and re-export",
