@@ -36,7 +36,8 @@ def _lines(result: Result, verbose: bool) -> list[tuple[str, str]]:
     for (code, name), group in groupby(findings, key=lambda f: (f.code, f.name)):
         items = list(group)
         sev = items[0].severity
-        out.append((_STYLE[sev], f"{code} {name} [{sev.label}] — {plural(len(items), 'finding')} · weightcheck rules {code}"))
+        head = f"{code} {name} [{sev.label}] — {plural(len(items), 'finding')} · weightcheck rules {code}"
+        out.append((_STYLE[sev], head))
         shown = items if verbose else items[:20]
         one_fix = len({f.fix for f in items}) == 1
         for f in shown:
