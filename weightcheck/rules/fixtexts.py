@@ -5,6 +5,7 @@ exact ignore entry, the total_size to write) passes `fix=` with its finding or i
 from __future__ import annotations
 
 FIX_TEXTS: dict[str, str] = {
+    "WC000": "a weightcheck bug, not a checkpoint defect: rerun with --debug and report the traceback",
     # WC1xx files and shards
     "WC101": "re-download or re-copy the shard (compare its size with the source's); a partial upload or "
     "download is the usual cause",
