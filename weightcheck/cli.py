@@ -14,7 +14,7 @@ import click
 from weightcheck import __version__
 from weightcheck.findings import EXIT_ERROR, INTERNAL_ERROR_CODE, Result, Severity
 from weightcheck.reporters import FORMATS, render
-from weightcheck.settings import Settings, SettingsError, load_settings
+from weightcheck.settings import Settings, SettingsError, check_consumers, load_settings
 
 
 def _split_codes(values: tuple[str, ...]) -> list[str]:
@@ -62,10 +62,44 @@ def output_options(fn: Callable[..., Any]) -> Callable[..., Any]:
         click.option("--color/--no-color", default=None, help="Force colour on or off in text output."),
         click.option("--verbose", "-v", is_flag=True, help="Show every finding and every name in text output."),
         click.option("--debug", is_flag=True, help="Print the traceback of an internal error (WC000) on stderr."),
+        *_triage_options(),
     ]
     for deco in reversed(decorators):
         fn = deco(fn)
     return fn
+
+
+# ---- suppression, baselines, targets, --fix (docs/suppression.md). Stored in the click context's meta so
+# each command's signature stays as it is; `finish` and `lint` read them back.
+def _to_meta(ctx: click.Context, param: click.Parameter, value: Any) -> Any:
+    ctx.meta[f"weightcheck.{param.name}"] = value
+    return value
+
+
+def _meta(name: str, default: Any = None) -> Any:
+    ctx = click.get_current_context(silent=True)
+    return ctx.meta.get(f"weightcheck.{name}", default) if ctx else default
+
+
+def _triage_options() -> list[Callable[..., Any]]:
+    path = click.Path(dir_okay=False, path_type=Path)
+    return [
+        click.option("--baseline", type=path, expose_value=False, callback=_to_meta,
+                     help="Hide the known findings recorded in this baseline file (see --write-baseline)."),
+        click.option("--write-baseline", type=path, expose_value=False, callback=_to_meta,
+                     help="Record this run's findings as known in FILE (then exit 0)."),
+        click.option("--consumers", multiple=True, expose_value=False, callback=_to_meta,
+                     help="Consumers you deploy to (e.g. vllm,sglang): other consumers' ignore-list views "
+                     "are not checked. Default: all, or [tool.weightcheck] consumers."),
+    ]  # fmt: skip
+
+
+def _lint_fix_options(fn: Callable[..., Any]) -> Callable[..., Any]:
+    fn = click.option("--diff", "fix_diff", is_flag=True, expose_value=False, callback=_to_meta,
+                      help="With --fix: print the edits as a unified diff, write nothing.")(fn)  # fmt: skip
+    return click.option("--fix", is_flag=True, expose_value=False, callback=_to_meta,
+                        help="Apply the safe, mechanical fixes to the JSON files (index, ignore lists); "
+                        "never tensor data.")(fn)  # fmt: skip
 
 
 def progress_option(fn: Callable[..., Any]) -> Callable[..., Any]:
@@ -98,6 +132,11 @@ def resolve_settings(target: Path | None, config_path: Path | None, command: str
     where = f" in {settings.source}" if settings.source else ""
     if settings.validate_with not in (None, "mirror", "compressed-tensors"):
         raise click.UsageError(f"validate-with must be mirror or compressed-tensors in {settings.source}")
+    if _meta("consumers"):
+        try:
+            settings.consumers = check_consumers(_split_codes(_meta("consumers")))
+        except SettingsError as exc:
+            raise click.UsageError(str(exc)) from None
     if settings.format not in FORMATS:
         raise click.UsageError(f"unknown format {settings.format!r}{where} (choose from {', '.join(FORMATS)})")
     try:
@@ -152,6 +191,20 @@ def finish(
     verbose: bool,
     debug: bool = False,
 ) -> None:
+    from weightcheck.triage import BaselineError, apply_baseline, fill_fix_texts, read_baseline, write_baseline
+
+    fill_fix_texts(result.findings)  # every command's findings say what to do (lint fills them already)
+
+    baseline = _meta("baseline") or (Path(settings.baseline) if settings.baseline else None)
+    if _meta("write_baseline"):
+        write_baseline(result, _meta("write_baseline"))
+        result.notes.append(f"{len(result.findings)} finding(s) written to the baseline {_meta('write_baseline')}")
+        exit_zero = True
+    elif baseline is not None:
+        try:
+            apply_baseline(result, read_baseline(baseline))
+        except BaselineError as exc:
+            raise click.UsageError(str(exc)) from None
     render(result, settings.format, output, color=color, verbose=verbose)
     output.flush()
     report_internal_errors(result, debug or _debug_requested())
@@ -219,6 +272,7 @@ def cli() -> None:
 @click.option("--ray", "ray_address", is_flag=False, flag_value="auto", default=None, metavar="[ADDRESS]",
               help="With --content: run the data checks as Ray tasks (local, or the cluster at ADDRESS).")  # fmt: skip
 @output_options
+@_lint_fix_options
 def lint(
     targets: tuple[Path, ...],
     pattern: str | None,
@@ -272,13 +326,49 @@ def lint(
         "revision": revision,
         "download": download,
         "ray": ray_address,
+        "per_tensor_ignores": settings.per_tensor_ignores,
+        "consumers": settings.consumers,
     }
     try:
         with full_lists(verbose):  # -v: every name pattern, not "(+N more patterns)"
             result = lint_many(targets, select=settings.select, ignore=settings.ignore, options=options)
+            if _meta("fix") or _meta("fix_diff"):
+                if len(targets) != 1:
+                    raise click.UsageError("--fix takes one checkpoint at a time")
+                again = lambda: lint_many(targets, select=settings.select, ignore=settings.ignore, options=options)  # noqa: E731
+                result = _fix(Path(targets[0]), result, output, again)
     except PatternError as exc:
         raise click.UsageError(str(exc)) from None
     finish(result, settings, output, exit_zero=exit_zero, color=color, verbose=verbose, debug=debug)
+
+
+def _fix(target: Path, result: Result, output: Any, relint: Callable[[], Result]) -> Result:
+    """`lint --fix [--diff]`: plan the JSON edits the findings call for; print them (--diff, then exit 1
+    when there are any) or write them and lint again, so the report shows what is left."""
+    from weightcheck.fixes import apply_fixes, plan_fixes
+    from weightcheck.lint import resolve_hub_cache
+
+    if not _meta("fix"):
+        raise click.UsageError("--diff needs --fix")
+    root = target if target.exists() else resolve_hub_cache(str(target))
+    if root is None or result.nothing_checked:
+        return result
+    root = root if root.is_dir() else root.parent
+    edits, _ = plan_fixes(root, result)
+    if _meta("fix_diff"):
+        for edit in edits:
+            output.write(edit.diff())
+        output.flush()
+        sys.exit(1 if edits else 0)
+    done, refused = apply_fixes(root, edits)
+    if done:
+        result = relint()
+        result.notes[:0] = [f"fixed: {what}" for what in done]
+    from weightcheck.triage import fill_fix_texts
+
+    fill_fix_texts(refused)
+    result.findings.extend(refused)
+    return result
 
 
 @cli.command()

@@ -6,6 +6,7 @@ Nothing here knows about files or about output formats.
 from __future__ import annotations
 
 import enum
+import hashlib
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -49,6 +50,35 @@ class Finding:
     # Full list of subjects (tensor names, layer ids...) behind a collapsed location.
     count: int = 1
     details: dict[str, Any] = field(default_factory=dict)
+    # What to change to make the finding go away (filled from the rule's default when a rule gives none).
+    fix: str = ""
+    # Follow-on findings this one explains (same defect seen by other rules): shown with -v and in JSON.
+    related: list[Finding] = field(default_factory=list)
+
+    def subjects(self) -> frozenset[str]:
+        """Names this finding is about: files and tensors/modules, from its location and its details'
+        full lists. A collapsed pattern (`layers.{0..3}`) is not a name and never matches one."""
+        out: set[str] = set()
+        for key in ("tensors", "modules", "files", "names"):
+            items = self.details.get(key)
+            if isinstance(items, list):
+                out.update(x for x in items if isinstance(x, str))
+        if out:  # the details' full list is the precise one; the location may name where it was seen
+            return frozenset(out)
+        for value in (self.location.file, self.location.tensor, self.location.module):
+            if value and "{" not in value and "*" not in value and ", " not in value:
+                out.add(value)
+        return frozenset(out)
+
+    def fingerprint(self, target: str = "") -> str:
+        """Stable across runs and machines: code + location relative to the target, never the message
+        (which carries counts and byte sizes that change when something else changes)."""
+        base = target.rstrip("/") + "/" if target else ""
+        parts = [self.code]
+        for value in (self.location.file, self.location.tensor, self.location.module):
+            value = value or ""
+            parts.append(value[len(base) :] if base and value.startswith(base) else value)
+        return hashlib.sha256("\x1f".join(parts).encode()).hexdigest()[:16]
 
     def as_dict(self) -> dict[str, Any]:
         out: dict[str, Any] = {
@@ -61,6 +91,8 @@ class Finding:
         }
         if self.details:
             out["details"] = self.details
+        out["fix"] = self.fix
+        out["related"] = [r.as_dict() for r in self.related]
         return out
 
 

@@ -184,7 +184,10 @@ def _lint(path: Path, select: Iterable[str], ignore: Iterable[str], options: dic
         result.notes.append(f"config-only mode: no tensors to read, {len(skipped)} tensor-level rules could not run")
     for crashed, exc in run_rules(ctx, rules):
         ctx.findings.append(internal_error(f"rule {crashed.code}", exc))
+    from weightcheck.triage import finalize
+
     result.findings = ctx.findings
+    finalize(result, opts.get("per_tensor_ignores"))
     result.checked = {
         "shards": len(ckpt.shards),
         **({"remote_bytes_received": resolved.source.bytes_received} if resolved.source else {}),

@@ -22,6 +22,8 @@ else:  # pragma: no cover
     import tomli as tomllib
 
 KNOWN_KEYS = {"select", "ignore", "extend-select", "fail-on", "format", "pattern", "allow-skip", "map", "validate-with"}
+# Suppression and targets (see docs/suppression.md).
+KNOWN_KEYS |= {"per-tensor-ignores", "consumers", "baseline"}
 
 
 class SettingsError(ValueError):
@@ -38,6 +40,9 @@ class Settings:
     allow_skip: list[str] = field(default_factory=list)
     map: list[str] = field(default_factory=list)
     validate_with: str | None = None  # "mirror" | "compressed-tensors" (lint's WC301)
+    per_tensor_ignores: dict[str, list[str]] = field(default_factory=dict)
+    consumers: list[str] | None = None
+    baseline: str | None = None
     source: str | None = None
 
 
@@ -147,4 +152,41 @@ def load_settings(target: Path | None = None, explicit: Path | None = None) -> S
         settings.allow_skip = _str_list(table["allow-skip"], "allow-skip")
     if "map" in table:
         settings.map = _str_list(table["map"], "map")
+    _load_triage(settings, table, path)
     return settings
+
+
+def _load_triage(settings: Settings, table: dict[str, Any], path: Path) -> None:
+    ignores = table.get("per-tensor-ignores", {})
+    if not isinstance(ignores, dict):
+        raise SettingsError('[tool.weightcheck] per-tensor-ignores must be a table: "glob" = ["WC309", ...]')
+    settings.per_tensor_ignores = {
+        str(glob): check_codes(_str_list(codes, f"per-tensor-ignores {glob!r}")) for glob, codes in ignores.items()
+    }
+    if "consumers" in table:
+        settings.consumers = check_consumers(_str_list(table["consumers"], "consumers"))
+    if "baseline" in table:
+        if not isinstance(table["baseline"], str):
+            raise SettingsError("[tool.weightcheck] baseline must be a file name")
+        settings.baseline = str(path.parent / table["baseline"])
+
+
+def check_codes(codes: list[str]) -> list[str]:
+    """Selectors that select no rule are an error: a typo must never silence nothing or everything."""
+    from weightcheck.rules import all_rules, matches_selector
+
+    rules = list(all_rules().values())
+    unknown = [c for c in codes if not any(matches_selector(r, [c]) for r in rules)]
+    if unknown:
+        raise SettingsError(f"unknown rule selector(s) {', '.join(map(repr, unknown))}")
+    return codes
+
+
+def check_consumers(names: list[str]) -> list[str]:
+    from weightcheck.quant.matchers import consumer_families
+
+    known = consumer_families()
+    unknown = [n for n in names if n not in known]
+    if unknown:
+        raise SettingsError(f"unknown consumer(s) {', '.join(map(repr, unknown))}; choose from {', '.join(known)}")
+    return names

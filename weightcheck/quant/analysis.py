@@ -39,10 +39,11 @@ class QuantAnalysis:
     _regex: dict[str, dict[str, list[str]]] = field(default_factory=dict)
     _names: dict[str, NameSet] = field(default_factory=dict)
     _entries_hit: dict[str, set[str]] = field(default_factory=dict)
+    deployed: list[str] | None = None  # `consumers = [...]`: only these consumers' views are checked
 
     @property
     def consumers(self) -> list[Consumer]:
-        return consumers_for(self.spec.method) if self.spec else []
+        return consumers_for(self.spec.method, self.deployed) if self.spec else []
 
     def module_consumers(self) -> list[Consumer]:
         return [c for c in self.consumers if c.level == "module"]

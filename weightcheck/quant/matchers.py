@@ -233,8 +233,19 @@ CONSUMERS: tuple[Consumer, ...] = (
 )  # fmt: skip
 
 
-def consumers_for(method: str) -> list[Consumer]:
-    return [c for c in CONSUMERS if method in c.methods]
+def consumers_for(method: str, deployed: Iterable[str] | None = None) -> list[Consumer]:
+    """Consumers of `method`; with `deployed` (config `consumers = [...]`), only those a team deploys to, by
+    key or family (`sglang` = every SGLang matcher). The producer (`ct`) always stays: it wrote the list."""
+    found = [c for c in CONSUMERS if method in c.methods]
+    if deployed is None:
+        return found
+    wanted = set(deployed)
+    return [c for c in found if c.key == "ct" or c.key in wanted or c.key.split("-")[0] in wanted]
+
+
+def consumer_families() -> list[str]:
+    """Names accepted by `consumers = [...]`: every consumer key and every family prefix."""
+    return sorted({c.key for c in CONSUMERS} | {c.key.split("-")[0] for c in CONSUMERS})
 
 
 def get_consumer(key: str) -> Consumer:

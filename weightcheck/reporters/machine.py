@@ -15,7 +15,7 @@ def result_document(result: Result) -> dict[str, Any]:
     return {
         **tool_header(result.command),
         "target": result.target,
-        "findings": [f.as_dict() for f in result.sorted_findings()],
+        "findings": [{**f.as_dict(), "fingerprint": f.fingerprint(result.target)} for f in result.sorted_findings()],
         "summary": {
             **counts,
             "total": len(result.findings),

@@ -5,7 +5,7 @@ from __future__ import annotations
 from itertools import groupby
 from typing import TextIO
 
-from weightcheck.findings import Result, Severity
+from weightcheck.findings import Finding, Result, Severity
 
 _STYLE = {Severity.ERROR: "bold red", Severity.WARNING: "yellow", Severity.INFO: "cyan"}
 
@@ -23,6 +23,12 @@ def plural(n: int, noun: str) -> str:
     return f"{n} {noun}"
 
 
+def _where(f: Finding) -> str:
+    # A location already spelled out in the message is not printed twice.
+    parts = [x for x in (f.location.file, f.location.tensor) if x and x.split(", …")[0] not in f.message]
+    return " ".join(parts)
+
+
 def _lines(result: Result, verbose: bool) -> list[tuple[str, str]]:
     """(style, text) pairs; style "" means plain."""
     out: list[tuple[str, str]] = []
@@ -30,20 +36,27 @@ def _lines(result: Result, verbose: bool) -> list[tuple[str, str]]:
     for (code, name), group in groupby(findings, key=lambda f: (f.code, f.name)):
         items = list(group)
         sev = items[0].severity
-        out.append((_STYLE[sev], f"{code} {name} [{sev.label}] — {plural(len(items), 'finding')}"))
+        head = f"{code} {name} [{sev.label}] — {plural(len(items), 'finding')} · weightcheck rules {code}"
+        out.append((_STYLE[sev], head))
         shown = items if verbose else items[:20]
+        one_fix = len({f.fix for f in items}) == 1
         for f in shown:
-            # A name list the message already spells out is not printed a second time in front of it.
-            parts = [x for x in (f.location.file, f.location.tensor) if x and x.split(", …")[0] not in f.message]
-            where = " ".join(parts)
+            where = _where(f)
             out.append(("", f"  {where}: {f.message}" if where else f"  {f.message}"))
-            related = getattr(f, "related", None)
-            if verbose and related:
-                for rel in related:
-                    text = getattr(rel, "message", rel)
-                    out.append(("dim", f"    related: {getattr(rel, 'code', '')} {text}".rstrip()))
+            if f.fix and not one_fix:
+                out.append(("dim", f"    fix: {f.fix}"))
+            if f.related and verbose:
+                for r in f.related:
+                    rw = _where(r)
+                    out.append(("dim", f"    related {r.code} {r.name}: {rw + ': ' if rw else ''}{r.message}"))
+            elif f.related:
+                codes = ", ".join(dict.fromkeys(r.code for r in f.related))
+                more = f"    + {len(f.related)} follow-on finding(s) from this cause ({codes}); -v shows them"
+                out.append(("dim", more))
         if len(items) > len(shown):
             out.append(("dim", f"  … {len(items) - len(shown)} more (use --verbose)"))
+        if one_fix and items[0].fix:
+            out.append(("dim", f"  fix: {items[0].fix}"))
     for note in result.notes:
         out.append(("dim", f"note: {note}"))
     counts = result.counts()

@@ -12,7 +12,7 @@ from __future__ import annotations
 import importlib
 import inspect
 import textwrap
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
@@ -31,6 +31,7 @@ RULE_MODULES = (
     "weightcheck.rules.arch",
     "weightcheck.rules.content",
     "weightcheck.rules.verify",
+    "weightcheck.fixes",
 )
 
 FAMILIES = {
@@ -75,7 +76,25 @@ class Rule:
         rest = [s.label for s in self.severities if s != self.severity]
         return "|".join([self.severity.label, *rest])
 
+    # What to change, when the finding itself gives nothing more specific.
+    fix: str = ""
+    # Root causes: findings of these codes that this rule's finding explains are attached to it as related
+    # instead of being reported on their own. "subjects": only when every name the follow-on is about
+    # (files, tensors) is one this finding is about; "all": any finding of that code in the same run.
+    implies: Mapping[str, str] = field(default_factory=dict, hash=False, compare=False)
+
+    def fix_text(self) -> str:
+        if self.fix:
+            return self.fix
+        from weightcheck.rules.fixtexts import FIX_TEXTS
+
+        if self.code in FIX_TEXTS:
+            return FIX_TEXTS[self.code]
+        first = next((line.strip() for line in self.good.strip().splitlines() if line.strip()), "")
+        return f"make it look like the rule's good example: {first}" if first else ""
+
     def explain(self) -> str:
+        fix = f"Fix:\n{textwrap.indent(self.fix_text(), '    ')}\n\n" if self.fix_text() else ""
         also = ""
         if self.also:
             also = f" (also emitted as: {', '.join(s.label for s in self.severities if s != self.severity)})"
@@ -83,8 +102,8 @@ class Rule:
             f"{self.code} ({self.name}) — {self.command}, default severity: {self.severity.label}{also}\n\n"
             f"{self.summary}\n\n{self.doc}\n\n"
             f"Bad:\n{textwrap.indent(self.bad.strip(), '    ')}\n\n"
-            f"Good:\n{textwrap.indent(self.good.strip(), '    ')}\n"
-        )
+            f"Good:\n{textwrap.indent(self.good.strip(), '    ')}\n\n{fix}"
+        ).rstrip() + "\n"
 
 
 _REGISTRY: dict[str, Rule] = {}
@@ -102,6 +121,8 @@ def rule(
     needs: Iterable[str] = ("tensors",),
     command: str = "lint",
     also: Iterable[Severity] = (),
+    fix: str = "",
+    implies: Mapping[str, str] | None = None,
 ) -> Callable[[Callable[[LintContext], None]], Callable[[LintContext], None]]:
     """Register `fn` as rule `code`. The function's docstring is the rule's long doc."""
 
@@ -119,6 +140,8 @@ def rule(
                 needs=frozenset(needs),
                 command=command,
                 also=frozenset(also),
+                fix=fix,
+                implies=dict(implies or {}),
             )
         )
         return fn
@@ -246,6 +269,8 @@ class LintContext:
         count: int = 1,
         severity: Severity | None = None,
         details: dict[str, Any] | None = None,
+        fix: str = "",
+        related: list[Finding] | None = None,
     ) -> None:
         assert self.current is not None, "report() called outside a rule"
         self.findings.append(
@@ -257,6 +282,8 @@ class LintContext:
                 location=Location(file=file, tensor=tensor, module=module),
                 count=count,
                 details=details or {},
+                fix=fix,
+                related=related or [],
             )
         )
 

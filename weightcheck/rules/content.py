@@ -16,8 +16,8 @@ import sys
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
-from weightcheck.collapse import summarize
-from weightcheck.findings import Severity
+from weightcheck.collapse import format_ranges, summarize
+from weightcheck.findings import Finding, Location, Severity
 from weightcheck.rules import LintContext, Rule, register, rule
 
 if TYPE_CHECKING:
@@ -410,8 +410,59 @@ def manifest_mismatch(ctx: LintContext) -> None:
             count=len(result.extra),
             details={"extra": result.extra[:100]},
         )
-    for name, why in sorted(result.changed.items()):
-        ctx.report(f"{why} from {path}", tensor=name)
+    per_tensor = {
+        name: Finding(
+            code=ctx.current.code,  # type: ignore[union-attr]
+            name=ctx.current.name,  # type: ignore[union-attr]
+            severity=ctx.current.severity,  # type: ignore[union-attr]
+            message=f"{why} from {path}",
+            location=Location(tensor=name),
+        )
+        for name, why in sorted(result.changed.items())
+    }
+    for (kind, word, offset), pairs in _shifts(expected, actual, result.changed).items():
+        names, held = [n for n, _ in pairs], [h for _, h in pairs]
+        own = [int(a) for n, h in pairs for a, b in zip(n.split("."), h.split("."), strict=False) if a != b]
+        theirs = [int(b) for n, h in pairs for a, b in zip(n.split("."), h.split("."), strict=False) if a != b]
+        sign = f"+{offset}" if offset > 0 else str(offset)
+        ctx.report(
+            f"{kind}s {format_ranges(own)} hold the manifest's data of {kind}s {format_ranges(theirs)} "
+            f"({word} ids shifted by {sign}, {len(names)} tensors)",
+            tensor=summarize(names, limit=3),
+            count=len(names),
+            details={"shift": offset, "index": kind, "tensors": names, "holds": held},
+            fix=f"the writer numbered these {kind}s {abs(offset)} too {'low' if offset > 0 else 'high'}: fix the "
+            f"{kind} offset where the checkpoint was written (pipeline-stage or expert-parallel), then re-export",
+            related=[per_tensor.pop(n) for n in names],
+        )
+    for finding in per_tensor.values():
+        ctx.findings.append(finding)
+
+
+def _shifts(expected: Any, actual: Any, changed: Any) -> dict[tuple[str, str, int], list[tuple[str, str]]]:
+    """Changed tensors whose bytes are the manifest's tensor at another layer/expert index, grouped by that
+    offset: the shift classifier `diff` uses (`compare.classify.ReferenceIndex.candidates`), on digests."""
+    from collections import Counter
+
+    from weightcheck.compare.classify import ReferenceIndex
+
+    index = ReferenceIndex(list(expected), lambda _: None)
+    options: dict[str, dict[tuple[str, str, int], str]] = {}
+    for name in changed:
+        got = actual.get(name)
+        if got is None:
+            continue
+        hits = {(k, w, o): c for k, w, o, c in index.candidates(name) if k != "index" and expected[c] == got}
+        if hits:
+            options[name] = hits
+    # Identical tensors (norms at init) equal several layers: each takes the offset most tensors share.
+    votes = Counter(h for hits in options.values() for h in hits)
+    groups: dict[tuple[str, str, int], list[tuple[str, str]]] = {}
+    for name, hits in sorted(options.items()):
+        best = max(hits, key=lambda h: (votes[h], -abs(h[2])))
+        groups.setdefault(best, []).append((name, hits[best]))
+    # A single coincidence is not a shift: a shift moves several tensors by one offset.
+    return {k: v for k, v in groups.items() if len(v) >= 2}
 
 
 @rule(

@@ -93,6 +93,9 @@ def shard_offsets_invalid(ctx: LintContext) -> None:
     summary="A checkpoint file is a FIFO/device/directory, or a symlink leaving the checkpoint directory.",
     bad="model-00001-of-00002.safetensors -> /etc/shadow   (symlink out of the checkpoint)",
     good="Shards are regular files inside the directory (Hugging Face cache blobs symlinks are accepted).",
+    fix="Replace the file with the regular shard it should be, or remove it; a symlink must stay inside the "
+    "checkpoint directory.",
+    implies={"WC105": "subjects", "WC106": "subjects", "WC108": "subjects"},
 )
 def file_refused(ctx: LintContext) -> None:
     """weightcheck never opens a file that resolves outside the checkpoint directory or that is not a regular
@@ -170,10 +173,20 @@ def shard_numbering(ctx: LintContext) -> None:
     for stem, items in sorted(by_stem.items()):
         totals = sorted({t for _, t, _ in items})
         if len(totals) > 1:
-            ctx.report(f"shards named {stem}-*-of-* disagree on the total: {totals}", file=f"{stem}-*")
+            # The odd ones out are the files with a minority total (a FIFO or stray copy next to a set).
+            count_of = {t: sum(1 for _, tt, _ in items if tt == t) for t in totals}
+            usual = max(totals, key=lambda t: (count_of[t], t))
+            odd = sorted(n for _, t, n in items if t != usual)
+            ctx.report(
+                f"shards named {stem}-*-of-* disagree on the total: {totals}",
+                file=f"{stem}-*",
+                details={"files": odd},
+                fix=f"Keep one export: remove or rename {', '.join(odd[:4])} (the set's total is {usual}).",
+            )
             continue
         total = totals[0]
         present = {i for i, _, n in items if n in on_disk}
+        w = width[stem]
         missing = sorted(set(range(1, total + 1)) - present)
         beyond = sorted(i for i in present if i < 1 or i > total)
         if missing:
@@ -182,6 +195,7 @@ def shard_numbering(ctx: LintContext) -> None:
                 f"missing numbers {format_ranges(missing)}",
                 file=f"{stem}-*-of-{total:0{width[stem]}d}.safetensors",
                 count=len(missing),
+                details={"files": [f"{stem}-{i:0{w}d}-of-{total:0{w}d}.safetensors" for i in missing]},
             )
         if beyond:
             ctx.report(f"shard numbers {beyond} lie outside 1..{total}", file=f"{stem}-*")

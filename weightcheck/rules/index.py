@@ -2,12 +2,18 @@
 
 from __future__ import annotations
 
+import re
 from collections import defaultdict
 
 from weightcheck.checkpoint import INDEX_NAME
 from weightcheck.collapse import summarize
 from weightcheck.findings import Severity
 from weightcheck.rules import LintContext, rule
+
+# A tensor lost from the checkpoint is also seen as a layer lacking a key (WC401-403), a key the pattern
+# expects (WC410), a quantized module lacking a companion (WC313) and a total_size the shards no longer reach.
+LOST_TENSOR_FOLLOW_ONS = {code: "subjects" for code in ("WC401", "WC402", "WC403", "WC410", "WC313", "WC205")}
+_DIGITS = re.compile(r"(?<=\.)\d+(?=\.)")
 
 
 def _readable(ctx: LintContext, shard: str) -> bool:
@@ -22,6 +28,8 @@ def _readable(ctx: LintContext, shard: str) -> bool:
     summary="The index names a shard file that is not on disk.",
     bad='"weight_map": {"model.layers.40.mlp.down_proj.weight": "model-00010-of-00093.safetensors"}  (file absent)',
     good="Every file named in weight_map exists in the checkpoint directory.",
+    fix="Copy the missing shard into the checkpoint (re-download or re-export it); never drop its index entries.",
+    implies={**LOST_TENSOR_FOLLOW_ONS, "WC106": "subjects"},
 )
 def indexed_shard_missing(ctx: LintContext) -> None:
     """Older loaders leave the parameters of a missing shard uninitialized and serve garbage (sgl-project/sglang#32279);
@@ -40,7 +48,7 @@ def indexed_shard_missing(ctx: LintContext) -> None:
             f"{shard} is named by {INDEX_NAME} for {len(keys)} tensors but does not exist: {summarize(keys)}",
             file=shard,
             count=len(keys),
-            details={"tensors": sorted(keys)[:1000]},
+            details={"tensors": sorted(keys)[:1000], "files": [shard]},
         )
 
 
@@ -51,6 +59,9 @@ def indexed_shard_missing(ctx: LintContext) -> None:
     summary="An index entry points at a shard that does not contain that tensor (a ghost entry).",
     bad='"mtp.fc.weight": "model-00012-of-00012.safetensors"   (the shard has no mtp.fc.weight)',
     good="Each weight_map key is present in the header of the shard it names.",
+    fix="Re-export the tensor into the shard; if it lives in another shard, point the index entry there "
+    "(`weightcheck lint --fix` does that).",
+    implies=LOST_TENSOR_FOLLOW_ONS,
 )
 def indexed_key_not_in_shard(ctx: LintContext) -> None:
     """Writers that record the keys they *meant* to write produce index entries for tensors that are not in
@@ -66,18 +77,20 @@ def indexed_key_not_in_shard(ctx: LintContext) -> None:
     for name, report in ckpt.shards.items():
         for key in report.tensors:
             located[key].append(name)
-    groups: dict[tuple[str, str], list[str]] = defaultdict(list)
+    groups: dict[tuple[str, tuple[str, ...]], list[str]] = defaultdict(list)
     for key, shard in ghosts:
-        elsewhere = located.get(key)
-        where = f"found in {', '.join(sorted(elsewhere))}" if elsewhere else "not found in any shard"
-        groups[(shard, where)].append(key)
-    for (shard, where), keys in sorted(groups.items()):
+        groups[(shard, tuple(sorted(located.get(key, ()))))].append(key)
+    for (shard, elsewhere), keys in sorted(groups.items()):
+        where = f"found in {', '.join(elsewhere)}" if elsewhere else "not found in any shard"
         ctx.report(
             f"{len(keys)} index entries point at {shard}, which lacks them ({where}): {summarize(keys)}",
             file=shard,
             tensor=summarize(keys, limit=3),
             count=len(keys),
-            details={"tensors": sorted(keys)[:1000]},
+            details={"tensors": sorted(keys)[:1000], "found_in": list(elsewhere)},
+            fix=f"point the entries at {elsewhere[0]} (`weightcheck lint --fix` does it)"
+            if len(elsewhere) == 1
+            else "",
         )
 
 
@@ -88,6 +101,7 @@ def indexed_key_not_in_shard(ctx: LintContext) -> None:
     summary="A tensor stored in an indexed shard is absent from weight_map.",
     bad="model-00003-of-00004.safetensors holds model.layers.7.mlp.gate.weight; weight_map has no such key",
     good="weight_map lists every tensor of every shard it references.",
+    fix='add "<tensor>": "<its shard>" to weight_map for each tensor (`weightcheck lint --fix` does it)',
 )
 def shard_key_not_indexed(ctx: LintContext) -> None:
     """transformers reports missing/unexpected keys from the index, so a tensor present only in a shard is
@@ -156,6 +170,7 @@ def tensor_in_several_shards(ctx: LintContext) -> None:
     summary="metadata.total_size differs from the sum of tensor bytes in the shards.",
     bad='"metadata": {"total_size": 2301}   (sum of rows, not bytes; the tensors hold 4718592 bytes)',
     good='"metadata": {"total_size": 4718592}',
+    fix="set metadata.total_size to the sum of the shards' tensor bytes (`weightcheck lint --fix` does it)",
 )
 def index_total_size(ctx: LintContext) -> None:
     """`total_size` is the sum of tensor storage bytes (headers excluded). Nobody checks it, but a wrong value
@@ -190,11 +205,36 @@ def index_total_size(ctx: LintContext) -> None:
             actual -= r.tensors[key].nbytes
         seen.update(r.tensors)
     if int(total) != actual:
+        ghosts = _lost_entries_explaining(ckpt, int(total) - actual)
+        because = f"; the difference is the size of the lost tensor(s) {summarize(ghosts)}" if ghosts else ""
         ctx.report(
             f"metadata.total_size is {int(total)} but the indexed shards hold {actual} bytes of tensors "
-            f"({actual - int(total):+d})",
+            f"({actual - int(total):+d}){because}",
             file=INDEX_NAME,
+            fix=f'set "metadata": {{"total_size": {actual}}} in {INDEX_NAME} (`weightcheck lint --fix` does it)'
+            if not ghosts
+            else "restore the lost tensor(s); total_size is right for the checkpoint as it should be",
+            details={"total_size": int(total), "actual": actual, **({"tensors": ghosts} if ghosts else {})},
         )
+
+
+def _lost_entries_explaining(ckpt, missing_bytes: int) -> list[str]:  # type: ignore[no-untyped-def]
+    """Index entries whose tensor is in no shard, when their sizes (taken from a peer with the same name
+    up to layer/expert ids) add up to exactly the bytes total_size counts too many: then total_size is
+    the index's honest record of a tensor that was lost, and WC202 is the root cause."""
+    if missing_bytes <= 0:
+        return []
+    stored: dict[str, int] = {}
+    peer_size: dict[str, int] = {}
+    for report in ckpt.shards.values():
+        for key, info in report.tensors.items():
+            stored[key] = info.nbytes
+            peer_size.setdefault(_DIGITS.sub("*", key), info.nbytes)
+    lost = sorted(k for k in ckpt.weight_map if k not in stored)
+    sizes = [peer_size.get(_DIGITS.sub("*", k)) for k in lost]
+    if not lost or any(size is None for size in sizes) or sum(sizes) != missing_bytes:  # type: ignore[arg-type]
+        return []
+    return lost
 
 
 @rule(
@@ -232,6 +272,9 @@ def index_path_escapes(ctx: LintContext) -> None:
     summary="model.safetensors.index.json cannot be parsed or lacks weight_map / metadata.",
     bad='{"weight_map": {...}}   (no "metadata": transformers raises KeyError) — or truncated JSON',
     good='{"metadata": {"total_size": 123}, "weight_map": {"model.norm.weight": "model-00001-of-00002.safetensors"}}',
+    fix="Rewrite the index from the shards (transformers' save_pretrained writes it; `weightcheck lint --fix` "
+    "mends total_size and missing entries once the file parses).",
+    implies={"WC105": "all", "WC106": "all", "WC201": "all", "WC202": "all", "WC203": "all", "WC205": "all"},
 )
 def index_invalid(ctx: LintContext) -> None:
     """transformers reads `index["metadata"]` unconditionally (KeyError when absent) and takes the shard list

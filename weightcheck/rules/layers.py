@@ -99,7 +99,7 @@ def layer_keys_differ(ctx: LintContext) -> None:
                 f"layers have: {summarize(names)}",
                 tensor=summarize(names, limit=3),
                 count=len(names),
-                details={"layers": ids, "missing": sorted(keys)},
+                details={"layers": ids, "missing": sorted(keys), "tensors": names[:1000]},
             )
         for keys, ids in sorted(extra_groups.items(), key=lambda kv: min(kv[1])):
             names = _layer_names(s, ids, sorted(keys))

@@ -55,7 +55,7 @@ def expected_key_missing(ctx: LintContext) -> None:
             f"{len(names)} {kind} weight(s) required by pattern {pattern.name!r} are missing: {summarize(names)}",
             tensor=summarize(names, limit=3),
             count=len(names),
-            details={"pattern": pattern.name, "missing": sorted(names)[:500]},
+            details={"pattern": pattern.name, "missing": sorted(names)[:500], "tensors": sorted(names)[:1000]},
         )
 
 

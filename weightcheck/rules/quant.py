@@ -2,10 +2,12 @@
 
 from __future__ import annotations
 
+import json
 from collections import defaultdict
 
 from weightcheck.collapse import ids_pattern, summarize
 from weightcheck.findings import Severity
+from weightcheck.fixes import covering_entries
 from weightcheck.quant.analysis import PARAM_SUFFIXES, QuantAnalysis, analyze_checkpoint, is_class_entry, regex_error
 from weightcheck.quant.config import WeightScheme, packed_width, validate_ct
 from weightcheck.quant.inventory import ModuleInfo
@@ -16,7 +18,12 @@ CONFIG_FILE = "config.json"
 
 
 def analysis_of(ctx: LintContext) -> QuantAnalysis:
-    return ctx.memo("quant", lambda: analyze_checkpoint(ctx.ckpt, ctx.options.get("pattern")))
+    def compute() -> QuantAnalysis:
+        qa = analyze_checkpoint(ctx.ckpt, ctx.options.get("pattern"))
+        qa.deployed = ctx.options.get("consumers")
+        return qa
+
+    return ctx.memo("quant", compute)
 
 
 def _quantized(ctx: LintContext) -> QuantAnalysis | None:
@@ -347,6 +354,8 @@ def non_linear_not_ignored(ctx: LintContext) -> None:
     for (kind, keys), names in sorted(groups.items()):
         consumers = [get_consumer(k) for k in keys]
         engine = any(not c.quantizes_online for c in consumers)
+        assert qa.spec is not None
+        add = covering_entries(names, keys)
         ctx.report(
             f"{len(names)} {kind} module(s) not covered by the ignore list would be quantized by "
             f"{_labels(consumers)}: {summarize(names)}",
@@ -354,7 +363,16 @@ def non_linear_not_ignored(ctx: LintContext) -> None:
             tensor=summarize(names, limit=3),
             count=len(names),
             severity=Severity.ERROR if engine else Severity.WARNING,
-            details={"kind": kind, "consumers": list(keys), "modules": names[:200]},
+            details={
+                "kind": kind,
+                "consumers": list(keys),
+                "modules": names[:200],
+                "add_ignore": add,
+                "ignore_source": qa.spec.source,
+                "ignore_field": qa.spec.ignore_field,
+            },
+            fix=f"add {', '.join(json.dumps(e) for e in add)} to {qa.spec.source} {qa.spec.ignore_field!r} "
+            f"(read that way by {_labels(consumers)}; `weightcheck lint --fix` adds it)",
         )
 
 
