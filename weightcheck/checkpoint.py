@@ -6,22 +6,20 @@ Knows about files (config.json, the index, shard headers) and nothing about rule
 
 from __future__ import annotations
 
-import json
 import os
 import re
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from weightcheck.safetensors_header import HeaderReport, TensorInfo, fast_json_loads, read_header
+from weightcheck import safe_io
+from weightcheck.safetensors_header import HeaderReport, TensorInfo, read_header
 
 INDEX_NAME = "model.safetensors.index.json"
 SINGLE_NAME = "model.safetensors"
 CONFIG_NAME = "config.json"
 # Shard names written by huggingface_hub / transformers; DeepSeek uses 6-digit totals.
 SHARD_RE = re.compile(r"^(?P<stem>.+)-(?P<index>\d{5,6})-of-(?P<total>\d{5,6})\.safetensors$")
-# Largest config/index we parse. A real DeepSeek-V3 index is ~9 MB.
-MAX_JSON_BYTES = 256 * 1024 * 1024
 
 
 @dataclass
@@ -109,72 +107,32 @@ class Checkpoint:
         return sum(r.bytes_read for r in self.shards.values())
 
 
-def _read_json(path: Path) -> JsonDoc:
-    doc = JsonDoc(path=str(path))
+def _read_json(root: Path, name: str, limit: int = safe_io.MAX_CONFIG_BYTES) -> JsonDoc:
+    """One JSON side file of the checkpoint, through the confinement layer (inside the tree, regular file,
+    bounded size)."""
+    doc = JsonDoc(path=str(root / name))
     try:
-        st = path.stat()
-    except FileNotFoundError:
-        doc.exists = False
-        doc.error = "missing"
-        return doc
-    except OSError as exc:
-        doc.error = f"cannot stat: {exc.strerror or exc}"
-        return doc
-    if not path.is_file():
-        doc.error = "not a regular file"
-        return doc
-    if st.st_size > MAX_JSON_BYTES:
-        doc.error = f"{st.st_size} bytes, larger than the {MAX_JSON_BYTES}-byte limit"
-        return doc
-    try:
-        text = path.read_bytes().decode("utf-8")
-        try:
-            doc.data = fast_json_loads(text)
-        except ValueError:
-            doc.data = json.loads(text)  # reference parser for the error message
-    except UnicodeDecodeError:
-        doc.error = "not UTF-8"
-    except (ValueError, RecursionError) as exc:
-        doc.error = f"invalid JSON: {str(exc)[:160]}"
-    except OSError as exc:
-        doc.error = f"cannot read: {exc.strerror or exc}"
+        real = safe_io.confine(root, name, what="the checkpoint")
+        doc.data = safe_io.load_json(real, limit, name)
+    except safe_io.UnsafePath as exc:
+        doc.exists = exc.kind != "missing" or os.path.islink(root / name)
+        doc.error = exc.reason if exc.kind in ("missing", "invalid", "too-large") else f"refused to open: {exc.reason}"
     return doc
 
 
-def _hf_cache_blob_dir(root: Path) -> Path | None:
-    """For a Hugging Face cache snapshot (`models--org--name/snapshots/<rev>`), the repo's `blobs` dir.
-
-    Files there are symlinks into `../../blobs/`; following them is expected, not an escape.
-    """
-    if root.parent.name == "snapshots" and root.parent.parent.name.startswith(("models--", "datasets--")):
-        return (root.parent.parent / "blobs").resolve()
-    return None
-
-
-def resolve_inside(root: Path, name: str) -> tuple[Path | None, PathRefusal | None]:
-    """Resolve `name` relative to `root`, refusing anything that leaves it.
+def resolve_inside(root: Path, name: str, bases: list[Path] | None = None) -> tuple[Path | None, PathRefusal | None]:
+    """Resolve `name` relative to `root` through the confinement layer, as a value instead of an exception.
 
     Refused: absolute paths, `..` components, symlinks whose target is outside the checkpoint (except
-    a Hugging Face cache snapshot's own blobs), and anything that is not a regular file.
+    a Hugging Face cache snapshot's own blobs), symlink loops, and anything that is not a regular file.
     """
-    if not name or "\x00" in name:
-        return None, PathRefusal(name, "empty or NUL-containing file name", "escapes")
-    if os.path.isabs(name) or name.startswith(("/", "\\")) or re.match(r"^[A-Za-z]:[\\/]", name):
-        return None, PathRefusal(name, "absolute path in a checkpoint reference", "absolute")
-    parts = re.split(r"[\\/]", name)
-    if ".." in parts:
-        return None, PathRefusal(name, "path climbs out of the checkpoint directory", "escapes")
-    root_real = root.resolve()
-    candidate = root / name
-    if not os.path.lexists(candidate):
-        return None, PathRefusal(name, "file does not exist", "missing")
-    real = candidate.resolve()
-    allowed = [root_real]
-    blobs = _hf_cache_blob_dir(root_real)
-    if blobs is not None:
-        allowed.append(blobs)
-    if not any(real == base or base in real.parents for base in allowed):
-        return None, PathRefusal(name, f"symlink resolves outside the checkpoint ({real})", "escapes")
+    try:
+        real = safe_io.confine(root, name, bases=bases, what="the checkpoint")
+    except safe_io.UnsafePath as exc:
+        kind = {"absolute": "absolute", "missing": "missing"}.get(exc.kind, "escapes")
+        if exc.kind == "loop":
+            kind = "not-regular"
+        return None, PathRefusal(exc.name, exc.reason, kind)
     try:
         if not real.is_file():
             return None, PathRefusal(name, "not a regular file (FIFO, device or directory)", "not-regular")
@@ -186,19 +144,27 @@ def resolve_inside(root: Path, name: str) -> tuple[Path | None, PathRefusal | No
 def load_checkpoint(target: str | os.PathLike[str]) -> Checkpoint:
     """Load a checkpoint directory (or a single .safetensors / config.json file) header-only."""
     path = Path(target)
-    if path.is_file() and path.suffix == ".safetensors":
-        # A single-file checkpoint: its config.json (and quantization config) sit beside it.
+    if path.suffix in (".safetensors", ".json") and not path.is_dir() and os.path.lexists(path):
+        # A single file named by the user: confined to its own directory, like a file inside a checkpoint.
         ckpt = Checkpoint(root=path.parent)
+        if path.suffix == ".json":
+            ckpt.config = _read_json(path.parent, path.name)
+            return ckpt
         ckpt.files_on_disk = [path.name]
-        ckpt.shards[path.name] = read_header(path)
-        if (path.parent / CONFIG_NAME).is_file():
-            ckpt.config = _read_json(path.parent / CONFIG_NAME)
-        if (path.parent / "hf_quant_config.json").is_file():
-            ckpt.extra_json["hf_quant_config.json"] = _read_json(path.parent / "hf_quant_config.json")
-        return ckpt
-    if path.is_file() and path.suffix == ".json":
-        ckpt = Checkpoint(root=path.parent)
-        ckpt.config = _read_json(path)
+        real, refusal = resolve_inside(path.parent, path.name)
+        if refusal is not None:
+            ckpt.refused.append(refusal)
+        else:
+            ckpt.shards[path.name] = read_header(real)
+        # A single-file checkpoint: its config.json (and quantization config) sit beside it.
+        try:
+            siblings = set(os.listdir(path.parent))
+        except OSError:
+            siblings = set()
+        if CONFIG_NAME in siblings:
+            ckpt.config = _read_json(path.parent, CONFIG_NAME)
+        if "hf_quant_config.json" in siblings:
+            ckpt.extra_json["hf_quant_config.json"] = _read_json(path.parent, "hf_quant_config.json")
         return ckpt
     ckpt = Checkpoint(root=path)
     if not path.is_dir():
@@ -207,21 +173,23 @@ def load_checkpoint(target: str | os.PathLike[str]) -> Checkpoint:
     entries = sorted(os.listdir(path))
     ckpt.files_on_disk = [e for e in entries if e.endswith(".safetensors")]
     ckpt.other_files = [e for e in entries if not e.endswith(".safetensors")]
-    ckpt.config = _read_json(path / CONFIG_NAME)
+    ckpt.config = _read_json(path, CONFIG_NAME)
     for extra in ("hf_quant_config.json", "generation_config.json"):
         if extra in entries:
-            ckpt.extra_json[extra] = _read_json(path / extra)
+            doc = ckpt.extra_json[extra] = _read_json(path, extra)
+            if doc.error and doc.error.startswith("refused to open: "):
+                # No rule reads these files' errors; WC104 reports the refusal (config/index have their own).
+                ckpt.refused.append(PathRefusal(extra, doc.error.removeprefix("refused to open: "), "not-regular"))
     if INDEX_NAME in entries:
-        ckpt.index = _read_json(path / INDEX_NAME)
+        ckpt.index = _read_json(path, INDEX_NAME, safe_io.MAX_INDEX_BYTES)
         _parse_index(ckpt)
 
     # Open every shard named by the index plus every .safetensors file on disk, each once.
-    to_open: list[str] = []
-    for name in [*ckpt.indexed_shards, *ckpt.files_on_disk]:
-        if name not in to_open:
-            to_open.append(name)
+    # A dict, not a list: an index naming 10^5 distinct shards must not cost a quadratic membership test.
+    to_open = dict.fromkeys([*ckpt.indexed_shards, *ckpt.files_on_disk])
+    bases = safe_io.allowed_bases(path)
     for name in to_open:
-        real, refusal = resolve_inside(path, name)
+        real, refusal = resolve_inside(path, name, bases)
         if refusal is not None:
             ckpt.refused.append(refusal)
             continue

@@ -32,11 +32,12 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from weightcheck import safe_io
 from weightcheck.collapse import format_ranges, summarize
 from weightcheck.digest import SHA256, ManifestError, TensorDigest
 from weightcheck.findings import EXIT_FINDINGS, Finding, Location, Result, Severity
 from weightcheck.rules import all_rules, matches_selector
-from weightcheck.structure import EXPERT_COUNT_KEYS, QUANT_COMPANIONS
+from weightcheck.structure import EXPERT_COUNT_KEYS, QUANT_COMPANIONS, parse_index
 from weightcheck.tap.records import (
     CallEntry,
     RecordError,
@@ -45,8 +46,11 @@ from weightcheck.tap.records import (
     find_record_files,
     read_record,
     record_algorithm,
+    scan_records,
 )
 
+# More missing ranks than this are not listed one by one (rank sizes come from untrusted records).
+_MAX_MISSING_RANKS = 4096
 _LAYER = re.compile(r"(^|\.)layers\.(\d+)\.")
 _EXPERT = re.compile(r"\.experts\.(\d+)\.")
 _FUSED_EXPERT_NAME = re.compile(r"\.mlp\.experts\.(gate_up_proj|down_proj)(_bias|_scale)?$")
@@ -144,12 +148,12 @@ class Reference:
 
 def _layer_id(name: str) -> int | None:
     match = _LAYER.search(name)
-    return int(match.group(2)) if match else None
+    return parse_index(match.group(2)) if match else None
 
 
 def _expert_id(name: str) -> int | None:
     match = _EXPERT.search(name)
-    return int(match.group(1)) if match else None
+    return parse_index(match.group(1)) if match else None
 
 
 def _template(name: str) -> str:
@@ -509,6 +513,15 @@ class _SyncChecker:
         tp_size = int(sizes.get("tp_size", 1) or 1)
         pp_size = int(sizes.get("pp_size", 1) or 1)
         present = {(int(r.rank.get("pp_rank", 0) or 0), int(r.rank.get("tp_rank", 0) or 0)) for r in records}
+        if tp_size * pp_size > len(records) + _MAX_MISSING_RANKS:
+            # Sizes no set of records could back (each record is one rank): say so, allocate nothing.
+            self._add(
+                "WC734",
+                f"engine {self.view.engine} claims tp_size {tp_size} x pp_size {pp_size} ranks but only "
+                f"{len(records)} records exist: rank coverage not checked",
+                details={"missing_ranks": []},
+            )
+            return
         expected = {(p, t) for p in range(pp_size) for t in range(tp_size)}
         missing = sorted(expected - present)
         if missing:
@@ -657,7 +670,7 @@ class _SyncChecker:
         records = self.view.records
         pp_size = int(records[0].rank.get("pp_size", 1) or 1)
         pp_present = {int(r.rank.get("pp_rank", 0) or 0) for r in records}
-        all_stages = pp_present >= set(range(pp_size))
+        all_stages = all(p in pp_present for p in range(pp_size))  # stops at the first absent stage
         ranges = [r for r in self._rank_ranges() if r is not None]
         num_layers = self._num_layers()
         calls: dict[tuple[int, int], CallEntry] = {(id(r), c.call): c for r in records for c in r.calls}
@@ -1180,8 +1193,10 @@ def verify(
     root = Path(records)
     result = Result(target=str(root), command="verify")
     findings = _Findings(list(select) or ["ALL"], list(ignore))
-    files = find_record_files(root)
-    if not files:
+    files, refused = scan_records(root)
+    for refusal in refused:
+        findings.add("WC720", f"sync folder {refusal.name}: {refusal.reason}", file=str(root / refusal.name))
+    if not files and not refused:
         result.nothing_checked = True
         why = "no such file or directory" if not root.exists() else "no sync-*/ record files"
         result.notes.append(f"{root}: {why} (is WEIGHTCHECK_DIR set in the engine processes?)")
@@ -1340,10 +1355,12 @@ def count_records(root: Path, weight_version: str | None) -> int:
     for paths in files.values():
         for path in paths:
             try:
-                with open(path, encoding="utf-8") as fh:
-                    header = fh.readline()
-            except OSError:
+                # Only the header line matters; the confinement layer refuses FIFOs and escaping symlinks.
+                fd, _ = safe_io.open_regular(safe_io.confine(path.parent, path.name))
+            except safe_io.UnsafePath:
                 continue
+            with os.fdopen(fd, encoding="utf-8", errors="replace") as fh:
+                header = fh.readline(1 << 20)
             if f'"weight_version":"{weight_version}"' in header.replace(" ", ""):
                 count += 1
     return count
