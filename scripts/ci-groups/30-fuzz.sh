@@ -1,8 +1,9 @@
 #!/usr/bin/env bash
 # Hostile-input fuzzing group: a short, derandomized (fixed-seed) pass of tests/test_fuzz.py over every
 # mutation family, reusing the main suite's .venv (scripts/test.sh built it; installed here if absent).
-# Wall time: ~3 min on 2 cores (corpus build ~20 s, then WC_FUZZ_EXAMPLES cases per family, each a
-# subprocess; diff/verify cases pay torch's import). Longer local runs: docs/security.md.
+# Wall time: estimated 2-4 min on 2 idle cores (corpus build ~20 s, then 27 cases, each a subprocess of
+# 0.5-8 CPU s; diff/verify and quantized lint pay torch's import). Not measured on an idle machine: the
+# development machine ran at load ~15. Longer local runs: docs/security.md.
 set -euo pipefail
 cd "$(dirname "$0")/../.."
 if [ ! -x .venv/bin/python ]; then
