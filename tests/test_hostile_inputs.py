@@ -331,3 +331,16 @@ def test_diff_candidate_routing_through_an_escaping_directory_symlink(corpus: Pa
         edit_json(case.root / "cand" / "model.safetensors.index.json", edit)
 
     hostile(corpus, tmp_path, ("ckpt",), setup, ["diff", "ckpt", "cand"], mem=TORCH_MEM)
+
+
+def test_5000_digit_layer_id_in_a_manifest_part(corpus: Path, tmp_path: Path) -> None:
+    """Found by the long fuzzing run: a shift search compared a bounded id (None) with an int."""
+
+    def setup(case: Case) -> None:
+        def edit(d: dict) -> None:
+            name = sorted(n for n in d["tensors"] if "layers." in n)[0]
+            d["tensors"][re.sub(r"layers\.\d+", f"layers.{HUGE_DIGITS}", name)] = d["tensors"].pop(name)
+
+        edit_json(case.root / "manifest" / "part-0.json", edit)
+
+    hostile(corpus, tmp_path, ("records", "manifest"), setup, ["verify", "records", "--against", "manifest"])

@@ -946,9 +946,12 @@ class _SyncChecker:
                     if other == name or _template(other) != template:
                         continue
                     other_layer, other_expert = _layer_id(other), _expert_id(other)
-                    if layer is not None and other_layer != layer and other_expert == expert:
+                    # An id beyond the bounded digit count parses as None: never a shift partner.
+                    layer_shift = layer is not None and other_layer is not None and other_layer != layer
+                    expert_shift = expert is not None and other_expert is not None and other_expert != expert
+                    if layer_shift and other_expert == expert:
                         options.append(_ShiftPair(name, other, "layer", other_layer - layer))  # type: ignore[operator]
-                    elif expert is not None and other_expert != expert and other_layer == layer:
+                    elif expert_shift and other_layer == layer:
                         options.append(_ShiftPair(name, other, "expert", other_expert - expert))  # type: ignore[operator]
                 if options:
                     candidates.append((name, options))
