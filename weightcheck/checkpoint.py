@@ -6,22 +6,20 @@ Knows about files (config.json, the index, shard headers) and nothing about rule
 
 from __future__ import annotations
 
-import json
 import os
 import re
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Protocol
 
-from weightcheck.safetensors_header import HeaderReport, TensorInfo, fast_json_loads, read_header
+from weightcheck import safe_io
+from weightcheck.safetensors_header import HeaderReport, TensorInfo, read_header
 
 INDEX_NAME = "model.safetensors.index.json"
 SINGLE_NAME = "model.safetensors"
 CONFIG_NAME = "config.json"
 # Shard names written by huggingface_hub / transformers; DeepSeek uses 6-digit totals.
 SHARD_RE = re.compile(r"^(?P<stem>.+)-(?P<index>\d{5,6})-of-(?P<total>\d{5,6})\.safetensors$")
-# Largest config/index we parse. A real DeepSeek-V3 index is ~9 MB.
-MAX_JSON_BYTES = 256 * 1024 * 1024
 
 
 @dataclass
@@ -120,80 +118,46 @@ class Checkpoint:
         return sum(r.bytes_read for r in self.shards.values())
 
 
-def _read_json(path: Path) -> JsonDoc:
-    doc = JsonDoc(path=str(path))
+def _read_json(root: Path, name: str, limit: int = safe_io.MAX_CONFIG_BYTES) -> JsonDoc:
+    """One JSON side file of the checkpoint, through the confinement layer (inside the tree, regular file,
+    bounded size)."""
+    doc = JsonDoc(path=str(root / name))
     try:
-        st = path.stat()
-    except FileNotFoundError:
-        doc.exists = False
-        doc.error = "missing"
-        return doc
-    except OSError as exc:
-        doc.error = f"cannot stat: {exc.strerror or exc}"
-        return doc
-    if not path.is_file():
-        doc.error = "not a regular file"
-        return doc
-    if st.st_size > MAX_JSON_BYTES:
-        doc.error = f"{st.st_size} bytes, larger than the {MAX_JSON_BYTES}-byte limit"
-        return doc
-    try:
-        raw = path.read_bytes()
-    except OSError as exc:
-        doc.error = f"cannot read: {exc.strerror or exc}"
-        return doc
-    return parse_json_doc(doc, raw)
-
-
-def parse_json_doc(doc: JsonDoc, raw: bytes) -> JsonDoc:
-    """Parse `raw` (already bounded by MAX_JSON_BYTES) into `doc`; problems go to `doc.error`."""
-    try:
-        text = raw.decode("utf-8")
-        try:
-            doc.data = fast_json_loads(text)
-        except ValueError:
-            doc.data = json.loads(text)  # reference parser for the error message
-    except UnicodeDecodeError:
-        doc.error = "not UTF-8"
-    except (ValueError, RecursionError) as exc:
-        doc.error = f"invalid JSON: {str(exc)[:160]}"
+        real = safe_io.confine(root, name, what="the checkpoint")
+        doc.data = safe_io.load_json(real, limit, name)
+    except safe_io.UnsafePath as exc:
+        doc.exists = exc.kind != "missing" or os.path.islink(root / name)
+        doc.error = exc.reason if exc.kind in ("missing", "invalid", "too-large") else f"refused to open: {exc.reason}"
     return doc
 
 
-def _hf_cache_blob_dir(root: Path) -> Path | None:
-    """For a Hugging Face cache snapshot (`models--org--name/snapshots/<rev>`), the repo's `blobs` dir.
-
-    Files there are symlinks into `../../blobs/`; following them is expected, not an escape.
-    """
-    if root.parent.name == "snapshots" and root.parent.parent.name.startswith(("models--", "datasets--")):
-        return (root.parent.parent / "blobs").resolve()
-    return None
+def json_limit(name: str) -> int:
+    """The size cap of one of a checkpoint's JSON files (the index may be large; configs are small)."""
+    return safe_io.MAX_INDEX_BYTES if name.endswith(".index.json") else safe_io.MAX_CONFIG_BYTES
 
 
-def resolve_inside(root: Path, name: str) -> tuple[Path | None, PathRefusal | None]:
-    """Resolve `name` relative to `root`, refusing anything that leaves it.
+def parse_json_doc(doc: JsonDoc, raw: bytes) -> JsonDoc:
+    """Parse `raw` (already bounded by its json_limit) into `doc` with the same parser and messages as local
+    files (a remote source's JSON); problems go to `doc.error`."""
+    try:
+        doc.data = safe_io.parse_json(raw, doc.path)
+    except safe_io.UnsafePath as exc:
+        doc.error = exc.reason
+
+
+def resolve_inside(root: Path, name: str, bases: list[Path] | None = None) -> tuple[Path | None, PathRefusal | None]:
+    """Resolve `name` relative to `root` through the confinement layer, as a value instead of an exception.
 
     Refused: absolute paths, `..` components, symlinks whose target is outside the checkpoint (except
-    a Hugging Face cache snapshot's own blobs), and anything that is not a regular file.
+    a Hugging Face cache snapshot's own blobs), symlink loops, and anything that is not a regular file.
     """
-    if not name or "\x00" in name:
-        return None, PathRefusal(name, "empty or NUL-containing file name", "escapes")
-    if os.path.isabs(name) or name.startswith(("/", "\\")) or re.match(r"^[A-Za-z]:[\\/]", name):
-        return None, PathRefusal(name, "absolute path in a checkpoint reference", "absolute")
-    parts = re.split(r"[\\/]", name)
-    if ".." in parts:
-        return None, PathRefusal(name, "path climbs out of the checkpoint directory", "escapes")
-    root_real = root.resolve()
-    candidate = root / name
-    if not os.path.lexists(candidate):
-        return None, PathRefusal(name, "file does not exist", "missing")
-    real = candidate.resolve()
-    allowed = [root_real]
-    blobs = _hf_cache_blob_dir(root_real)
-    if blobs is not None:
-        allowed.append(blobs)
-    if not any(real == base or base in real.parents for base in allowed):
-        return None, PathRefusal(name, f"symlink resolves outside the checkpoint ({real})", "escapes")
+    try:
+        real = safe_io.confine(root, name, bases=bases, what="the checkpoint")
+    except safe_io.UnsafePath as exc:
+        kind = {"absolute": "absolute", "missing": "missing"}.get(exc.kind, "escapes")
+        if exc.kind == "loop":
+            kind = "not-regular"
+        return None, PathRefusal(exc.name, exc.reason, kind)
     try:
         if not real.is_file():
             return None, PathRefusal(name, "not a regular file (FIFO, device or directory)", "not-regular")
@@ -229,12 +193,13 @@ class LocalSource:
         return sorted(os.listdir(self.root))
 
     def read_json(self, name: str) -> JsonDoc:
-        return _read_json(self.root / name)
+        return _read_json(self.root, name, json_limit(name))
 
     def read_headers(self, names: list[str]) -> dict[str, HeaderReport | PathRefusal]:
         out: dict[str, HeaderReport | PathRefusal] = {}
+        bases = safe_io.allowed_bases(self.root)
         for name in names:
-            real, refusal = resolve_inside(self.root, name)
+            real, refusal = resolve_inside(self.root, name, bases)
             out[name] = refusal if refusal is not None else read_header(real)  # type: ignore[arg-type]
         return out
 
@@ -245,19 +210,27 @@ def load_checkpoint(target: str | os.PathLike[str] | FileSource) -> Checkpoint:
     if not isinstance(target, (str, os.PathLike)):
         return load_from_source(target)
     path = Path(target)
-    if path.is_file() and path.suffix == ".safetensors":
-        # A single-file checkpoint: its config.json (and quantization config) sit beside it.
+    if path.suffix in (".safetensors", ".json") and not path.is_dir() and os.path.lexists(path):
+        # A single file named by the user: confined to its own directory, like a file inside a checkpoint.
         ckpt = Checkpoint(root=path.parent)
+        if path.suffix == ".json":
+            ckpt.config = _read_json(path.parent, path.name)
+            return ckpt
         ckpt.files_on_disk = [path.name]
-        ckpt.shards[path.name] = read_header(path)
-        if (path.parent / CONFIG_NAME).is_file():
-            ckpt.config = _read_json(path.parent / CONFIG_NAME)
-        if (path.parent / "hf_quant_config.json").is_file():
-            ckpt.extra_json["hf_quant_config.json"] = _read_json(path.parent / "hf_quant_config.json")
-        return ckpt
-    if path.is_file() and path.suffix == ".json":
-        ckpt = Checkpoint(root=path.parent)
-        ckpt.config = _read_json(path)
+        real, refusal = resolve_inside(path.parent, path.name)
+        if refusal is not None:
+            ckpt.refused.append(refusal)
+        else:
+            ckpt.shards[path.name] = read_header(real)
+        # A single-file checkpoint: its config.json (and quantization config) sit beside it.
+        try:
+            siblings = set(os.listdir(path.parent))
+        except OSError:
+            siblings = set()
+        if CONFIG_NAME in siblings:
+            ckpt.config = _read_json(path.parent, CONFIG_NAME)
+        if "hf_quant_config.json" in siblings:
+            ckpt.extra_json["hf_quant_config.json"] = _read_json(path.parent, "hf_quant_config.json")
         return ckpt
     if not path.is_dir():
         return Checkpoint(root=path)
@@ -276,12 +249,16 @@ def load_from_source(source: FileSource) -> Checkpoint:
     ckpt.config = source.read_json(CONFIG_NAME)
     for extra in EXTRA_JSON:
         if extra in entries:
-            ckpt.extra_json[extra] = source.read_json(extra)
+            doc = ckpt.extra_json[extra] = source.read_json(extra)
+            if doc.error and doc.error.startswith("refused to open: "):
+                # No rule reads these files' errors; WC104 reports the refusal (config/index have their own).
+                ckpt.refused.append(PathRefusal(extra, doc.error.removeprefix("refused to open: "), "not-regular"))
     if INDEX_NAME in entries:
         ckpt.index = source.read_json(INDEX_NAME)
         _parse_index(ckpt)
 
     # Open every shard named by the index plus every .safetensors file present, each once.
+    # A dict, not a list: an index naming 10^5 distinct shards must not cost a quadratic membership test.
     to_open = list(dict.fromkeys([*ckpt.indexed_shards, *ckpt.files_on_disk]))
     for name, opened in source.read_headers(to_open).items():
         if isinstance(opened, PathRefusal):

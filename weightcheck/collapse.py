@@ -7,10 +7,13 @@ same experts, and as several lines otherwise.
 
 from __future__ import annotations
 
+import heapq
 from collections import defaultdict
 from collections.abc import Iterable, Iterator
 from contextlib import contextmanager
 from contextvars import ContextVar
+
+from weightcheck.structure import is_index
 
 # `--verbose`: summaries list every pattern instead of "(+N more patterns)".
 _FULL_LISTS: ContextVar[bool] = ContextVar("weightcheck_full_lists", default=False)
@@ -62,7 +65,8 @@ def collapse_names(names: Iterable[str]) -> list[str]:
         return []
     # Positions (from the right, to be robust to different prefixes) holding numbers somewhere.
     max_len = max(len(r) for r in rows)
-    for pos_from_right in range(1, max_len + 1):
+    # Only the last few components are folded: a name of 100,000 dots must not cost 100,000 passes.
+    for pos_from_right in range(1, min(max_len, 16) + 1):
         groups: dict[tuple[object, ...], list[int]] = defaultdict(list)
         passthrough: list[tuple[str, ...]] = []
         for row in rows:
@@ -71,7 +75,7 @@ def collapse_names(names: Iterable[str]) -> list[str]:
                 continue
             idx = len(row) - pos_from_right
             comp = row[idx]
-            if comp.isdigit() and (comp == "0" or not comp.startswith("0")):
+            if is_index(comp) and (comp == "0" or not comp.startswith("0")):
                 key = (len(row), idx, row[:idx], row[idx + 1 :])
                 groups[key].append(int(comp))
             else:
@@ -83,9 +87,19 @@ def collapse_names(names: Iterable[str]) -> list[str]:
     return sorted(".".join(r) for r in rows)
 
 
+# A message summarizes at most this many names: a hostile index with 10^6 entries must not make the
+# summary cost gigabytes of split names (the finding's count still says how many there are).
+SUMMARY_SAMPLE = 50_000
+
+
 def summarize(names: Iterable[str], limit: int = 6) -> str:
     """One short string for a message: collapsed patterns, truncated with a count."""
-    patterns = collapse_names(names)
+    unique = names if isinstance(names, (set, frozenset)) else set(names)
+    extra = ""
+    if len(unique) > SUMMARY_SAMPLE:
+        extra = f" (summary of the first {SUMMARY_SAMPLE} of {len(unique)} names)"
+        unique = heapq.nsmallest(SUMMARY_SAMPLE, unique)
+    patterns = collapse_names(unique)
     if len(patterns) <= limit or _FULL_LISTS.get():
-        return ", ".join(patterns)
-    return ", ".join(patterns[:limit]) + f", … (+{len(patterns) - limit} more patterns)"
+        return ", ".join(patterns) + extra
+    return ", ".join(patterns[:limit]) + f", … (+{len(patterns) - limit} more patterns)" + extra

@@ -23,10 +23,12 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from weightcheck import safe_io
 from weightcheck.checkpoint import load_checkpoint
 from weightcheck.collapse import format_ranges, summarize
 from weightcheck.findings import INTERNAL_ERROR_CODE, Finding, Location, Result, Severity
 from weightcheck.findings import internal_error as make_internal_error
+from weightcheck.structure import is_index
 
 if TYPE_CHECKING:
     from weightcheck.compare.classify import Classification, ReferenceIndex
@@ -116,8 +118,8 @@ def load_name_map(spec: str, base_dir: Path | None = None) -> list[NameMapRule]:
     if not path.is_absolute() and base_dir is not None and not path.exists():
         path = base_dir / path
     try:
-        text = path.read_text(encoding="utf-8")
-    except (OSError, UnicodeDecodeError) as exc:
+        text = safe_io.read_text(path)  # an option file: a regular file, bounded (a FIFO would hang)
+    except safe_io.UnsafePath as exc:
         raise NameMapError(f"cannot read name map {spec}: {exc}") from None
     return parse_name_map(text, source=str(path))
 
@@ -401,7 +403,7 @@ def finish_diff(
     bytes_read: int,
 ) -> Result:
     only_a, only_b = plan.only_a, plan.only_b
-    result.findings = _findings(outcomes, only_a, only_b, opts)
+    result.findings = _findings(outcomes, only_a, only_b, opts) + _refusal_findings(view_a, view_b, opts)
     counts: dict[str, int] = defaultdict(int)
     for outcome in outcomes:
         counts[outcome.status] += 1
@@ -490,7 +492,7 @@ def _skip(outcome: _Outcome, reason: str, code: str, opts: DiffOptions) -> _Outc
 def _layer_of(name: str) -> int | None:
     parts = name.split(".")
     for i, part in enumerate(parts[:-1]):
-        if part in _LAYER_WORDS and parts[i + 1].isdigit():
+        if part in _LAYER_WORDS and is_index(parts[i + 1]):
             return int(parts[i + 1])
     return None
 
@@ -581,10 +583,31 @@ def _findings(outcomes: list[_Outcome], only_a: list[str], only_b: list[str], op
     return [f for f in findings if f.code in codes or f.code == INTERNAL_ERROR_CODE]
 
 
+def _refusal_findings(view_a: LogicalCheckpoint, view_b: LogicalCheckpoint, opts: DiffOptions) -> list[Finding]:
+    """Files either checkpoint references that the loader refused (leaving the checkpoint, a loop, not a
+    regular file): the diff may still find every tensor elsewhere, but the checkpoint is not clean."""
+    from weightcheck.lint import selected_rules
+    from weightcheck.rules import get_rule
+
+    if "WC718" not in {r.code for r in selected_rules(opts.select, opts.ignore, command="diff")}:
+        return []
+    rule = get_rule("WC718")
+    assert rule is not None
+    out: list[Finding] = []
+    for label, view in (("A", view_a), ("B", view_b)):
+        for refusal in view.store.ckpt.refused:
+            if refusal.kind == "missing":
+                continue  # a missing shard leaves its tensors unavailable: WC715 says so per tensor
+            out.append(Finding(code="WC718", name=rule.name, severity=rule.severity,
+                               message=f"{label}: refused to open {refusal.name}: {refusal.reason}",
+                               location=Location(file=str(view.path / refusal.name))))  # fmt: skip
+    return out
+
+
 def _strip_layer(name: str) -> str:
     parts = name.split(".")
     for i, part in enumerate(parts[:-1]):
-        if part in _LAYER_WORDS and parts[i + 1].isdigit():
+        if part in _LAYER_WORDS and is_index(parts[i + 1]):
             parts[i + 1] = "*"
             break
     return ".".join(parts)
@@ -640,7 +663,7 @@ def _index_at(name: str, reference: str) -> int | None:
     if len(a) != len(b):
         return None
     for x, y in zip(a, b, strict=True):
-        if x != y and x.isdigit() and y.isdigit():
+        if x != y and is_index(x) and is_index(y):
             return int(x)
     return None
 

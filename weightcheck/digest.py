@@ -302,13 +302,15 @@ def parse_manifest(doc: Any) -> dict[str, TensorDigest]:
 
 def read_manifest(path: str | os.PathLike[str]) -> dict[str, TensorDigest]:
     """Read and validate a manifest. Raises ManifestError (never a bare OSError/JSON error)."""
+    from weightcheck import safe_io
+
     try:
-        with open(path, encoding="utf-8") as fh:
-            doc = json.load(fh)
-    except OSError as exc:
-        raise ManifestError(f"cannot read manifest {os.fspath(path)}: {exc.strerror or exc}") from None
-    except (ValueError, RecursionError) as exc:  # JSONDecodeError and UnicodeDecodeError are ValueErrors
-        raise ManifestError(f"manifest {os.fspath(path)} is not valid JSON: {str(exc)[:160]}") from None
+        # A manifest named by the user: a regular file (not a FIFO), bounded size, confined to its folder.
+        real = safe_io.confine_self(path)
+        doc = safe_io.load_json(real, safe_io.MAX_MANIFEST_BYTES, name=os.fspath(path))
+    except safe_io.UnsafePath as exc:
+        what = "is not valid JSON" if exc.kind == "invalid" else "cannot be read"
+        raise ManifestError(f"manifest {os.fspath(path)} {what}: {exc.reason}") from None
     return parse_manifest(doc)
 
 

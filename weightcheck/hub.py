@@ -21,11 +21,11 @@ from typing import Any
 
 from weightcheck.checkpoint import (
     INDEX_NAME,
-    MAX_JSON_BYTES,
     SHARD_RE,
     SINGLE_NAME,
     JsonDoc,
     PathRefusal,
+    json_limit,
     parse_json_doc,
 )
 from weightcheck.safetensors_header import HeaderProblem, HeaderReport, parse_header
@@ -145,8 +145,9 @@ class HubSource:
         if size is None:
             doc.error = "the listing gives no size"
             return doc
-        if size > MAX_JSON_BYTES:
-            doc.error = f"{size} bytes, larger than the {MAX_JSON_BYTES}-byte limit"
+        limit = json_limit(name)
+        if size > limit:
+            doc.error = f"{size} bytes, larger than the {limit}-byte limit"
             return doc
         try:
             raw = self.read_range(name, 0, size) if size else b""
@@ -273,7 +274,7 @@ def snapshot_complete(root: Path) -> bool:
 
     index = root / INDEX_NAME
     if index.is_file():
-        doc = _read_json(index)
+        doc = _read_json(index.parent, index.name, json_limit(index.name))
         weight_map = doc.data.get("weight_map") if isinstance(doc.data, dict) else None
         if not isinstance(weight_map, dict) or not weight_map:
             return False

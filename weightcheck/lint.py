@@ -98,12 +98,12 @@ INDEX_SUFFIX = ".safetensors.index.json"
 
 def _indexed_elsewhere(path: Path) -> bool:
     """True when an index beside `path` lists it among other shards (then a one-file lint would be partial)."""
-    from weightcheck.checkpoint import INDEX_NAME, _read_json
+    from weightcheck.checkpoint import INDEX_NAME, _read_json, json_limit
 
     index = path.parent / INDEX_NAME
     if not index.is_file():
         return False
-    doc = _read_json(index)
+    doc = _read_json(index.parent, index.name, json_limit(index.name))
     weight_map = doc.data.get("weight_map") if isinstance(doc.data, dict) else None
     if not isinstance(weight_map, dict):
         return False

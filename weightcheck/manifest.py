@@ -44,6 +44,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from weightcheck import safe_io
 from weightcheck.digest import (
     ManifestError,
     TensorDigest,
@@ -67,6 +68,7 @@ TRAINER_KEYS = (
     "last_stage_layers",
     "layout",
 )
+_MAX_TRAINER_INT = 1 << 20
 _INT_KEYS = frozenset(TRAINER_KEYS) - {"layout"}
 
 __all__ = [
@@ -228,8 +230,10 @@ def _parse_trainer(value: Any) -> dict[str, Any]:
         item = value.get(key)
         if item is None:
             continue
-        if key in _INT_KEYS and (isinstance(item, bool) or not isinstance(item, int) or item < 0):
-            raise ManifestError(f"trainer.{key} must be a non-negative integer, got {item!r}")
+        bad_int = isinstance(item, bool) or not isinstance(item, int) or not 0 <= item <= _MAX_TRAINER_INT
+        if key in _INT_KEYS and bad_int:
+            # Bounded: layer counts and parallel sizes become ranges when parts are relabelled.
+            raise ManifestError(f"trainer.{key} must be an integer from 0 to {_MAX_TRAINER_INT}, got {str(item)[:40]}")
         if key == "layout" and not isinstance(item, str):
             raise ManifestError("trainer.layout must be a string")
         out[key] = item
@@ -240,11 +244,12 @@ def read_manifest_part(path: str | os.PathLike[str]) -> ManifestPart:
     """Read one manifest (part or plain `weightcheck.digest` manifest). Raises ManifestError."""
     target = Path(path)
     try:
-        doc = json.loads(target.read_text(encoding="utf-8"))
-    except OSError as exc:
-        raise ManifestError(f"cannot read manifest {target}: {exc.strerror or exc}") from None
-    except (ValueError, RecursionError) as exc:  # JSON and UTF-8 errors are ValueErrors
-        raise ManifestError(f"manifest {target} is not valid JSON: {str(exc)[:160]}") from None
+        # Through the confinement layer: inside its folder, a regular file, bounded size and depth.
+        real = safe_io.confine(target.parent, target.name, what="the manifest folder")
+        doc = safe_io.load_json(real, safe_io.MAX_MANIFEST_BYTES, name=str(target))
+    except safe_io.UnsafePath as exc:
+        what = "is not valid JSON" if exc.kind == "invalid" else "cannot be read"
+        raise ManifestError(f"manifest {target} {what}: {exc.reason}") from None
     digests = parse_manifest(doc)
     step = doc.get("step")
     if step is not None and (isinstance(step, bool) or not isinstance(step, int)):
@@ -273,7 +278,8 @@ def read_manifest_parts(path: str | os.PathLike[str]) -> list[ManifestPart]:
     """A manifest file, or every `*.json` manifest in a folder (one per trainer rank). Raises ManifestError."""
     target = Path(path)
     if target.is_dir():
-        files = sorted(p for p in target.glob("*.json") if p.is_file() and not p.name.startswith("."))
+        # Every `*.json` entry whatever its type: a FIFO or an escaping symlink is refused, not skipped.
+        files = sorted(target / n for n in os.listdir(target) if n.endswith(".json") and not n.startswith("."))
         if not files:
             raise ManifestError(f"{target}: no manifest (*.json) files")
         return [read_manifest_part(p) for p in files]

@@ -106,7 +106,12 @@ def _eval(node: ast.AST, env: dict[str, Any]) -> Any:
             raise TypeError("subscript needs a list and an integer")
         return seq[index]
     if isinstance(node, ast.BinOp):
-        return _BINOPS[type(node.op)](_eval(node.left, env), _eval(node.right, env))
+        left, right = _eval(node.left, env), _eval(node.right, env)
+        # Arithmetic on numbers only: a config string times a huge number would be string repetition
+        # (`"aaaa" * 10**12`), a blow-up rather than a shape. TypeError is "not computable" to callers.
+        if not all(isinstance(v, (int, float)) and not isinstance(v, bool) for v in (left, right)):
+            raise TypeError(f"arithmetic on non-numbers ({type(left).__name__}, {type(right).__name__})")
+        return _BINOPS[type(node.op)](left, right)
     if isinstance(node, ast.UnaryOp):
         value = _eval(node.operand, env)
         return (not value) if isinstance(node.op, ast.Not) else -value
@@ -417,7 +422,7 @@ def config_env(pattern: Pattern, config: dict[str, Any]) -> dict[str, Any]:
         if env.get(key) is None:
             try:
                 env[key] = evaluate(default, env) if isinstance(default, str) else default
-            except KeyError:
+            except (KeyError, *_BAD_VALUE):
                 continue
     return env
 
@@ -430,11 +435,19 @@ def _count(expr: str | None, env: dict[str, Any], kind: str) -> int:
         return 0
     try:
         value = evaluate(expr, env)
-    except (KeyError, TypeError, ValueError, ZeroDivisionError):
+    except (KeyError, *_BAD_VALUE):
         return 0
     if not isinstance(value, int) or isinstance(value, bool) or not 0 <= value <= MAX_PLAUSIBLE[kind]:
         return 0
     return value
+
+
+# What a hostile config value makes an expression raise (besides KeyError for a missing key).
+_BAD_VALUE = (TypeError, ValueError, ZeroDivisionError, OverflowError, RecursionError)
+
+# Expected-module budgets (see `expand`): DeepSeek-V3 / Kimi-K2 expand to ~75k modules.
+EXPANSION_FLOOR = 200_000
+EXPANSION_CONFIG_ONLY = 500_000
 
 
 def layer_root(pattern: Pattern, names: Iterable[str] | None) -> str:
@@ -463,6 +476,22 @@ def expand(
     n_mtp = _count(pattern.mtp_layers, env, "mtp")
     n_experts = _count(pattern.experts, env, "experts")
     out: list[ExpectedModule] = []
+    # Budget, checked before allocating: counts that are each plausible can multiply into billions of
+    # modules (1,000 layers x 1,000 experts). Expand no more than the checkpoint could possibly hold.
+    if names is not None and not isinstance(names, (list, tuple, dict, set, frozenset)):
+        names = list(names)
+    budget = max(EXPANSION_FLOOR, 4 * len(names)) if names is not None else EXPANSION_CONFIG_ONLY
+    sections = (pattern.layer, pattern.moe_layer, pattern.dense_layer, pattern.mtp_layer)
+    per_layer = sum(len(s) for s in sections)
+    per_expert = sum(1 for s in sections for spec in s if spec.is_expert)
+    claimed = (n_layers + n_mtp) * (per_layer + per_expert * n_experts)
+    if claimed > budget:
+        notes.append(
+            f"config describes {n_layers + n_mtp} layers x {n_experts} experts (~{claimed} modules), more than "
+            f"{'the checkpoint could hold' if names is not None else 'a config-only check expands'} "
+            f"(budget {budget}): per-layer expectations skipped"
+        )
+        n_layers = n_mtp = n_experts = 0
 
     # Shapes, params and `when` rarely depend on the layer: evaluate them once per spec unless they do.
     resolved: dict[int, tuple[bool, tuple[int, ...] | None, tuple[str, ...], tuple[str, ...]] | None] = {}
@@ -476,20 +505,20 @@ def expand(
                     return False, None, (), ()
             except KeyError as exc:
                 notes.append(f"{spec.name}: config lacks {exc.args[0]!r}; assumed present")
-            except (IndexError, TypeError, ValueError, ZeroDivisionError):  # layer_types shorter than the layers
-                notes.append(f"{spec.name}: {spec.when!r} does not evaluate on this config; assumed present")
+            except (IndexError, *_BAD_VALUE) as exc:  # layer_types shorter than the layers; `mlp_only_layers: 5`
+                notes.append(f"{spec.name}: {spec.when!r} does not evaluate on this config ({exc}); assumed present")
         shape: tuple[int, ...] | None = None
         if spec.shape:
             try:
                 shape = tuple(int(evaluate(s, layer_env)) for s in spec.shape)
-            except (KeyError, TypeError, ValueError, ZeroDivisionError):
+            except (KeyError, *_BAD_VALUE):
                 shape = None
         params = [p for p in spec.params if not p.endswith("?")]
         optional = [p[:-1] for p in spec.params if p.endswith("?")]
         if spec.bias:
             try:
                 has_bias = evaluate(spec.bias, layer_env) if isinstance(spec.bias, str) else bool(spec.bias)
-            except KeyError:
+            except (KeyError, *_BAD_VALUE):
                 has_bias = None
             if has_bias:
                 params.append("bias")
@@ -518,6 +547,10 @@ def expand(
             is_moe = bool(pattern.moe_layers) and bool(evaluate(pattern.moe_layers, lenv)) and n_experts > 0
         except KeyError as exc:
             notes.append(f"moe_layers: config lacks {exc.args[0]!r}")
+            is_moe = n_experts > 0
+        except _BAD_VALUE as exc:  # `decoder_sparse_step: 0` or `"a"`, `mlp_only_layers: 5`
+            if layer == 0:
+                notes.append(f"moe_layers: not computable from the config ({exc}); every layer assumed MoE")
             is_moe = n_experts > 0
         sections = [pattern.layer, pattern.moe_layer if is_moe else pattern.dense_layer]
         if is_mtp:

@@ -11,7 +11,6 @@ from __future__ import annotations
 import json
 import math
 import os
-import stat
 import struct
 from dataclasses import dataclass, field
 from typing import NamedTuple, Protocol
@@ -134,17 +133,16 @@ def read_header(path: str | os.PathLike[str]) -> HeaderReport:
     """Read and validate one safetensors header. Never raises for bad content; only reads the header."""
     path = os.fspath(path)
     report = HeaderReport(path=path)
+    from weightcheck.safe_io import UnsafePath, open_regular
+
     try:
-        # O_NONBLOCK so that a FIFO cannot hang us; fstat then refuses anything but a regular file.
-        fd = os.open(path, os.O_RDONLY | getattr(os, "O_NONBLOCK", 0))
-    except OSError as exc:
-        report.problems.append(HeaderProblem("IoError", f"cannot open: {exc.strerror or exc}"))
+        # Non-blocking so that a FIFO cannot hang us; fstat then refuses anything but a regular file.
+        fd, st = open_regular(path)
+    except UnsafePath as exc:
+        kind = "NotRegularFile" if exc.kind == "not-regular" else "IoError"
+        report.problems.append(HeaderProblem(kind, exc.reason))
         return report
     try:
-        st = os.fstat(fd)
-        if not stat.S_ISREG(st.st_mode):
-            report.problems.append(HeaderProblem("NotRegularFile", "not a regular file"))
-            return report
         report.file_size = st.st_size
         with os.fdopen(fd, "rb", closefd=False) as fh:
             _parse(fh, report)

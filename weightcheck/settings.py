@@ -16,6 +16,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from weightcheck import safe_io
+
 if sys.version_info >= (3, 11):
     import tomllib
 else:  # pragma: no cover
@@ -63,12 +65,15 @@ def _is_own_file(path: Path) -> bool:
     return path.name != "pyproject.toml"
 
 
-def _read_toml(path: Path) -> dict[str, Any]:
+def _read_toml(path: Path, confined: bool = False) -> dict[str, Any]:
+    """A discovered config file may sit in the (untrusted) target: it is confined to its own folder (no
+    symlink out), opened non-blocking as a regular file, and read within a size budget."""
     try:
-        if path.stat().st_size > _MAX_CONFIG_BYTES:
-            raise SettingsError(f"{path}: larger than {_MAX_CONFIG_BYTES} bytes; not a config file")
-        return tomllib.loads(path.read_text(encoding="utf-8"))
-    except (OSError, UnicodeDecodeError, tomllib.TOMLDecodeError) as exc:
+        real = safe_io.confine_self(path) if confined else path
+        return tomllib.loads(safe_io.read_text(real, _MAX_CONFIG_BYTES, name=str(path)))
+    except safe_io.UnsafePath as exc:
+        raise SettingsError(f"{path}: {exc.reason}") from None
+    except (tomllib.TOMLDecodeError, RecursionError) as exc:
         raise SettingsError(f"{path}: {exc}") from None
 
 
@@ -76,9 +81,10 @@ def _has_table(path: Path) -> bool:
     if _is_own_file(path):
         return True
     try:
-        return "[tool.weightcheck" in path.read_text(encoding="utf-8", errors="replace")[:_MAX_CONFIG_BYTES]
-    except OSError:
+        raw = safe_io.read_bytes(safe_io.confine_self(path), _MAX_CONFIG_BYTES)
+    except safe_io.UnsafePath:
         return False
+    return b"[tool.weightcheck" in raw
 
 
 def _search_up(start: Path) -> Path | None:
@@ -113,7 +119,7 @@ def load_settings(target: Path | None = None, explicit: Path | None = None) -> S
     settings = Settings()
     if path is None:
         return settings
-    doc = _read_toml(path)
+    doc = _read_toml(path, confined=explicit is None)
     nested = doc.get("tool", {}).get("weightcheck") if isinstance(doc.get("tool"), dict) else None
     if nested is None and _is_own_file(path):  # weightcheck.toml (or any --config file) with top-level keys
         table: Any = doc

@@ -45,6 +45,20 @@ MTP_COUNT_KEYS = ("num_nextn_predict_layers", "mtp_num_hidden_layers", "num_mtp_
 
 _COMPANION_SET = frozenset(QUANT_COMPANIONS)
 
+# A layer or expert id in a tensor name: ASCII digits, at most this many. A longer run (a 5,000-digit
+# "layer" would hit Python's int-conversion limit) or a non-ASCII digit (`str.isdigit` accepts `²`, which
+# `int` refuses) is not an id: the name is then treated like any other unsplit name.
+MAX_ID_DIGITS = 12
+
+
+def is_index(text: str) -> bool:
+    """True for a name component that is a layer/expert id (`0`, `17`), bounded and ASCII."""
+    return 0 < len(text) <= MAX_ID_DIGITS and text.isascii() and text.isdigit()
+
+
+def parse_index(text: str) -> int | None:
+    return int(text) if is_index(text) else None
+
 
 def normalize_param(rest: str) -> str:
     """Fold quantization companions and `.weight.absmax`-style bitsandbytes blobs onto `.weight`."""
@@ -107,10 +121,10 @@ def split_layer(name: str) -> tuple[str, int, str] | None:
     i = name.find(".layers.")
     if i > 0:
         idx, _, tail = name[i + 8 :].partition(".")
-        if idx.isdecimal() and tail:
+        if is_index(idx) and tail:
             return name[: i + 7], int(idx), tail
     m = _LAYER_RE.match(name)
-    if m:
+    if m and is_index(m["idx"]):
         return m["prefix"], int(m["idx"]), m["rest"]
     return None
 
@@ -118,7 +132,7 @@ def split_layer(name: str) -> tuple[str, int, str] | None:
 def split_tail(tail: str) -> tuple[str | None, int, str]:
     """`mlp.experts.7.down_proj.weight_packed` → (`mlp.experts`, 7, `down_proj.weight`)."""
     em = _EXPERT_RE.match(tail) if "experts." in tail else None
-    if em:
+    if em and is_index(em["idx"]):
         return em["head"], int(em["idx"]), normalize_param(em["rest"])
     return None, -1, normalize_param(tail)
 
@@ -206,7 +220,7 @@ def analyze(names: Iterable[str], text_config: dict[str, Any]) -> LayerStructure
         i = name.find(".layers.")
         if i > 0:
             idx, _, tail = name[i + 8 :].partition(".")
-            if idx.isdecimal() and tail:
+            if is_index(idx) and tail:
                 by_prefix[name[: i + 7]][int(idx)].append((name, tail))
                 continue
         split = split_layer(name)

@@ -15,13 +15,13 @@ from __future__ import annotations
 import contextlib
 import mmap
 import os
-import stat
 import warnings
 from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 from weightcheck.checkpoint import Checkpoint, load_checkpoint
+from weightcheck.safe_io import UnsafePath, open_regular
 from weightcheck.safetensors_header import HeaderReport, TensorInfo
 
 if TYPE_CHECKING:
@@ -120,11 +120,11 @@ class _Mapping:
     """One shard file mapped read-only and shared; views over it are zero-copy."""
 
     def __init__(self, path: str, expected_size: int) -> None:
-        fd = os.open(path, os.O_RDONLY | getattr(os, "O_NONBLOCK", 0))
         try:
-            st = os.fstat(fd)
-            if not stat.S_ISREG(st.st_mode):
-                raise TensorReadError("not a regular file")
+            fd, st = open_regular(path)
+        except UnsafePath as exc:
+            raise TensorReadError(exc.reason) from None
+        try:
             if st.st_size != expected_size:
                 raise TensorReadError(f"file changed since its header was read ({expected_size} → {st.st_size} bytes)")
             self.mm: mmap.mmap | None = (

@@ -32,11 +32,12 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from weightcheck import safe_io
 from weightcheck.collapse import format_ranges, summarize
 from weightcheck.digest import SHA256, ManifestError, TensorDigest
 from weightcheck.findings import EXIT_FINDINGS, Finding, Location, Result, Severity
 from weightcheck.rules import all_rules, matches_selector
-from weightcheck.structure import EXPERT_COUNT_KEYS, QUANT_COMPANIONS
+from weightcheck.structure import EXPERT_COUNT_KEYS, QUANT_COMPANIONS, parse_index
 from weightcheck.tap.records import (
     CallEntry,
     RecordError,
@@ -45,9 +46,12 @@ from weightcheck.tap.records import (
     find_record_files,
     read_record,
     record_algorithm,
+    scan_records,
 )
 from weightcheck.verify_state import StateHistory, check_dp_replicas, check_sync_state
 
+# More missing ranks than this are not listed one by one (rank sizes come from untrusted records).
+_MAX_MISSING_RANKS = 4096
 _LAYER = re.compile(r"(^|\.)layers\.(\d+)\.")
 _EXPERT = re.compile(r"\.experts\.(\d+)\.")
 _FUSED_EXPERT_NAME = re.compile(r"\.mlp\.experts\.(gate_up_proj|down_proj)(_bias|_scale)?$")
@@ -145,12 +149,12 @@ class Reference:
 
 def _layer_id(name: str) -> int | None:
     match = _LAYER.search(name)
-    return int(match.group(2)) if match else None
+    return parse_index(match.group(2)) if match else None
 
 
 def _expert_id(name: str) -> int | None:
     match = _EXPERT.search(name)
-    return int(match.group(1)) if match else None
+    return parse_index(match.group(1)) if match else None
 
 
 def _template(name: str) -> str:
@@ -540,6 +544,15 @@ class _SyncChecker:
         tp_size = int(sizes.get("tp_size", 1) or 1)
         pp_size = int(sizes.get("pp_size", 1) or 1)
         present = {(int(r.rank.get("pp_rank", 0) or 0), int(r.rank.get("tp_rank", 0) or 0)) for r in records}
+        if tp_size * pp_size > len(records) + _MAX_MISSING_RANKS:
+            # Sizes no set of records could back (each record is one rank): say so, allocate nothing.
+            self._add(
+                "WC734",
+                f"engine {self.view.engine} claims tp_size {tp_size} x pp_size {pp_size} ranks but only "
+                f"{len(records)} records exist: rank coverage not checked",
+                details={"missing_ranks": []},
+            )
+            return
         expected = {(p, t) for p in range(pp_size) for t in range(tp_size)}
         missing = sorted(expected - present)
         if missing:
@@ -688,7 +701,7 @@ class _SyncChecker:
         records = self.view.records
         pp_size = int(records[0].rank.get("pp_size", 1) or 1)
         pp_present = {int(r.rank.get("pp_rank", 0) or 0) for r in records}
-        all_stages = pp_present >= set(range(pp_size))
+        all_stages = all(p in pp_present for p in range(pp_size))  # stops at the first absent stage
         ranges = [r for r in self._rank_ranges() if r is not None]
         num_layers = self._num_layers()
         calls: dict[tuple[int, int], CallEntry] = {(id(r), c.call): c for r in records for c in r.calls}
@@ -989,9 +1002,12 @@ class _SyncChecker:
                     if other == name or _template(other) != template:
                         continue
                     other_layer, other_expert = _layer_id(other), _expert_id(other)
-                    if layer is not None and other_layer != layer and other_expert == expert:
+                    # An id beyond the bounded digit count parses as None: never a shift partner.
+                    layer_shift = layer is not None and other_layer is not None and other_layer != layer
+                    expert_shift = expert is not None and other_expert is not None and other_expert != expert
+                    if layer_shift and other_expert == expert:
                         options.append(_ShiftPair(name, other, "layer", other_layer - layer))  # type: ignore[operator]
-                    elif expert is not None and other_expert != expert and other_layer == layer:
+                    elif expert_shift and other_layer == layer:
                         options.append(_ShiftPair(name, other, "expert", other_expert - expert))  # type: ignore[operator]
                 if options:
                     candidates.append((name, options))
@@ -1258,8 +1274,10 @@ def verify(
     root = Path(records)
     result = Result(target=str(root), command="verify")
     findings = _Findings(list(select) or ["ALL"], list(ignore))
-    files = find_record_files(root)
-    if not files:
+    files, refused = scan_records(root)
+    for refusal in refused:
+        findings.add("WC720", f"sync folder {refusal.name}: {refusal.reason}", file=str(root / refusal.name))
+    if not files and not refused:
         result.nothing_checked = True
         why = "no such file or directory" if not root.exists() else "no sync-*/ record files"
         result.notes.append(f"{root}: {why} (is WEIGHTCHECK_DIR set in the engine processes?)")
@@ -1422,10 +1440,12 @@ def count_records(root: Path, weight_version: str | None) -> int:
     for paths in files.values():
         for path in paths:
             try:
-                with open(path, encoding="utf-8") as fh:
-                    header = fh.readline()
-            except OSError:
+                # Only the header line matters; the confinement layer refuses FIFOs and escaping symlinks.
+                fd, _ = safe_io.open_regular(safe_io.confine(path.parent, path.name))
+            except safe_io.UnsafePath:
                 continue
+            with os.fdopen(fd, encoding="utf-8", errors="replace") as fh:
+                header = fh.readline(1 << 20)
             if f'"weight_version":"{weight_version}"' in header.replace(" ", ""):
                 count += 1
     return count

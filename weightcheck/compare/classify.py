@@ -48,6 +48,7 @@ from weightcheck.compare.operands import (
     TransposedOperand,
 )
 from weightcheck.compare.policy import PolicyRule
+from weightcheck.structure import is_index
 
 if TYPE_CHECKING:
     import torch
@@ -77,7 +78,7 @@ class ReferenceIndex:
         for name in names:
             parts = name.split(".")
             for pos, part in enumerate(parts):
-                if part.isdigit():
+                if is_index(part):
                     key = (pos, (*parts[:pos], "*", *parts[pos + 1 :]))
                     self._templates.setdefault(key, {})[int(part)] = name
 
@@ -95,7 +96,7 @@ class ReferenceIndex:
         parts = name.split(".")
         out: list[tuple[int, str, str, int, str]] = []
         for pos, part in enumerate(parts):
-            if not part.isdigit():
+            if not is_index(part):
                 continue
             own = int(part)
             key = (pos, (*parts[:pos], "*", *parts[pos + 1 :]))

@@ -32,6 +32,8 @@ import re
 from dataclasses import dataclass
 from pathlib import Path
 
+from weightcheck import safe_io
+
 TIERS = ("auto", "exact", "ulp", "stat")
 _STAT_KEYS = ("rel_l2", "sqnr_db", "cosine", "max_abs")
 
@@ -133,8 +135,8 @@ def parse_policy(text: str, source: str = "policy") -> list[PolicyRule]:
 
 def load_policy(path: str | Path) -> list[PolicyRule]:
     try:
-        text = Path(path).read_text(encoding="utf-8")
-    except (OSError, UnicodeDecodeError) as exc:
+        text = safe_io.read_text(path)  # an option file: a regular file, bounded (a FIFO would hang)
+    except safe_io.UnsafePath as exc:
         raise PolicyError(f"cannot read policy {path}: {exc}") from None
     return parse_policy(text, source=str(path))
 

@@ -13,6 +13,7 @@ from typing import Any
 
 from weightcheck.checkpoint import Checkpoint
 from weightcheck.patterns import ExpectedModule, Pattern, PatternError, expand, resolve_pattern
+from weightcheck.quant import safe_regex
 from weightcheck.quant.compiled import CompiledIgnore, NameSet
 from weightcheck.quant.config import QuantSpec, parse_quant_spec
 from weightcheck.quant.inventory import Inventory, ModuleInfo, from_checkpoint, from_config
@@ -182,4 +183,6 @@ def regex_error(entry: str) -> str | None:
         re.compile(entry[3:])
     except re.error as exc:
         return str(exc)
-    return None if _compiled(entry[3:]) is not None else "does not compile"
+    except (OverflowError, RecursionError, ValueError, MemoryError) as exc:  # `a{99999999999}`: OverflowError
+        return f"does not compile: {type(exc).__name__}: {str(exc)[:120]}"
+    return None if _compiled(entry[3:]) is not None else safe_regex.refusal(entry[3:]) or "does not compile"

@@ -26,6 +26,7 @@ from collections import defaultdict
 from collections.abc import Callable, Iterable
 
 from weightcheck.quant.matchers import Consumer, _compiled
+from weightcheck.quant.safe_regex import SafeRegex
 from weightcheck.structure import Template, group_by_template
 
 _RUNS = re.compile(r"\d+")
@@ -112,7 +113,7 @@ class _Entry:
     def __init__(self, consumer: Consumer, entry: str, position: int) -> None:
         self.entry, self.position = entry, position
         self.is_regex = False
-        self.regex: re.Pattern[str] | None = None  # `re:` entry evaluated with re.match (None: never matches)
+        self.regex: SafeRegex | None = None  # `re:` entry evaluated with re.match semantics (None: never matches)
         self.forward: tuple[str, ...] = ()  # forms of which one must be a substring of the name
         self.reverse: tuple[str, ...] = ()  # forms the name must be a substring of (FP8 expert prefixes)
         self.lower = False
@@ -207,7 +208,7 @@ class CompiledIgnore:
     @staticmethod
     def _decide(e: _Entry, name: str, match: Callable[[str, str], bool]) -> bool:
         if e.is_regex:  # what every consumer does with `re:`: re.match; an invalid pattern matches nothing
-            return e.regex is not None and e.regex.match(name) is not None
+            return e.regex is not None and e.regex.match(name)
         return match(name, e.entry)
 
     def _may_match(self, e: _Entry, group: _Group) -> bool:

@@ -16,6 +16,8 @@ import math
 from dataclasses import dataclass, field
 from typing import Any
 
+from weightcheck.structure import is_index
+
 CT_FORMATS = {
     "dense",
     "sparse-bitmask",
@@ -235,23 +237,32 @@ def _compressed_tensors(raw: dict[str, Any], source: str) -> QuantSpec:
         weights = group.get("weights") if isinstance(group.get("weights"), dict) else None
         scheme = WeightScheme(
             name=name,
-            targets=[t for t in group.get("targets") or [] if isinstance(t, str)],
+            targets=_targets(group.get("targets")),
             format=group.get("format") if isinstance(group.get("format"), str) else None,
             has_input_activations=isinstance(group.get("input_activations"), dict),
         )
         if weights:
             scheme.num_bits = weights.get("num_bits", 8) if isinstance(weights.get("num_bits", 8), int) else None
-            scheme.type = weights.get("type", "int")
+            scheme.type = weights.get("type", "int") if isinstance(weights.get("type", "int"), str) else None
             scheme.symmetric = bool(weights.get("symmetric", True))
             scheme.group_size = weights.get("group_size") if isinstance(weights.get("group_size"), int) else None
-            scheme.strategy = weights.get("strategy") or _infer_strategy(scheme.group_size)
+            strategy = weights.get("strategy")
+            scheme.strategy = strategy if isinstance(strategy, str) and strategy else _infer_strategy(scheme.group_size)
             block = weights.get("block_structure")
             if isinstance(block, str) and "x" in block:
-                block = [int(x) for x in block.split("x") if x.isdigit()]
-            scheme.block_structure = block if isinstance(block, list) else None
+                block = [int(x) for x in block.split("x") if is_index(x)]
+            ints = isinstance(block, list) and all(isinstance(b, int) and not isinstance(b, bool) for b in block)
+            scheme.block_structure = block if ints else None
             scheme.actorder = weights.get("actorder")
         spec.schemes.append(scheme)
     return spec
+
+
+def _targets(value: Any) -> list[str]:
+    """`targets` as a list of strings whatever the file holds (`"Linear"`, `["Linear"]`, or a hostile `5`)."""
+    if isinstance(value, str):
+        return [value]
+    return [t for t in value if isinstance(t, str)] if isinstance(value, list) else []
 
 
 def _infer_strategy(group_size: int | None) -> str:
@@ -444,7 +455,7 @@ def _validate_args(args: Any, activations: bool = False) -> list[str]:
         out.append("strategy block and block_structure must be given together")
     if block is not None and not (
         (isinstance(block, list) and len(block) == 2 and all(isinstance(b, int) and b > 0 for b in block))
-        or (isinstance(block, str) and len(block.split("x")) == 2 and all(x.isdigit() for x in block.split("x")))
+        or (isinstance(block, str) and len(block.split("x")) == 2 and all(is_index(x) for x in block.split("x")))
     ):
         out.append(f"block_structure {block!r} must be [rows, cols]")
     if actorder in ("group", "weight", "dynamic", "static", True) and strategy != "group" and actorder != "weight":

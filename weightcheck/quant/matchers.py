@@ -10,26 +10,23 @@ versions are in each docstring; `tests/test_matchers.py` checks them against the
 from __future__ import annotations
 
 import fnmatch
-import re
 from collections.abc import Callable, Container, Iterable
 from dataclasses import dataclass
-from functools import lru_cache
+
+from weightcheck.quant import safe_regex
 
 # A pattern that fails to compile matches nothing here; WC303 reports it.
 
 
-@lru_cache(maxsize=4096)
-def _compiled(pattern: str) -> re.Pattern[str] | None:
-    try:
-        return re.compile(pattern)
-    except re.error:
-        return None
+def _compiled(pattern: str) -> safe_regex.SafeRegex | None:
+    # Linear-time evaluation (RE2) with Python `re` meaning; None also for a pattern that could only be
+    # evaluated by backtracking without end (safe_regex.refusal says why; WC303 reports it).
+    return safe_regex.compile(pattern)
 
 
 def regex_match(pattern: str, name: str) -> bool:
     """Python `re.match`: anchored at the start only (a prefix match), as every consumer uses it."""
-    compiled = _compiled(pattern)
-    return compiled is not None and compiled.match(name) is not None
+    return safe_regex.match(pattern, name)
 
 
 def ct_match(name: str, entry: str) -> bool:
@@ -124,13 +121,9 @@ def vllm_bnb_match(name: str, entry: str) -> bool:
 _MLA_FUSED_TAILS = frozenset({"q_a_proj", "q_b_proj", "kv_a_proj_with_mqa", "kv_b_proj"})
 
 
-@lru_cache(maxsize=4096)
-def _modelopt_glob(entry: str) -> re.Pattern[str] | None:
+def _modelopt_glob(entry: str) -> safe_regex.SafeRegex | None:
     # SGLang escapes only "." and turns "*" into ".*"; other regex characters pass through.
-    try:
-        return re.compile(entry.replace(".", r"\.").replace("*", ".*"))
-    except re.error:
-        return None
+    return safe_regex.compile(safe_regex.glob_to_regex(entry))
 
 
 def sglang_modelopt_match(name: str, entry: str) -> bool:
@@ -308,12 +301,9 @@ def overreach(pattern: str, name: str) -> bool:
     compiled = _compiled(stem)
     if compiled is None:
         return False
-    m = compiled.match(name)
-    if m is None:
+    if not compiled.match(name):
         return False
-    end = m.end()
-    if end >= len(name) or name[end] == ".":
-        return False
-    # The stem ended inside a component. Is there a boundary-respecting match too? Then this one is fine.
-    bounded = _compiled(f"(?:{stem})(?=\\.|$)")
-    return bounded is None or bounded.match(name) is None
+    # Over-reach means no match of the stem ends at a component boundary (a dot or the end). A boolean
+    # question (no match positions), so that it can be answered in linear time.
+    bounded = _compiled(f"(?:{stem})(?:\\.|$)")
+    return bounded is None or not bounded.match(name)

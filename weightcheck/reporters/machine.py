@@ -29,8 +29,8 @@ def result_document(result: Result) -> dict[str, Any]:
 
 
 def emit_json(result: Result, stream: TextIO) -> None:
-    json.dump(result_document(result), stream, indent=2, sort_keys=False)
-    stream.write("\n")
+    # One write: json.dump issues a write per token, which dominated the run on a 10^5-finding report.
+    stream.write(json.dumps(result_document(result), indent=2, sort_keys=False) + "\n")
 
 
 

@@ -722,6 +722,18 @@ _DIFF_RULES: list[tuple[str, str, Severity, str, str, str, str]] = [
         "weight_scale [256, 3] does not divide 256 columns",
         "scales, zero points and shapes consistent with the packed weight",
     ),
+    (
+        "WC718",
+        "diff-file-refused",
+        Severity.ERROR,
+        "A file a compared checkpoint references was refused: it leaves the checkpoint, loops, or is not a "
+        "regular file.",
+        "weightcheck opens nothing outside the checkpoint and no FIFO or device. An index entry routed "
+        "through a symlink that leaves the directory is refused even when the tensor also exists in a "
+        "regular shard, so such a checkpoint never diffs clean.",
+        'B: refused to open sub/x.safetensors: symlink resolves outside the checkpoint (/elsewhere/x.safetensors)',
+        "every referenced file a regular file inside the checkpoint",
+    ),
 ]
 
 # Severities diff emits besides the default: an explicitly allowed skip or name-only tensor is info.

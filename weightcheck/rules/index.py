@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 import re
 from collections import defaultdict
 
@@ -190,7 +191,10 @@ def index_total_size(ctx: LintContext) -> None:
         ctx.report("metadata has no total_size", file=INDEX_NAME, severity=Severity.INFO)
         return
     if not isinstance(total, (int, float)) or isinstance(total, bool):
-        ctx.report(f"metadata.total_size is {total!r}, not a number", file=INDEX_NAME)
+        ctx.report(f"metadata.total_size is {str(total)[:40]!r}, not a number", file=INDEX_NAME)
+        return
+    if isinstance(total, float) and not math.isfinite(total):  # `1e400` parses as inf
+        ctx.report(f"metadata.total_size is {total!r}, not a finite number", file=INDEX_NAME)
         return
     if any(not _readable(ctx, s) for s in ckpt.indexed_shards):
         return

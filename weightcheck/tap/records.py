@@ -40,12 +40,14 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from weightcheck import safe_io
 from weightcheck.digest import ALGORITHMS, HEX_LENGTH, SHA256, is_hex_digest
+from weightcheck.safe_io import MAX_RECORD_BYTES, UnsafePath, confine, parse_json, read_text
 
 RECORD_KIND = "weightcheck-sync-record"
 RECORD_SCHEMA_VERSION = "1.0"
 RECORD_SUFFIX = ".jsonl"
-SYNC_DIR_RE = re.compile(r"^sync-(\d+)$")
+SYNC_DIR_RE = re.compile(r"^sync-([0-9]{1,12})$")  # ASCII and bounded: a 5,000-digit name is not a sync
 
 
 class RecordError(ValueError):
@@ -201,9 +203,16 @@ class SyncRecord:
         return ", ".join(parts) or "rank 0"
 
 
-def _int(value: Any, what: str) -> int:
+# Bounds for numbers that the verifier expands into ranges (ranks, layers, local experts).
+MAX_RANKS = 1 << 20
+MAX_COUNT = 1 << 20
+
+
+def _int(value: Any, what: str, limit: int | None = None) -> int:
     if isinstance(value, bool) or not isinstance(value, int):
-        raise RecordError(f"{what} must be an integer, got {value!r}")
+        raise RecordError(f"{what} must be an integer, got {str(value)[:40]!r}")
+    if limit is not None and not 0 <= value <= limit:
+        raise RecordError(f"{what} must be between 0 and {limit}, got {value}")
     return value
 
 
@@ -243,6 +252,14 @@ def _parse_header(doc: dict[str, Any]) -> dict[str, Any]:
     for key in ("rank", "model"):
         if doc.get(key) is not None and not isinstance(doc.get(key), dict):
             raise RecordError(f"header '{key}' must be an object")
+    # Rank fields become ranges and sets downstream: integers, bounded (no engine has 2**20 ranks).
+    for key, value in (doc.get("rank") or {}).items():
+        if key.endswith(("_rank", "_size")) and value is not None:
+            _int(value, f"rank.{key}", limit=MAX_RANKS)
+    for key in ("start_layer", "end_layer", "num_hidden_layers"):
+        value = (doc.get("model") or {}).get(key)
+        if value is not None:
+            _int(value, f"model.{key}", limit=MAX_COUNT)
     algorithm = doc.get("digest", SHA256)
     if algorithm not in ALGORITHMS:
         raise RecordError(f"unknown digest algorithm {algorithm!r} (this reader: {', '.join(ALGORITHMS)})")
@@ -348,7 +365,7 @@ def _parse_param(doc: dict[str, Any]) -> ParamEntry:
         writes=_int(doc.get("writes", 0), f"param {name!r}: writes"),
         shards_expected=None if expected is None else _str_list(expected, f"param {name!r}: shards_expected"),
         shards_written=_str_list(doc.get("shards_written"), f"param {name!r}: shards_written"),
-        experts_local=None if local is None else _int(local, f"param {name!r}: experts_local"),
+        experts_local=None if local is None else _int(local, f"param {name!r}: experts_local", limit=MAX_COUNT),
         experts_written=experts,
     )
 
@@ -357,11 +374,11 @@ def read_record(path: str | os.PathLike[str]) -> SyncRecord:
     """Read and validate one record file. Raises RecordError (never a bare OSError/JSON error)."""
     target = Path(path)
     try:
-        text = target.read_text(encoding="utf-8")
-    except OSError as exc:
-        raise RecordError(f"cannot read {target}: {exc.strerror or exc}") from None
-    except UnicodeDecodeError:
-        raise RecordError(f"{target} is not UTF-8 text") from None
+        # Through the confinement layer: inside its sync folder, a regular file, bounded size.
+        real = confine(target.parent, target.name, what="its sync folder")
+        text = read_text(real, MAX_RECORD_BYTES, name=str(target))
+    except UnsafePath as exc:
+        raise RecordError(f"cannot read {target}: {exc.reason}") from None
     header: dict[str, Any] | None = None
     calls: list[CallEntry] = []
     tensors: list[TensorEntry] = []
@@ -372,9 +389,9 @@ def read_record(path: str | os.PathLike[str]) -> SyncRecord:
         if not line.strip():
             continue
         try:
-            doc = json.loads(line)
-        except (ValueError, RecursionError) as exc:
-            raise RecordError(f"line {lineno} is not valid JSON: {str(exc)[:120]}") from None
+            doc = parse_json(line, f"line {lineno}")
+        except UnsafePath as exc:
+            raise RecordError(f"line {lineno} is not valid JSON: {exc.reason[:120]}") from None
         if not isinstance(doc, dict):
             raise RecordError(f"line {lineno} is not a JSON object")
         if end is not None:
@@ -426,19 +443,41 @@ def read_record(path: str | os.PathLike[str]) -> SyncRecord:
 
 def find_record_files(root: str | os.PathLike[str]) -> dict[int, list[Path]]:
     """`{sync seq: [record files]}` under a records directory (or a single sync directory or file)."""
+    return scan_records(root)[0]
+
+
+def scan_records(root: str | os.PathLike[str]) -> tuple[dict[int, list[Path]], list[UnsafePath]]:
+    """`find_record_files` plus what was refused: sync folders that are symlinks leaving the records folder
+    (or loops). Every `*.jsonl` entry of a sync folder is listed whatever its type, so that a FIFO, a loop
+    or an escaping symlink is refused by `read_record` (a finding) instead of skipped silently."""
     base = Path(root)
     out: dict[int, list[Path]] = {}
-    if base.is_file():
-        return {-1: [base]}
-    match = SYNC_DIR_RE.match(base.name)
-    if match and base.is_dir():
-        return {int(match.group(1)): sorted(p for p in base.glob(f"*{RECORD_SUFFIX}") if p.is_file())}
+    refused: list[UnsafePath] = []
     if not base.is_dir():
-        return out
-    for child in sorted(base.iterdir()):
-        match = SYNC_DIR_RE.match(child.name)
-        if match and child.is_dir():
-            files = sorted(p for p in child.glob(f"*{RECORD_SUFFIX}") if p.is_file() and not p.name.startswith("."))
-            if files:
-                out[int(match.group(1))] = files
-    return out
+        return ({-1: [base]} if os.path.lexists(base) else out), refused
+    match = SYNC_DIR_RE.match(base.name)
+    if match:
+        return {int(match.group(1)): _record_entries(base)}, refused
+    bases = safe_io.allowed_bases(base)
+    for name in sorted(os.listdir(base)):
+        match = SYNC_DIR_RE.match(name)
+        if not match:
+            continue
+        try:
+            child = safe_io.is_dir_inside(base, name, bases=bases, what="the records folder")
+        except UnsafePath as exc:
+            if exc.kind != "not-regular":  # a plain file named like a sync folder is not ours to judge
+                refused.append(exc)
+            continue
+        files = _record_entries(base / name, real=child)
+        if files:
+            out[int(match.group(1))] = files
+    return out, refused
+
+
+def _record_entries(folder: Path, real: Path | None = None) -> list[Path]:
+    try:
+        names = os.listdir(real or folder)
+    except OSError:
+        return []
+    return sorted(folder / n for n in names if n.endswith(RECORD_SUFFIX) and not n.startswith("."))

@@ -1,0 +1,724 @@
+"""Hostile-input fuzzing: mutate real artefacts, run the CLI in a jail of instruments, check the contract.
+
+The corpus is made by the real writers: transformers `save_pretrained` (a sharded Llama, a Qwen3-MoE), an
+llm-compressor-style quantization config validated by compressed-tensors, tap records written by
+`weightcheck.tap` while a small engine loads the checkpoint, and trainer manifest parts written by
+`weightcheck.manifest.write_manifest`. Each case copies the corpus, applies one mutation, runs
+`weightcheck lint|diff|verify|explain-ignore --format json` in a subprocess (tests/fuzz_child.py: an
+address-space limit and an audit hook on every `open`) and checks the contract:
+
+- exit code 0, 1 or 3 (never 2 = internal error), a JSON document on stdout, no traceback;
+- finished within the time limit and the memory limit;
+- nothing opened outside the target (honeypot files beside it, /etc/passwd, /proc/self/environ);
+- nothing written: no open for writing (besides /dev/null and the child's private TMPDIR, which must be
+  empty again afterwards) and the case directory is byte-for-byte unchanged.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import re
+import resource
+import shutil
+import signal
+import struct
+import subprocess
+import sys
+import tempfile
+import time
+from collections import Counter
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+REPO = Path(__file__).resolve().parent.parent
+CHILD = Path(__file__).resolve().parent / "fuzz_child.py"
+ALLOWED_EXIT = {0, 1, 3}
+# Address-space cap: torch's import maps ~1.5 GB of virtual memory on its own.
+MEM_LIMIT = int(os.environ.get("WC_FUZZ_MEM", str(3 * 1024**3)))
+# A hang is judged in CPU seconds (the child's RLIMIT_CPU); the wall-clock limit is only a backstop for a
+# process blocked without using CPU (a FIFO opened for reading), generous because the machine may be loaded.
+CPU_LIMIT_S = int(os.environ.get("WC_FUZZ_CPU", "60"))
+TIMEOUT_S = float(os.environ.get("WC_FUZZ_TIMEOUT", "600"))
+FORBIDDEN_SYSTEM = ["/etc/passwd", "/proc/self/environ"]
+
+FAMILIES = (
+    "header-bytes",
+    "header-json",
+    "tensor-names",
+    "index-json",
+    "config-json",
+    "quant-config",
+    "filesystem",
+    "records",
+    "manifests",
+)
+COUNTS: Counter[str] = Counter()
+CPU_SECONDS: Counter[str] = Counter()
+
+
+# ---- corpus ------------------------------------------------------------------------------------------------
+
+
+def build_corpus(dest: Path) -> Path:
+    """ckpt/ (Llama, sharded), moe/ (Qwen3-MoE, quantization_config), records/, manifest/ — real writers."""
+    import torch
+    from conftest import build_llama, build_qwen3_moe
+
+    from weightcheck import tap
+    from weightcheck.manifest import write_manifest
+
+    dest.mkdir(parents=True, exist_ok=True)
+    ckpt = build_llama(dest / "ckpt")
+    moe = build_qwen3_moe(dest / "moe")
+    _add_quant_config(moe)
+    stream = _read_stream(ckpt)
+
+    class Engine(torch.nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.config = type("C", (), {"num_hidden_layers": 4})()
+            self._keys = {}
+            for name, tensor in stream:
+                key = name.replace(".", "__")
+                self._keys[name] = key
+                self.register_parameter(key, torch.nn.Parameter(torch.zeros_like(tensor), requires_grad=False))
+
+        def named_parameters(self, *a: Any, **k: Any):  # type: ignore[override]
+            for name, key in self._keys.items():
+                yield name, getattr(self, key)
+
+        def load_weights(self, weights: Any) -> None:
+            params = dict(self.named_parameters())
+            for name, tensor in weights:
+                if name in params:
+                    params[name].data.copy_(tensor)
+
+    records = dest / "records"
+    tap.configure(records, digest_threads=1, keep_tensors=True)
+    tap.install(Engine)
+    try:
+        tap.set_engine_hooks(tap.EngineHooks(rank_info=lambda: {"tp_rank": 0, "tp_size": 1, "pp_rank": 0}))
+        with tap.sync("step-1", source="fuzz"):
+            Engine().load_weights(iter(stream))
+    finally:
+        tap.uninstall(Engine)
+        tap.configure(None)
+        tap.set_engine_hooks(tap.EngineHooks())
+    half = len(stream) // 2
+    (dest / "manifest").mkdir()
+    write_manifest(dest / "manifest" / "part-0.json", stream[:half], pp_rank=0)
+    write_manifest(dest / "manifest" / "part-1.json", stream[half:], pp_rank=1)
+    return dest
+
+
+def _read_stream(path: Path) -> list[tuple[str, Any]]:
+    from safetensors import safe_open
+
+    out = []
+    for shard in sorted(path.glob("*.safetensors")):
+        with safe_open(str(shard), framework="pt") as fh:
+            out.extend((key, fh.get_tensor(key)) for key in fh.keys())
+    return out
+
+
+def _add_quant_config(path: Path) -> None:
+    """A compressed-tensors quantization_config as llm-compressor writes it, built by CT's own model."""
+    from compressed_tensors.quantization import QuantizationConfig, QuantizationScheme, preset_name_to_scheme
+
+    scheme: QuantizationScheme = preset_name_to_scheme("W4A16", ["Linear"])
+    qcfg = QuantizationConfig(
+        config_groups={"group_0": scheme}, ignore=["lm_head", "re:.*mlp.gate$"], quant_method="compressed-tensors"
+    )
+    cfg = json.loads((path / "config.json").read_text())
+    cfg["quantization_config"] = qcfg.model_dump(mode="json", exclude_none=True)
+    (path / "config.json").write_text(json.dumps(cfg, indent=2))
+
+
+# ---- hostile values ------------------------------------------------------------------------------------------
+
+
+class Raw(str):
+    """JSON text written verbatim (numbers json.dumps cannot spell: 1e400, 5000-digit integers)."""
+
+
+HOSTILE_VALUES: list[Any] = [
+    0, -1, 1, 2, 5, 7, 1000, 10**6, 10**9, 10**12, 10**18, 2**63, 2**64 + 1, -(10**12),
+    Raw("1e400"), Raw("-1e400"), Raw("1" + "0" * 5000), Raw("-" + "9" * 400), 1.5, -0.0, Raw("NaN"),
+    "a", "", "10", "\u0663", "1e9", "x" * 10000, None, True, False, [], {}, [1, 2], [5, "a"],
+    [10**12], {"a": 1}, ["re:(.+)+!"], "re:(.+)+!", "*" * 5000,
+]  # fmt: skip
+HUGE_DIGITS = "7" * 5000
+
+
+def dumps(doc: Any) -> str:
+    raws: dict[str, str] = {}
+
+    def enc(obj: Any) -> Any:
+        if isinstance(obj, Raw):
+            key = f"__raw_{len(raws)}__"
+            raws[key] = str(obj)
+            return key
+        if isinstance(obj, dict):
+            return {enc(k) if isinstance(k, Raw) else k: enc(v) for k, v in obj.items()}
+        if isinstance(obj, list):
+            return [enc(v) for v in obj]
+        return obj
+
+    text = json.dumps(enc(doc), allow_nan=True)
+    for key, raw in raws.items():
+        text = text.replace(f'"{key}"', raw)
+    return text
+
+
+def paths_of(doc: Any, prefix: tuple = (), limit: int = 4000) -> list[tuple]:
+    """Every key path in a JSON document (capped), so a mutation can land anywhere."""
+    out: list[tuple] = []
+    stack = [(prefix, doc)]
+    while stack and len(out) < limit:
+        path, node = stack.pop()
+        if isinstance(node, dict):
+            for k, v in node.items():
+                out.append((*path, k))
+                stack.append(((*path, k), v))
+        elif isinstance(node, list):
+            for i, v in enumerate(node[:50]):
+                out.append((*path, i))
+                stack.append(((*path, i), v))
+    return out
+
+
+def set_path(doc: Any, path: tuple, value: Any) -> None:
+    node = doc
+    for key in path[:-1]:
+        node = node[key]
+    node[path[-1]] = value
+
+
+# ---- a case ----------------------------------------------------------------------------------------------------
+
+
+@dataclass
+class Case:
+    root: Path  # the case directory: target trees + honeypot
+    family: str
+    argv: list[str] = field(default_factory=list)
+    notes: list[str] = field(default_factory=list)
+
+    @property
+    def honeypot(self) -> Path:
+        return self.root / "honeypot"
+
+
+def new_case(corpus: Path, work: Path, family: str, parts: tuple[str, ...]) -> Case:
+    if work.exists():
+        shutil.rmtree(work)
+    work.mkdir(parents=True)
+    for part in parts:
+        shutil.copytree(corpus / part, work / part, symlinks=True)
+    pot = work / "honeypot"
+    pot.mkdir()
+    # Valid-looking files of every kind, so that following a link to them would really be "read".
+    shutil.copy(corpus / "ckpt" / "config.json", pot / "config.json")
+    shutil.copy(next((corpus / "ckpt").glob("*.safetensors")), pot / "secret.safetensors")
+    shutil.copy(next((corpus / "records").rglob("*.jsonl")), pot / "secret.jsonl")
+    shutil.copy(corpus / "manifest" / "part-0.json", pot / "secret.json")
+    (pot / "sync-00000").mkdir()
+    shutil.copy(next((corpus / "records").rglob("*.jsonl")), pot / "sync-00000" / "secret.jsonl")
+    return Case(root=work, family=family)
+
+
+def snapshot(root: Path) -> dict[str, str]:
+    out: dict[str, str] = {}
+    for dirpath, dirnames, filenames in os.walk(root):
+        for name in dirnames + filenames:
+            p = Path(dirpath) / name
+            rel = str(p.relative_to(root))
+            if p.is_symlink():
+                out[rel] = "link:" + os.readlink(p)
+            elif p.is_file():
+                out[rel] = hashlib.sha256(p.read_bytes()).hexdigest()
+            elif p.is_dir():
+                out[rel] = "dir"
+            else:
+                out[rel] = "special"
+    return out
+
+
+@dataclass
+class Outcome:
+    rc: int | None
+    seconds: float
+    cpu_seconds: float
+    stdout: str
+    stderr: str
+    violations: list[str]
+
+
+def _text(raw: bytes | str | None) -> str:
+    if raw is None:
+        return ""
+    return raw if isinstance(raw, str) else raw.decode("utf-8", "replace")
+
+
+def run_case(case: Case, timeout: float = TIMEOUT_S, mem: int = MEM_LIMIT, cpu: int = CPU_LIMIT_S) -> Outcome:
+    audit = case.root.parent / f"{case.root.name}.audit"
+    audit.unlink(missing_ok=True)
+    tmpdir = Path(tempfile.mkdtemp(prefix="wcfuzz-tmp-"))
+    before = snapshot(case.root)
+    env = {
+        **os.environ,
+        "PYTHONPATH": str(REPO),
+        "PYTHONDONTWRITEBYTECODE": "1",
+        "TMPDIR": str(tmpdir),
+        "NO_COLOR": "1",
+        "HF_HUB_OFFLINE": "1",
+    }
+    forbidden = [str(case.honeypot), *FORBIDDEN_SYSTEM]
+    cmd = [sys.executable, str(CHILD), str(audit), str(mem), str(cpu), json.dumps(forbidden), "--", *case.argv]
+    started = time.monotonic()
+    cpu_before = resource.getrusage(resource.RUSAGE_CHILDREN)
+    violations: list[str] = []
+    try:
+        proc = subprocess.run(
+            cmd, cwd=case.root, env=env, capture_output=True, timeout=timeout, stdin=subprocess.DEVNULL
+        )
+        rc, out, err = proc.returncode, _text(proc.stdout), _text(proc.stderr)
+    except subprocess.TimeoutExpired as exc:
+        rc, out, err = None, _text(exc.stdout), _text(exc.stderr)
+        violations.append(f"hang: no exit within {timeout:.0f} s")
+    seconds = time.monotonic() - started
+    usage = resource.getrusage(resource.RUSAGE_CHILDREN)
+    cpu_seconds = (usage.ru_utime + usage.ru_stime) - (cpu_before.ru_utime + cpu_before.ru_stime)
+    if rc is not None and rc in (-signal.SIGXCPU, -signal.SIGKILL):
+        violations.append(f"hang: killed after {cpu_seconds:.0f} CPU seconds (limit {cpu})")
+    elif rc is not None and rc not in ALLOWED_EXIT:
+        violations.append(f"exit code {rc} (allowed: {sorted(ALLOWED_EXIT)})")
+    if "Traceback (most recent call last)" in err or "internal error" in err:
+        violations.append("traceback/internal error on stderr: " + err.strip().splitlines()[-1][:300])
+    if "MemoryError" in err:
+        violations.append("memory blow-up (MemoryError under the address-space limit)")
+    if rc is not None and rc in ALLOWED_EXIT:
+        try:
+            doc = json.loads(out)
+            report = case.argv[0] in ("lint", "diff", "verify")  # explain-ignore prints its own JSON shape
+            if not isinstance(doc, dict) or (report and ("findings" not in doc or "schema_version" not in doc)):
+                violations.append("stdout is JSON but not a weightcheck report")
+        except ValueError:
+            violations.append(f"stdout is not JSON: {out[:200]!r}")
+    log = audit.read_text() if audit.exists() else ""
+    for line in sorted(set(log.splitlines())):
+        kind, _, path = line.partition(" ")
+        if kind == "OUTSIDE":
+            violations.append(f"opened outside the target: {path}")
+        elif kind == "WRITE" and path != "/dev/null" and not path.startswith(str(tmpdir)):
+            violations.append(f"opened for writing: {path}")
+    # torch creates an empty inductor cache folder on import; only files count as writes.
+    leftovers = [p for p in tmpdir.rglob("*") if not p.is_dir()]
+    if leftovers:
+        violations.append(f"left files in TMPDIR: {[p.name for p in leftovers][:5]}")
+    shutil.rmtree(tmpdir, ignore_errors=True)
+    after = snapshot(case.root)
+    if after != before:
+        changed = sorted(k for k in set(before) | set(after) if before.get(k) != after.get(k))
+        violations.append(f"case directory changed: {changed[:5]}")
+    audit.unlink(missing_ok=True)
+    return Outcome(rc, seconds, cpu_seconds, out, err, violations)
+
+
+# ---- mutations ----------------------------------------------------------------------------------------------------
+# Each takes `draw` (hypothesis `data.draw`) and a Case whose trees are fresh copies, mutates them, sets argv.
+
+Draw = Callable[..., Any]
+
+
+def _st():
+    from hypothesis import strategies as st
+
+    return st
+
+
+def _pick(draw: Draw, seq: list[Any] | tuple[Any, ...], label: str = "") -> Any:
+    return draw(_st().sampled_from(list(seq)), label=label) if label else draw(_st().sampled_from(list(seq)))
+
+
+def hostile_value(draw: Draw) -> Any:
+    st = _st()
+    return draw(
+        st.one_of(
+            st.sampled_from(HOSTILE_VALUES),
+            st.integers(min_value=-(2**70), max_value=2**70),
+            st.text(max_size=20),
+            st.lists(st.integers(min_value=-5, max_value=10**13), max_size=4),
+        ),
+        label="value",
+    )
+
+
+def read_shard(path: Path) -> tuple[dict[str, Any], bytes]:
+    raw = path.read_bytes()
+    (n,) = struct.unpack("<Q", raw[:8])
+    return json.loads(raw[8 : 8 + n]), raw[8 + n :]
+
+
+def write_shard(path: Path, header_text: str, data: bytes) -> None:
+    blob = header_text.encode("utf-8")
+    path.write_bytes(struct.pack("<Q", len(blob)) + blob + data)
+
+
+def _shards(ckpt: Path) -> list[Path]:
+    return sorted(ckpt.glob("*.safetensors"))
+
+
+def _target_command(draw: Draw, case: Case, tree: str) -> None:
+    """lint the mutated tree, or diff it against the pristine copy (either side), or explain-ignore it."""
+    how = _pick(draw, ["lint", "lint", "lint-content", "diff", "diff-rev", "explain-ignore"], "command")
+    if how == "lint":
+        case.argv = ["lint", tree, "--format", "json"]
+    elif how == "lint-content":
+        case.argv = ["lint", tree, "--content", "--format", "json"]
+    elif how == "explain-ignore":
+        case.argv = ["explain-ignore", tree, "--format", "json"]
+    else:
+        pristine = f"{tree}-pristine"  # copied by fuzz_one before the mutation
+        a, b = (pristine, tree) if how == "diff" else (tree, pristine)
+        case.argv = ["diff", a, b, "--format", "json"]
+    case.notes.append(" ".join(case.argv))
+
+
+def mut_header_bytes(draw: Draw, case: Case, tree: str) -> None:
+    st = _st()
+    shard = _pick(draw, _shards(case.root / tree), "shard")
+    raw = bytearray(shard.read_bytes())
+    (n,) = struct.unpack("<Q", raw[:8])
+    kind = _pick(draw, ["length", "flip", "splice", "truncate", "extend"], "kind")
+    if kind == "length":
+        value = draw(st.sampled_from([0, 1, 7, n - 1, n + 1, 2**63, 2**64 - 1, 100_000_001, len(raw)]), label="len")
+        raw[:8] = struct.pack("<Q", value % 2**64)
+    elif kind == "flip":
+        for _ in range(draw(st.integers(1, 16), label="flips")):
+            pos = draw(st.integers(0, 8 + n - 1), label="pos")
+            raw[pos] = draw(st.integers(0, 255), label="byte")
+    elif kind == "splice":
+        pos = draw(st.integers(8, 8 + n - 1), label="pos")
+        chunk = draw(st.sampled_from([b"{", b"}", b"[", b'"', b"\\", b"\xff\xfe", b"\x00", b"[" * 3000]), label="chunk")
+        raw[pos:pos] = chunk
+        raw[:8] = struct.pack("<Q", n + len(chunk))
+    elif kind == "truncate":
+        del raw[draw(st.integers(0, len(raw) - 1), label="cut") :]
+    else:
+        raw += b"\x00" * draw(st.integers(1, 4096), label="extra")
+    shard.write_bytes(bytes(raw))
+    case.notes.append(f"{kind} {shard.name}")
+
+
+def mut_header_json(draw: Draw, case: Case, tree: str) -> None:
+    shard = _pick(draw, _shards(case.root / tree), "shard")
+    header, data = read_shard(shard)
+    kind = _pick(draw, ["field", "metadata", "duplicate", "deep", "many"], "kind")
+    if kind == "field":
+        path = _pick(draw, paths_of(header), "path")
+        set_path(header, path, hostile_value(draw))
+        text = dumps(header)
+    elif kind == "metadata":
+        header["__metadata__"] = hostile_value(draw)
+        text = dumps(header)
+    elif kind == "duplicate":
+        name = next(k for k in header if k != "__metadata__")
+        text = dumps(header)[:-1] + f', "{name}": ' + json.dumps(header[name]) + "}"
+    elif kind == "deep":
+        text = dumps(header)[:-1] + ', "x": ' + "[" * 5000 + "]" * 5000 + "}"
+    else:  # many tiny entries: a header that claims lots of tensors cheaply
+        count = _pick(draw, [5_000, 50_000], "count")
+        extra = {f"model.layers.{i}.mlp.experts.{i}.w.weight": {"dtype": "F32", "shape": [0], "data_offsets": [0, 0]}
+                 for i in range(count)}  # fmt: skip
+        text = dumps({**header, **extra})
+    write_shard(shard, text, data)
+    case.notes.append(f"{kind} {shard.name}")
+
+
+def mut_tensor_names(draw: Draw, case: Case, tree: str) -> None:
+    st = _st()
+    shard = _pick(draw, _shards(case.root / tree), "shard")
+    header, data = read_shard(shard)
+    names = [k for k in header if k != "__metadata__"]
+    victim = _pick(draw, names, "victim")
+    digits = _pick(draw, [HUGE_DIGITS, "9" * 30, "\u0663", "-1", "01", "1" * 4301], "digits")
+    new = _pick(draw, [
+        re.sub(r"layers\.\d+", f"layers.{digits}", victim),
+        f"model.layers.0.mlp.experts.{digits}.gate_proj.weight",
+        f"model.layers.{digits}.mlp.experts.{digits}.down_proj.weight",
+        victim + "." * draw(st.integers(0, 3)),
+        "",
+        "x" * 100_000,
+    ], "new")  # fmt: skip
+    header[new] = header.pop(victim)
+    write_shard(shard, dumps(header), data)
+    index = case.root / tree / "model.safetensors.index.json"
+    if index.exists() and draw(st.booleans(), label="index-too"):
+        doc = json.loads(index.read_text())
+        doc["weight_map"][new] = doc["weight_map"].pop(victim, shard.name)
+        index.write_text(dumps(doc))
+    case.notes.append(f"{victim} -> {new[:60]}")
+
+
+def mut_index_json(draw: Draw, case: Case, tree: str) -> None:
+    st = _st()
+    index = case.root / tree / "model.safetensors.index.json"
+    doc = json.loads(index.read_text())
+    kind = _pick(draw, ["field", "total_size", "ghosts", "shard-names", "escape", "dir-symlink", "weight_map"], "kind")
+    if kind == "field":
+        set_path(doc, _pick(draw, paths_of(doc), "path"), hostile_value(draw))
+    elif kind == "total_size":
+        doc.setdefault("metadata", {})["total_size"] = hostile_value(draw)
+    elif kind == "ghosts":
+        count = _pick(draw, [1000, 100_000, 1_000_000], "count")
+        shard = next(iter(doc["weight_map"].values()))
+        doc["weight_map"].update({f"model.layers.{i}.mlp.experts.{i}.up_proj.weight": shard for i in range(count)})
+    elif kind == "shard-names":
+        count = _pick(draw, [1000, 100_000], "count")
+        doc["weight_map"].update({f"ghost.{i}.weight": f"model-{i:05d}-of-99999.safetensors" for i in range(count)})
+    elif kind == "escape":
+        name = next(iter(doc["weight_map"]))
+        doc["weight_map"][name] = _pick(draw, [
+            "../honeypot/secret.safetensors", "/etc/passwd", str(case.honeypot / "secret.safetensors"),
+            "./../honeypot/secret.safetensors", "..\\honeypot\\secret.safetensors", "\x00", "",
+            "sub/../../honeypot/secret.safetensors",
+        ], "target")  # fmt: skip
+    elif kind == "dir-symlink":
+        (case.root / tree / "sub").symlink_to("../honeypot", target_is_directory=True)
+        name = next(iter(doc["weight_map"]))
+        doc["weight_map"][name] = "sub/secret.safetensors"
+        if draw(st.booleans(), label="negative-total"):
+            doc.setdefault("metadata", {})["total_size"] = -1
+    else:
+        doc["weight_map"] = hostile_value(draw)
+    index.write_text(dumps(doc))
+    case.notes.append(kind)
+
+
+CONFIG_KEYS = [
+    "num_hidden_layers", "num_experts", "n_routed_experts", "num_local_experts", "moe_intermediate_size",
+    "mlp_only_layers", "decoder_sparse_step", "first_k_dense_replace", "moe_layer_freq", "head_dim",
+    "num_attention_heads", "num_key_value_heads", "hidden_size", "intermediate_size", "vocab_size",
+    "tie_word_embeddings", "num_nextn_predict_layers", "architectures", "model_type", "text_config",
+    "torch_dtype", "dtype", "n_shared_experts", "shared_expert_intermediate_size", "layer_types",
+    "quantization_config", "max_position_embeddings", "qk_nope_head_dim", "qk_rope_head_dim", "v_head_dim",
+    "kv_lora_rank", "q_lora_rank", "num_experts_per_tok",
+]  # fmt: skip
+
+
+def mut_config_json(draw: Draw, case: Case, tree: str) -> None:
+    st = _st()
+    path = case.root / tree / _pick(draw, ["config.json", "config.json", "generation_config.json"], "file")
+    doc = json.loads(path.read_text()) if path.exists() else {}
+    for _ in range(draw(st.integers(1, 4), label="edits")):
+        how = _pick(draw, ["known", "existing", "combo"], "how")
+        if how == "known" or not doc:
+            doc[_pick(draw, CONFIG_KEYS, "key")] = hostile_value(draw)
+        elif how == "existing":
+            set_path(doc, _pick(draw, paths_of(doc), "path"), hostile_value(draw))
+        else:  # each count "plausible", the product not
+            doc.update(num_hidden_layers=1000, num_experts=1000, n_routed_experts=1000, num_local_experts=1000)
+    if draw(st.booleans(), label="as-text"):
+        path.write_text(dumps(doc))
+    else:
+        path.write_text(_pick(draw, ["", "{", "[]", "null", "1e400", '"x"', "[" * 100_000, "\ufeff{}"], "text"))
+    case.notes.append(path.name)
+
+
+QUANT_KEYS = ["ignore", "targets", "exclude_modules", "modules_to_not_convert", "block_structure",
+              "weight_block_size", "quant_method", "config_groups", "format", "kv_cache_scheme", "group_size",
+              "bits", "num_bits", "strategy", "quant_algo"]  # fmt: skip
+EVIL_ENTRIES = [
+    "re:(.+)+!", "re:(a|aa)+$", "re:(.*)*x", "re:a{99999999999}", "re:(", "re:" + "(a*)*" * 20, "*" * 5000,
+    "model.*.*.*.*.*.*.*.*.*.*.*.*.*.*.*.*.*.*.*.*.*.*.*.*.*.*.*x", "re:.*mlp\\.gate$", "lm_head", "",
+    "re:" + "a" * 100_000, "re:(?=a)", "re:\\1", "re:[", "re:(?i)MLP.GATE", "re:\\d+\u0663",
+    "re:" + "(x+x+)+y", "re:(?P<a>.)(?P=a)", 5, None, ["nested"], {"a": 1},
+]  # fmt: skip
+
+
+def mut_quant_config(draw: Draw, case: Case, tree: str) -> None:
+    st = _st()
+    path = case.root / tree / "config.json"
+    doc = json.loads(path.read_text())
+    qc = doc.setdefault("quantization_config", {})
+    kind = _pick(draw, ["ignore", "field", "method", "hf_quant_config", "existing"], "kind")
+    if kind == "ignore":
+        key = _pick(draw, ["ignore", "exclude_modules", "modules_to_not_convert"], "key")
+        entries = draw(st.lists(st.sampled_from(EVIL_ENTRIES), min_size=1, max_size=5), label="entries")
+        qc[key] = entries if draw(st.booleans(), label="as-list") else entries[0]
+    elif kind == "field":
+        qc[_pick(draw, QUANT_KEYS, "key")] = draw(st.one_of(st.sampled_from(EVIL_ENTRIES), st.just(None)).flatmap(
+            lambda e: st.sampled_from([e, hostile_value(draw)])), label="v")  # fmt: skip
+    elif kind == "method":
+        qc["quant_method"] = _pick(draw, ["fp8", "modelopt", "awq", "gptq", "bitsandbytes", "compressed-tensors",
+                                          "mxfp4", "nope", 5], "method")  # fmt: skip
+        qc[_pick(draw, QUANT_KEYS, "key")] = _pick(draw, EVIL_ENTRIES + HOSTILE_VALUES, "v")
+        if qc["quant_method"] == "fp8":
+            qc["weight_block_size"] = _pick(draw, [[128, 128], ["\u0663", 1], [0, 0], [-1], 5, [10**30, 1]], "bs")
+    elif kind == "hf_quant_config":
+        (case.root / tree / "hf_quant_config.json").write_text(dumps({
+            "producer": {"name": "modelopt"},
+            "quantization": {"quant_algo": "FP8", "exclude_modules": draw(
+                st.lists(st.sampled_from(EVIL_ENTRIES), min_size=1, max_size=4), label="excl")},
+        }))  # fmt: skip
+    else:
+        paths = paths_of(qc)
+        if paths:
+            set_path(qc, _pick(draw, paths, "path"), _pick(draw, EVIL_ENTRIES + HOSTILE_VALUES, "v"))
+    path.write_text(dumps(doc))
+    case.notes.append(kind)
+
+
+def _replace_with(draw: Draw, case: Case, victim: Path) -> str:
+    """Turn `victim` into a symlink (honeypot, system file, loop, dangling), a FIFO or a directory."""
+    kind = _pick(draw, ["honeypot", "passwd", "environ", "loop", "self-loop", "fifo", "dir", "dangling",
+                        "honeypot-relative"], "fs-kind")  # fmt: skip
+    is_dir = victim.is_dir() and not victim.is_symlink()
+    if is_dir:
+        shutil.rmtree(victim)
+    elif os.path.lexists(victim):
+        victim.unlink()
+    pot_file = case.honeypot / (
+        "sync-00000" if is_dir else {".safetensors": "secret.safetensors", ".jsonl": "secret.jsonl"}.get(
+            victim.suffix, "secret.json" if victim.name != "config.json" else "config.json"))  # fmt: skip
+    if kind == "honeypot":
+        victim.symlink_to(pot_file)
+    elif kind == "honeypot-relative":
+        victim.symlink_to(os.path.relpath(pot_file, victim.parent))
+    elif kind == "passwd":
+        victim.symlink_to("/etc/passwd")
+    elif kind == "environ":
+        victim.symlink_to("/proc/self/environ")
+    elif kind == "loop":
+        other = victim.parent / (victim.name + ".loop")
+        victim.symlink_to(other.name)
+        other.symlink_to(victim.name)
+    elif kind == "self-loop":
+        victim.symlink_to(victim.name)
+    elif kind == "fifo":
+        os.mkfifo(victim)
+    elif kind == "dir":
+        victim.mkdir()
+    else:
+        victim.symlink_to("does-not-exist")
+    return kind
+
+
+def mut_filesystem(draw: Draw, case: Case, tree: str) -> None:
+    base = case.root / tree
+    candidates = [base / "config.json", base / "model.safetensors.index.json", base / "generation_config.json",
+                  base / "hf_quant_config.json", base / "pyproject.toml", *_shards(base),
+                  base / "extra.safetensors"]  # fmt: skip
+    victim = _pick(draw, candidates, "victim")
+    kind = _replace_with(draw, case, victim)
+    case.notes.append(f"{victim.name} -> {kind}")
+
+
+def mut_records(draw: Draw, case: Case, _tree: str) -> None:
+    st = _st()
+    records = case.root / "records"
+    files = sorted(records.rglob("*.jsonl"))
+    kind = _pick(draw, ["line", "line", "names", "fs-record", "fs-sync", "tensors-file", "truncate", "garbage"],
+                 "kind")  # fmt: skip
+    target = _pick(draw, files, "file")
+    if kind in ("line", "names"):
+        lines = target.read_text().splitlines()
+        i = draw(st.integers(0, len(lines) - 1), label="line")
+        doc = json.loads(lines[i])
+        if kind == "line":
+            keys = [p for p in paths_of(doc)] + [("tp_size",), ("experts_local",), ("tp_rank",), ("pp_size",),
+                                                 ("ep_size",), ("experts_written",), ("shape",)]  # fmt: skip
+            set_path(doc, _pick(draw, keys, "path"), hostile_value(draw))
+        else:
+            name = doc.get("name") if isinstance(doc.get("name"), str) else "model.layers.0.mlp.gate_proj.weight"
+            doc["name"] = _pick(draw, [re.sub(r"layers\.\d+", f"layers.{HUGE_DIGITS}", name),
+                                       f"model.layers.0.mlp.experts.{HUGE_DIGITS}.up_proj.weight",
+                                       "model.layers.\u0663.mlp.up_proj.weight", "x" * 100_000], "name")  # fmt: skip
+        lines[i] = dumps(doc)
+        target.write_text("\n".join(lines) + "\n")
+    elif kind == "fs-record":
+        _replace_with(draw, case, target)
+    elif kind == "fs-sync":
+        _replace_with(draw, case, target.parent)
+    elif kind == "tensors-file":
+        kept = [p for p in target.parent.iterdir() if p.suffix == ".safetensors"]
+        if kept:
+            _replace_with(draw, case, _pick(draw, kept, "kept"))
+        else:
+            _replace_with(draw, case, target)
+    elif kind == "truncate":
+        raw = target.read_bytes()
+        target.write_bytes(raw[: draw(st.integers(0, len(raw)), label="cut")])
+    else:
+        target.write_bytes(_pick(draw, [b"\xff\xfe", b"{}\n" * 10, b"[" * 100_000, b"\n" * 10**6, b"null"], "g"))
+    case.notes.append(f"{kind} {target.name}")
+    against = _pick(draw, ["ckpt", "manifest", None], "against")
+    case.argv = ["verify", "records", "--format", "json"] + (["--against", against] if against else [])
+
+
+def mut_manifests(draw: Draw, case: Case, _tree: str) -> None:
+    st = _st()
+    parts = sorted((case.root / "manifest").glob("*.json"))
+    kind = _pick(draw, ["field", "trainer", "names", "fs-part", "fs-folder", "fifo-against"], "kind")
+    target = _pick(draw, parts, "part")
+    against = "manifest"
+    if kind in ("field", "trainer", "names"):
+        doc = json.loads(target.read_text())
+        if kind == "field":
+            set_path(doc, _pick(draw, paths_of(doc), "path"), hostile_value(draw))
+        elif kind == "trainer":
+            key = _pick(draw, ["num_layers", "pp_size", "pp_rank", "ep_size", "ep_rank", "vp_size", "num_experts",
+                               "first_stage_layers", "last_stage_layers", "layout", "tp_size"], "key")  # fmt: skip
+            doc.setdefault("trainer", {})[key] = hostile_value(draw) if draw(st.booleans()) else 10**12
+        else:
+            tensors = doc["tensors"]
+            name = _pick(draw, sorted(tensors), "name")
+            tensors[re.sub(r"layers\.\d+", f"layers.{_pick(draw, [HUGE_DIGITS, '1' * 4301], 'd')}", name)] = (
+                tensors.pop(name))
+        target.write_text(dumps(doc))
+    elif kind == "fs-part":
+        _replace_with(draw, case, target)
+    elif kind == "fs-folder":
+        _replace_with(draw, case, case.root / "manifest")
+    else:
+        os.mkfifo(case.root / "pipe.json")
+        against = "pipe.json"
+    if draw(st.booleans(), label="single-part") and kind not in ("fs-folder", "fifo-against"):
+        against = f"manifest/{target.name}"
+    case.notes.append(f"{kind} {target.name}")
+    case.argv = ["verify", "records", "--against", against, "--format", "json"]
+
+
+MUTATORS: dict[str, tuple[Callable[[Draw, Case, str], None], tuple[str, ...]]] = {
+    "header-bytes": (mut_header_bytes, ("ckpt", "moe")),
+    "header-json": (mut_header_json, ("ckpt", "moe")),
+    "tensor-names": (mut_tensor_names, ("ckpt", "moe")),
+    "index-json": (mut_index_json, ("ckpt", "moe")),
+    "config-json": (mut_config_json, ("ckpt", "moe")),
+    "quant-config": (mut_quant_config, ("moe",)),
+    "filesystem": (mut_filesystem, ("ckpt", "moe")),
+    "records": (mut_records, ("records", "ckpt", "manifest")),
+    "manifests": (mut_manifests, ("records", "manifest")),
+}
+
+
+def fuzz_one(draw: Draw, corpus: Path, work: Path, family: str) -> tuple[Case, Outcome]:
+    mutate, trees = MUTATORS[family]
+    tree = _pick(draw, list(trees[:2]) if family not in ("records", "manifests") else [trees[0]], "tree")
+    parts = trees if family in ("records", "manifests") else (tree,)
+    case = new_case(corpus, work, family, parts)
+    if family not in ("records", "manifests"):
+        shutil.copytree(corpus / tree, case.root / f"{tree}-pristine", symlinks=True)
+        _target_command(draw, case, tree)
+    mutate(draw, case, tree)
+    if family in ("records", "manifests"):
+        case.notes.append(" ".join(case.argv))
+    COUNTS[family] += 1
+    outcome = run_case(case)
+    CPU_SECONDS[family] += outcome.cpu_seconds
+    return case, outcome

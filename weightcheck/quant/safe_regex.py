@@ -1,0 +1,158 @@
+"""Regexes from untrusted files, evaluated without catastrophic backtracking.
+
+An `ignore` list entry like `re:(.+)+!` makes Python's backtracking `re` run for longer than the universe
+on a 40-character module name. The consumers we model use Python `re`, so validity and meaning are
+Python's; only the *evaluation* changes:
+
+- the pattern must compile with Python `re` (otherwise: invalid, as every consumer would fail too);
+- where RE2 (`google-re2`, linear time) accepts the pattern and the text is ASCII without a newline —
+  tensor and module names always are — RE2 answers, with the same `match` / `fullmatch` semantics
+  (for such text Python's Unicode classes, case folding and `$` agree with RE2's);
+- otherwise (RE2 refuses lookarounds, backreferences, `\\Z`, repetition counts above 1000, ...) Python `re`
+  answers only if the parsed pattern has no nested or alternated repetition (the shapes that backtrack
+  exponentially); a pattern that has both problems is refused: `compile` returns None and `refusal()`
+  says why, which the quantization rules report like a pattern that does not compile.
+"""
+
+from __future__ import annotations
+
+import re
+import warnings
+from functools import lru_cache
+from typing import Any
+
+try:
+    import re2 as _re2
+
+    _OPTIONS: Any = _re2.Options()
+    _OPTIONS.log_errors = False
+    _OPTIONS.max_mem = 64 << 20
+except ImportError:  # pragma: no cover - google-re2 has wheels for every supported platform
+    _re2 = None
+    _OPTIONS = None
+
+try:  # Python >= 3.11
+    from re import _parser as _sre_parse  # type: ignore[attr-defined]
+except ImportError:  # pragma: no cover
+    import sre_parse as _sre_parse  # type: ignore[no-redef]
+
+MAX_PATTERN_CHARS = 1 << 20
+
+_REPEATS = {_sre_parse.MAX_REPEAT, _sre_parse.MIN_REPEAT, getattr(_sre_parse, "POSSESSIVE_REPEAT", None)} - {None}
+
+
+class SafeRegex:
+    """A compiled pattern with Python `re` meaning and (where possible) RE2 evaluation."""
+
+    __slots__ = ("_py", "_re2", "pattern")
+
+    def __init__(self, pattern: str, py: re.Pattern[str] | None, re2_compiled: Any) -> None:
+        self.pattern = pattern
+        self._py = py
+        self._re2 = re2_compiled
+
+    def _use_re2(self, text: str) -> bool:
+        # Exact for ASCII text without a newline; beyond that only when `re` could backtrack without end.
+        return self._re2 is not None and (self._py is None or (text.isascii() and "\n" not in text))
+
+    def match(self, text: str) -> bool:
+        """`re.match`: anchored at the start only."""
+        if self._use_re2(text):
+            return self._re2.match(text) is not None
+        return self._py is not None and self._py.match(text) is not None
+
+    def fullmatch(self, text: str) -> bool:
+        if self._use_re2(text):
+            return self._re2.fullmatch(text) is not None
+        return self._py is not None and self._py.fullmatch(text) is not None
+
+
+def _backtracks(pattern: str) -> bool:
+    """True when the parsed pattern has a repetition containing another repetition or an alternation
+    (`(a+)+`, `(a|aa)*`, `(.*)*`): the shapes with exponential backtracking in Python `re`."""
+    try:
+        parsed = _sre_parse.parse(pattern)
+    except Exception:
+        return True
+
+    def walk(items: Any, inside_repeat: bool) -> bool:
+        for op, arg in items:
+            if op in _REPEATS:
+                lo, hi, sub = arg
+                if inside_repeat and hi != lo:
+                    return True
+                if walk(sub, inside_repeat or hi > 1):
+                    return True
+            elif op is _sre_parse.BRANCH:
+                if inside_repeat:
+                    return True
+                if any(walk(b, inside_repeat) for b in arg[1]):
+                    return True
+            elif op is _sre_parse.SUBPATTERN:
+                if walk(arg[-1], inside_repeat):
+                    return True
+            elif op in (_sre_parse.ASSERT, _sre_parse.ASSERT_NOT):
+                if walk(arg[1], True):
+                    return True
+            elif op is _sre_parse.GROUPREF_EXISTS:
+                if walk(arg[1], inside_repeat) or (arg[2] is not None and walk(arg[2], inside_repeat)):
+                    return True
+            elif op is _sre_parse.GROUPREF and inside_repeat:
+                return True
+        return False
+
+    return walk(parsed, False)
+
+
+@lru_cache(maxsize=8192)
+def _compile(pattern: str) -> tuple[SafeRegex | None, str | None]:
+    if len(pattern) > MAX_PATTERN_CHARS:
+        return None, f"pattern longer than {MAX_PATTERN_CHARS} characters"
+    try:
+        with warnings.catch_warnings():  # `[[:alpha:]]` warns about nested sets; a config must not spam stderr
+            warnings.simplefilter("ignore")
+            py = re.compile(pattern)
+    except (re.error, OverflowError, RecursionError, ValueError, MemoryError) as exc:
+        return None, f"does not compile: {str(exc)[:160]}"
+    fast = None
+    # `[[:alpha:]]` (a POSIX class in RE2, a plain set in `re`) and `a{,3}` (a count in `re` >= 3.11, a
+    # literal in RE2) are spelled alike but mean different things: those go to `re`.
+    if _re2 is not None and pattern.isascii() and "[:" not in pattern and "{," not in pattern:
+        try:
+            fast = _re2.compile(pattern, _OPTIONS)
+        except Exception:
+            fast = None
+    if fast is not None:
+        # RE2 answers for ASCII names; non-ASCII names fall back to `re` only when that cannot blow up.
+        return SafeRegex(pattern, None if _backtracks(pattern) else py, fast), None
+    if _backtracks(pattern):
+        return None, "cannot be evaluated safely: not RE2 syntax, and nested repetition could backtrack without end"
+    return SafeRegex(pattern, py, None), None
+
+
+def compile(pattern: str) -> SafeRegex | None:
+    """The safe compiled form of `pattern`, or None (invalid in Python `re`, or refused: see `refusal`)."""
+    return _compile(pattern)[0]
+
+
+def refusal(pattern: str) -> str | None:
+    """Why `compile(pattern)` is None (does not compile / cannot be evaluated safely), or None if usable."""
+    return _compile(pattern)[1]
+
+
+def match(pattern: str, text: str) -> bool:
+    """`re.match(pattern, text) is not None`, evaluated safely (False for an invalid/refused pattern)."""
+    compiled = _compile(pattern)[0]
+    return compiled is not None and compiled.match(text)
+
+
+def fullmatch(pattern: str, text: str) -> bool:
+    compiled = _compile(pattern)[0]
+    return compiled is not None and compiled.fullmatch(text)
+
+
+def glob_to_regex(glob: str) -> str:
+    """SGLang ModelOpt glob translation (escape `.`, `*` → `.*`, other characters pass through), with runs
+    of `*` collapsed first: `**` and `*` match the same strings, and 5,000 of them would otherwise make a
+    pattern of 5,000 `.*`."""
+    return re.sub(r"\*+", "*", glob).replace(".", r"\.").replace("*", ".*")

@@ -1,0 +1,200 @@
+"""The one way weightcheck opens a file it was asked to check.
+
+Every file comes from an untrusted tree (a downloaded checkpoint, a records folder on a shared filesystem,
+a manifest folder). `confine(root, name)` resolves a name inside the tree and refuses what leaves it
+(absolute names, `..`, symlinks out of the tree, symlink loops); `open_regular` opens non-blocking and
+refuses anything `fstat` does not call a regular file (a FIFO would block a plain `open` forever, a
+device never ends); `read_bytes` / `load_json` read at most a size budget per kind of file. Problems are
+raised as `UnsafePath`, which callers turn into findings. Nothing here writes.
+
+A Hugging Face cache snapshot (`models--org--name/snapshots/<rev>/`) holds symlinks into the repo's own
+`blobs/` folder; those are followed (huggingface_hub writes them), anything else leaving the tree is not.
+"""
+
+from __future__ import annotations
+
+import errno
+import json
+import os
+import re
+import stat
+from collections.abc import Iterable
+from pathlib import Path
+from typing import Any
+
+try:  # orjson parses large headers and indexes ~3x faster; the stdlib parser is the fallback.
+    from orjson import loads as fast_json_loads
+except ImportError:  # pragma: no cover - exercised only where orjson has no wheel
+    fast_json_loads = json.loads
+
+# Size budgets per kind of file. Real files are far below them: a DeepSeek-V3 index is ~9 MB, a config or
+# quantization config < 1 MB, one rank's record of a 92k-tensor sync ~30 MB.
+MAX_CONFIG_BYTES = 16 * 1024 * 1024
+MAX_INDEX_BYTES = 128 * 1024 * 1024
+MAX_RECORD_BYTES = 256 * 1024 * 1024
+MAX_MANIFEST_BYTES = 256 * 1024 * 1024
+MAX_TEXT_BYTES = 16 * 1024 * 1024  # name maps, policies, small side files
+# JSON nesting is bounded by the parsers themselves: orjson refuses more than 1024 levels and the stdlib
+# parser raises RecursionError (caught below), so neither can exhaust the stack.
+
+_O_FLAGS = os.O_RDONLY | getattr(os, "O_NONBLOCK", 0) | getattr(os, "O_CLOEXEC", 0) | getattr(os, "O_NOCTTY", 0)
+
+
+class UnsafePath(Exception):
+    """A file weightcheck refused to open or read. `kind`: escapes, absolute, missing, loop, not-regular,
+    too-large, unreadable, invalid."""
+
+    def __init__(self, name: str, reason: str, kind: str) -> None:
+        super().__init__(f"{name}: {reason}")
+        self.name = name
+        self.reason = reason
+        self.kind = kind
+
+
+def hf_cache_blob_dir(root: Path) -> Path | None:
+    """For a Hugging Face cache snapshot (`models--org--name/snapshots/<rev>`), the repo's `blobs` dir."""
+    if root.parent.name == "snapshots" and root.parent.parent.name.startswith(("models--", "datasets--")):
+        return Path(os.path.realpath(root.parent.parent / "blobs"))
+    return None
+
+
+def allowed_bases(root: str | os.PathLike[str]) -> list[Path]:
+    """The real directories a tree rooted at `root` may resolve into."""
+    real = Path(os.path.realpath(root))
+    bases = [real]
+    blobs = hf_cache_blob_dir(real)
+    if blobs is not None:
+        bases.append(blobs)
+    return bases
+
+
+def _inside(real: Path, bases: Iterable[Path]) -> bool:
+    return any(real == base or base in real.parents for base in bases)
+
+
+def _realpath(path: Path, name: str) -> Path:
+    try:
+        return Path(os.path.realpath(path, strict=True))
+    except OSError as exc:
+        if exc.errno == errno.ELOOP:
+            raise UnsafePath(name, "symlink loop", "loop") from None
+        if exc.errno == errno.ENOENT:
+            if os.path.islink(path):
+                raise UnsafePath(name, "dangling symlink", "missing") from None
+            raise UnsafePath(name, "file does not exist", "missing") from None
+        raise UnsafePath(name, f"cannot resolve: {exc.strerror or exc}", "unreadable") from None
+    except RuntimeError:  # pathlib's spelling of a loop on some Python versions
+        raise UnsafePath(name, "symlink loop", "loop") from None
+
+
+def confine(
+    root: str | os.PathLike[str], name: str, *, bases: list[Path] | None = None, what: str = "the target directory"
+) -> Path:
+    """Resolve `name` (relative to `root`) to a real path inside the tree, or raise UnsafePath.
+
+    Refused: empty/NUL names, absolute names, `..` components, symlinks (at any level) that resolve
+    outside `root` (a Hugging Face cache snapshot's own blobs excepted), symlink loops, missing files.
+    """
+    if not isinstance(name, str) or not name or "\x00" in name:
+        raise UnsafePath(str(name)[:200], "empty or NUL-containing file name", "escapes")
+    if os.path.isabs(name) or name.startswith(("/", "\\")) or re.match(r"^[A-Za-z]:[\\/]", name):
+        raise UnsafePath(name, "absolute path in a reference", "absolute")
+    if ".." in re.split(r"[\\/]", name):
+        raise UnsafePath(name, f"path climbs out of {what}", "escapes")
+    if len(name) > 4096:
+        raise UnsafePath(name[:200], "file name longer than 4096 characters", "escapes")
+    real = _realpath(Path(root) / name, name)
+    if not _inside(real, bases if bases is not None else allowed_bases(root)):
+        raise UnsafePath(name, f"symlink resolves outside {what} ({real})", "escapes")
+    return real
+
+
+def confine_self(path: str | os.PathLike[str]) -> Path:
+    """A file named directly by the user: confined to its own directory (so a symlink that leaves it, other
+    than into a Hugging Face cache's blobs, is refused)."""
+    p = Path(path)
+    return confine(p.parent, p.name)
+
+
+def open_regular(path: str | os.PathLike[str], name: str | None = None) -> tuple[int, os.stat_result]:
+    """Open read-only and non-blocking; refuse anything but a regular file. Returns (fd, stat)."""
+    label = name if name is not None else os.fspath(path)
+    try:
+        fd = os.open(path, _O_FLAGS)
+    except OSError as exc:
+        if exc.errno == errno.ELOOP:
+            raise UnsafePath(label, "symlink loop", "loop") from None
+        if exc.errno == errno.ENOENT:
+            raise UnsafePath(label, "file does not exist", "missing") from None
+        raise UnsafePath(label, f"cannot open: {exc.strerror or exc}", "unreadable") from None
+    try:
+        st = os.fstat(fd)
+    except OSError as exc:
+        os.close(fd)
+        raise UnsafePath(label, f"cannot stat: {exc.strerror or exc}", "unreadable") from None
+    if not stat.S_ISREG(st.st_mode):
+        os.close(fd)
+        raise UnsafePath(label, "not a regular file (FIFO, device, socket or directory)", "not-regular")
+    return fd, st
+
+
+def read_bytes(path: str | os.PathLike[str], limit: int, name: str | None = None) -> bytes:
+    """The whole file, if it is a regular file of at most `limit` bytes (re-checked while reading)."""
+    label = name if name is not None else os.fspath(path)
+    fd, st = open_regular(path, label)
+    try:
+        if st.st_size > limit:
+            raise UnsafePath(label, f"{st.st_size} bytes, larger than the {limit}-byte limit", "too-large")
+        chunks: list[bytes] = []
+        total = 0
+        while True:
+            chunk = os.read(fd, min(1 << 20, limit + 1 - total))
+            if not chunk:
+                break
+            chunks.append(chunk)
+            total += len(chunk)
+            if total > limit:
+                raise UnsafePath(label, f"grew past the {limit}-byte limit while reading", "too-large")
+        return b"".join(chunks)
+    except OSError as exc:
+        raise UnsafePath(label, f"read failed: {exc.strerror or exc}", "unreadable") from None
+    finally:
+        os.close(fd)
+
+
+def read_text(path: str | os.PathLike[str], limit: int = MAX_TEXT_BYTES, name: str | None = None) -> str:
+    label = name if name is not None else os.fspath(path)
+    try:
+        return read_bytes(path, limit, label).decode("utf-8")
+    except UnicodeDecodeError:
+        raise UnsafePath(label, "not UTF-8 text", "invalid") from None
+
+
+def parse_json(raw: bytes | str, name: str) -> Any:
+    """Parse JSON text (depth bounded by the parsers). Raises UnsafePath(kind="invalid") with the parser's message."""
+    try:
+        try:
+            return fast_json_loads(raw)
+        except ValueError:
+            return json.loads(raw)  # the stdlib parser gives the reference verdict and message
+    except UnicodeDecodeError:
+        raise UnsafePath(name, "not UTF-8", "invalid") from None
+    except (ValueError, RecursionError, OverflowError) as exc:
+        raise UnsafePath(name, f"invalid JSON: {str(exc)[:160]}", "invalid") from None
+
+
+def load_json(path: str | os.PathLike[str], limit: int, name: str | None = None) -> Any:
+    """Read (bounded) and parse one JSON file. Raises UnsafePath."""
+    label = name if name is not None else os.fspath(path)
+    raw = read_bytes(path, limit, label)
+    return parse_json(raw, label)
+
+
+def is_dir_inside(
+    root: str | os.PathLike[str], name: str, bases: list[Path] | None = None, what: str = "the target directory"
+) -> Path:
+    """A subdirectory of `root` that stays inside it. Raises UnsafePath (kind not-regular when not a dir)."""
+    real = confine(root, name, bases=bases, what=what)
+    if not real.is_dir():
+        raise UnsafePath(name, "not a directory", "not-regular")
+    return real
