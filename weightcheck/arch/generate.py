@@ -39,7 +39,7 @@ ARCHITECTURES = (
     "ernie4_5_moe", "hunyuan_v1_dense", "hunyuan_v1_moe", "minicpm3", "jamba", "bamba", "nemotron",
     "persimmon", "seed_oss", "smollm3", "arcee", "apertus", "lfm2", "minimax_m2",
     "qwen3_5", "qwen3_5_moe", "ministral", "mistral3", "qwen2_vl", "qwen2_5_vl", "qwen3_vl", "qwen3_vl_moe",
-    "glm4v", "glm4v_moe", "mllama",
+    "glm4v", "glm4v_moe", "mllama", "gpt_neox",
 )  # fmt: skip
 
 GENERATED_DIR = Path(__file__).resolve().parent.parent.parent / "patterns" / "generated"
@@ -245,6 +245,23 @@ def _kind(module: str, obs: Observation, shape: tuple[int, ...] | None, n_expert
     return "other"
 
 
+def _output_heads(obs: Observation) -> set[str]:
+    """On-disk module names of the output embedding, from the model's `_tied_weights_keys`. save_pretrained
+    may rename the head (transformers 5 loads GPT-NeoX's `embed_out` as `lm_head` and saves it back), so a
+    tied key not on disk is found as the other stored tensor of its embedding's shape outside the embedding's
+    own tree."""
+    heads: set[str] = set()
+    for key, target in obs.tied:
+        if key in obs.shapes:
+            heads.add(key.rsplit(".", 1)[0])
+            continue
+        shape, tree = obs.shapes.get(target), target.split(".", 1)[0]
+        for name, s in obs.shapes.items():
+            if shape and s == shape and name != target and name.endswith(".weight") and name.split(".")[0] != tree:
+                heads.add(name.rsplit(".", 1)[0])
+    return heads
+
+
 def derive(model_type: str) -> dict[str, Any]:
     a, b, c = observe(model_type, "A"), observe(model_type, "B"), observe(model_type, "C")
     la, lb, lc = (o.config["num_hidden_layers"] for o in (a, b, c))
@@ -360,13 +377,14 @@ def derive(model_type: str) -> dict[str, Any]:
     # ---- globals and vision prefixes
     globals_: dict[str, dict[str, Any]] = {}
     allowed: set[str] = set()
+    heads = _output_heads(a)
     for name in sorted(set(a.shapes) & set(b.shapes) & set(c.shapes)):
         if name.startswith(prefix + "."):
             continue
         module, _, param = name.rpartition(".")
         leaf = module.rsplit(".", 1)[-1]
         # the head sits beside the text root (`lm_head`, `language_model.lm_head`, GPT-NeoX `embed_out`)
-        is_head = leaf in ("lm_head", "embed_out") and module.count(".") <= root.count(".")
+        is_head = (leaf == "lm_head" or module in heads) and module.count(".") <= root.count(".")
         in_text = name.startswith(root + ".") or is_head
         if not in_text or _is_vision(module):
             parts = name.split(".")
@@ -381,6 +399,8 @@ def derive(model_type: str) -> dict[str, Any]:
                 spec["shape"] = expr
         if is_head:
             spec["when"] = "not tie_word_embeddings"
+            if spec["kind"] == "other":  # an nn.Linear in memory, renamed on save (GPT-NeoX lm_head -> embed_out)
+                spec["kind"] = "linear"
     for spec in globals_.values():
         if spec["params"] == ["weight"]:
             del spec["params"]

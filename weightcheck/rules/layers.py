@@ -272,7 +272,20 @@ def layer_beyond_config(ctx: LintContext) -> None:
         )
 
 
-_LM_HEAD_RE = re.compile(r"(^|\.)lm_head\.weight(_packed)?$")
+_LM_HEAD_RE = re.compile(r"(^|\.)\w+\.weight(_packed)?$")
+
+
+def _head_leaves(ctx: LintContext) -> set[str]:
+    """Leaf names of the output head: `lm_head`, plus what the architecture pattern stores only when
+    untied (its `when` reads tie_word_embeddings; GPT-NeoX saves its head as `embed_out`)."""
+    from weightcheck.rules.quant import analysis_of
+
+    pattern = analysis_of(ctx).pattern
+    leaves = {"lm_head"}
+    for spec in pattern.globals if pattern is not None else ():
+        if spec.when and "tie_word_embeddings" in spec.when and spec.kind == "linear":
+            leaves.add(spec.name.rsplit(".", 1)[-1])
+    return leaves
 
 
 @rule(
@@ -295,9 +308,11 @@ def tied_embedding_mismatch(ctx: LintContext) -> None:
     if not isinstance(tie, bool):
         return
     names = ctx.ckpt.tensor_names()
-    heads = sorted(n for n in names if "lm_head" in n and _LM_HEAD_RE.search(n))
+    leaves = _head_leaves(ctx)
+    heads = sorted(n for n in names if _LM_HEAD_RE.search(n) and n.rsplit(".", 2)[-2] in leaves)
     if not tie and not heads:
-        ctx.report("tie_word_embeddings is false but no lm_head.weight is stored", tensor="lm_head.weight")
+        head = min(leaves - {"lm_head"}, default="lm_head")  # the pattern's own name for it first
+        ctx.report(f"tie_word_embeddings is false but no {head}.weight is stored", tensor=f"{head}.weight")
     elif tie and heads:
         ctx.report(
             f"tie_word_embeddings is true but {', '.join(heads)} is stored as well "
