@@ -44,6 +44,8 @@ MTP_COUNT_KEYS = ("num_nextn_predict_layers", "mtp_num_hidden_layers", "num_mtp_
 
 
 _COMPANION_SET = frozenset(QUANT_COMPANIONS)
+# Quantized stacked experts store `<param>_blocks` / `<param>_scales` for the 3-D `<param>` (MXFP4).
+_STACK_COMPANIONS = ("_blocks", "_scales")
 
 # A layer or expert id in a tensor name: ASCII digits, at most this many. A longer run (a 5,000-digit
 # "layer" would hit Python's int-conversion limit) or a non-ASCII digit (`str.isdigit` accepts `²`, which
@@ -65,6 +67,8 @@ def normalize_param(rest: str) -> str:
     if ".weight." in rest:  # bitsandbytes: q_proj.weight.absmax, q_proj.weight.quant_map, ...
         return rest.split(".weight.", 1)[0] + ".weight"
     head, dot, leaf = rest.rpartition(".")
+    if head.endswith("experts") and leaf.endswith(_STACK_COMPANIONS):  # gpt-oss MXFP4: gate_up_proj_blocks
+        return f"{head}.{leaf.rsplit('_', 1)[0]}"
     return head + ".weight" if dot and leaf in _COMPANION_SET else rest
 
 

@@ -29,6 +29,7 @@ RULE_MODULES = (
     "weightcheck.rules.quant",
     "weightcheck.rules.patterns",
     "weightcheck.rules.arch",
+    "weightcheck.rules.fused_experts",
     "weightcheck.rules.content",
     "weightcheck.rules.verify",
     "weightcheck.fixes",
