@@ -34,6 +34,7 @@ def _stacks(ctx: LintContext) -> dict[str, dict[str, tuple[str, str, tuple[int, 
     summary="An MXFP4 expert stack (`*_blocks` / `*_scales`) is incomplete or its two parts disagree in shape.",
     bad="gate_up_proj_blocks [32, 5760, 90, 16] with gate_up_proj_scales [32, 5760, 45], or no _scales at all",
     good="gate_up_proj_blocks [E, rows, groups, 16] uint8 with gate_up_proj_scales [E, rows, groups] uint8",
+    fix="re-export the stack's blocks and scales together from one MXFP4 quantization of the same weight",
 )
 def stacked_expert_blocks_mismatch(ctx: LintContext) -> None:
     """transformers asserts `blocks.shape[:-1] == scales.shape` when it dequantizes; SGLang's MXFP4 MoE
@@ -63,6 +64,8 @@ def stacked_expert_blocks_mismatch(ctx: LintContext) -> None:
     summary="A quantized expert stack's leading dim is not the config's expert count (an expert lost or extra).",
     bad="num_local_experts = 32, model.layers.3.mlp.experts.down_proj_blocks [31, 2880, 90, 16]",
     good="every `*_blocks` / `*_scales` stack has num_local_experts rows in its leading dim",
+    fix="re-export the stacked experts with every expert the config declares (gather all EP ranks), "
+    "or correct the config's expert count",
 )
 def stacked_expert_count_mismatch(ctx: LintContext) -> None:
     """Per-expert names make a lost expert a missing key; a stack hides it in a shape. Engines slice the
