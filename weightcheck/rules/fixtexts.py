@@ -111,4 +111,13 @@ FIX_TEXTS: dict[str, str] = {
     "WC737": "see SGLang's /weights_checker output for the parameter, then the matching WC72x finding",
     "WC738": "pass a sync or weight version that the records hold",
     "WC739": "read the engine's log for the load_weights exception; an unfinished sync must be re-run",
+    "WC740": "find the transport that wrote the parameter outside load_weights (direct, custom loader, "
+    "RDMA/P2P) and fix its source tensor or name mapping; WC744 says which sync bypassed the tap",
+    "WC741": "re-sync from one source so every TP/EP rank (or DP engine) receives the same bytes; check the "
+    "broadcast group and any rank-local post-processing",
+    "WC742": "restore the buffer after memory release (resume with its tags) or recompute it after the sync",
+    "WC743": "check the parameter's weight_loader (a transform or a write that did not land) and any write "
+    "after load_weights",
+    "WC744": "expected for direct/custom/P2P transports; enable WEIGHTCHECK_STATE=1 so the state checks judge "
+    "them",
 }
