@@ -90,6 +90,8 @@ FIX_TEXTS: dict[str, str] = {
     "WC715": "make the data readable, add a policy rule, or list it with --allow-skip if skipping is intended",
     "WC716": "add a --policy rule that matches the tensor's name",
     "WC717": "re-export the quantized module: its packed weight, scales and shape disagree",
+    "WC718": "replace the symlink (or FIFO/device) with a regular file inside the checkpoint folder, or fix "
+    "the index entry that routes through it",
     # WC7xx live verify
     "WC720": "re-run the sync with the tap enabled; a truncated record means the process died while writing",
     "WC721": "pass a reference checkpoint or manifest that is readable and uses the records' digest algorithm",
