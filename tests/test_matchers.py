@@ -69,7 +69,8 @@ def test_transformers_matcher_agrees_with_transformers() -> None:
         assert transformers_match(name, entry) == expected, (name, entry)
 
 
-# matching.md §7, the worked table. Columns: CT/vLLM, SGLang 0.5.23, SGLang substring era, slime online INT4
+# The worked table (one row per ignore entry, checked against each consumer's source).
+# Columns: CT/vLLM, SGLang 0.5.23, SGLang substring era, slime online INT4
 # (on the parameter `<module>.weight`), transformers. Rows list what each reader matches among
 # router = model.layers.3.mlp.gate, gate_proj = model.layers.3.mlp.gate_proj, l12 = model.layers.12.mlp.down_proj.
 WORKED = {

@@ -1,6 +1,6 @@
 """Dequantizers for quantized checkpoint tensors, bit-for-bit equal to the reference implementations.
 
-Formats (tensor layouts in docs `formats.md` §3.3 and §4):
+Formats (tensor layouts as compressed-tensors, transformers and ModelOpt write them):
 
 - `pack-quantized` (INT1..8; sym/asym; tensor/channel/group; `weight_g_idx`): `weight_packed` I32,
   `weight_scale`, `weight_shape`, `weight_zero_point` — reference: compressed-tensors (CT)

@@ -38,7 +38,7 @@ TIERS = ("auto", "exact", "ulp", "stat")
 _STAT_KEYS = ("rel_l2", "sqnr_db", "cosine", "max_abs")
 
 # Statistical bands used by `stat` rules without explicit thresholds, keyed by the quantized side's
-# format family (comparison.md §7: round-to-nearest on N(0, 0.02) weights, with margin). Calibrate on
+# format family (round-to-nearest error on N(0, 0.02) weights, with margin). Calibrate on
 # real checkpoints before relying on them.
 STAT_BANDS: dict[str, float] = {"fp8": 0.05, "int8": 0.02, "int4": 0.25, "fp4": 0.3, "int": 0.5, "cast": 0.01}
 

@@ -142,7 +142,7 @@ def ignore_regex_invalid(ctx: LintContext) -> None:
 def ignore_entry_is_parameter(ctx: LintContext) -> None:
     """compressed-tensors, vLLM, SGLang and transformers match module names, so a parameter-style entry is
     ignored by all of them; only the slime/miles online quantizers, which match parameter names, honour it.
-    The form `re:.*mlp\\.gate($|\\..*)` serves both readers (matching.md §6)."""
+    The form `re:.*mlp\\.gate($|\\..*)` serves both readers."""
     qa = _quantized(ctx)
     if qa is None or qa.inventory is None:
         return
