@@ -433,6 +433,11 @@ def _rank_key(record: SyncRecord) -> tuple[int, int, int]:
     return (int(rank.get("pp_rank", 0) or 0), int(rank.get("tp_rank", 0) or 0), int(rank.get("ep_rank", 0) or 0))
 
 
+def _slot(record: SyncRecord) -> tuple[str, int, int, int]:
+    """Runner and rank: a draft (MTP/NextN) runner's record in the same process is a slot of its own."""
+    return (record.runner, *_rank_key(record))
+
+
 def _param_key(name: str) -> str:
     """A name compared with parameter names: engines add or drop a leading `model.` (SGLang's Qwen3 adds it)."""
     return name[len("model.") :] if name.startswith("model.") else name
@@ -479,8 +484,15 @@ class _SyncChecker:
         skip: Sequence[str],
         baseline: Mapping[tuple[int, int, int], set[str]],
         history: StateHistory | None = None,
+        *,
+        written_elsewhere: Iterable[str] = (),
+        stream_owner: bool = True,
     ) -> None:
         self.view = view
+        # Names another runner of the same engine (a draft model) wrote: not dropped by this one.
+        self.written_elsewhere = set(written_elsewhere)
+        # False for a draft runner: the stream (drops, content, reference) is judged on the target's records.
+        self.stream_owner = stream_owner
         self.history = history
         # The reference in the records' algorithm (a checkpoint is re-hashed if need be); other algorithms
         # present in this sync (ranks configured differently) get their own view through `_ref_for`.
@@ -516,6 +528,9 @@ class _SyncChecker:
     def run(self) -> None:
         self._check_ranks()
         self._check_calls()
+        if not self.stream_owner:
+            self._check_params()
+            return
         bypassed = False
         if self.history is not None:
             bypassed = check_sync_state(
@@ -713,7 +728,7 @@ class _SyncChecker:
         for name, items in occurrences.items():
             if name in split or self._skipped(name):
                 continue
-            if any(entry.wrote or entry.offrank for _, entry in items):
+            if name in self.written_elsewhere or any(entry.wrote or entry.offrank for _, entry in items):
                 continue
             if any(_param_key(name) in untracked[id(record)] for record, _ in items):
                 continue  # its parameter's coverage is unknown (`tracked: false`): unknown, never "dropped"
@@ -1151,11 +1166,11 @@ class _SyncChecker:
 # ---- driver ---------------------------------------------------------------------------------------------
 
 
-def _baselines(records: Sequence[SyncRecord]) -> dict[tuple[str, tuple[int, int, int]], tuple[int, set[str]]]:
+def _baselines(records: Sequence[SyncRecord]) -> dict[tuple[str, tuple[str, int, int, int]], tuple[int, set[str]]]:
     """Per (engine, rank): the params written in its earliest recorded sync."""
     out: dict[tuple[str, tuple[int, int, int]], tuple[int, set[str]]] = {}
     for record in records:
-        key = (record.engine, _rank_key(record))
+        key = (record.engine, _slot(record))
         written = {name for name, p in record.params.items() if p.writes > 0 or not p.tracked}
         if key not in out or record.seq < out[key][0]:
             out[key] = (record.seq, written)
@@ -1217,9 +1232,9 @@ def _logical_syncs(records: Sequence[SyncRecord]) -> dict[tuple[int, str], list[
     requests without a session, bare `load_weights` calls) of one rank carrying one weight version is one
     sync (merged per rank): a push made of many buckets is checked as a whole. A sync of another kind or
     version in between ends the run."""
-    per_rank: dict[tuple[str, tuple[int, int, int]], list[SyncRecord]] = defaultdict(list)
+    per_rank: dict[tuple[str, tuple[str, int, int, int]], list[SyncRecord]] = defaultdict(list)
     for record in records:
-        per_rank[(record.engine, _rank_key(record))].append(record)
+        per_rank[(record.engine, _slot(record))].append(record)
     groups: dict[tuple[int, str], list[SyncRecord]] = defaultdict(list)
     for (engine, _), rank_records in per_rank.items():
         runs: list[list[SyncRecord]] = []
@@ -1239,10 +1254,10 @@ def _logical_syncs(records: Sequence[SyncRecord]) -> dict[tuple[int, str], list[
 
 
 def _dedupe_ranks(records: list[SyncRecord], findings: _Findings, label: str, file: str) -> list[SyncRecord]:
-    by_rank: dict[tuple[int, int, int], SyncRecord] = {}
+    by_rank: dict[tuple[str, int, int, int], SyncRecord] = {}
     dropped: list[SyncRecord] = []
     for record in sorted(records, key=lambda r: r.header["sync"].get("started") or 0):
-        key = _rank_key(record)
+        key = _slot(record)
         if key in by_rank:
             dropped.append(by_rank[key])
         by_rank[key] = record
@@ -1254,7 +1269,7 @@ def _dedupe_ranks(records: list[SyncRecord], findings: _Findings, label: str, fi
             file=file,
             severity=Severity.WARNING,
         )
-    return sorted(by_rank.values(), key=_rank_key)
+    return sorted(by_rank.values(), key=_slot)
 
 
 def verify(
@@ -1345,14 +1360,45 @@ def verify(
             label += f" [{engine}]"
         file = f"sync-{seq:05d}"
         view_records = _dedupe_ranks(view_records, findings, label, file)
-        view = _SyncView(seq=seq, engine=engine, records=view_records, label=label)
-        baseline: dict[tuple[int, int, int], set[str]] = {}
+        by_runner: dict[str, list[SyncRecord]] = defaultdict(list)
         for record in view_records:
-            first = baselines.get((engine, _rank_key(record)))
-            if first is not None and first[0] < seq:
-                baseline[_rank_key(record)] = first[1]
-        _SyncChecker(view, reference, findings, layout, list(skip), baseline, history).run()
-        replicas.append((view.weight_version, engine, view_records))
+            by_runner[record.runner].append(record)
+        # Each runner is judged on its own records. A draft (MTP/NextN) runner receives the target's whole stream
+        # and keeps only its own layer by design: its unwritten names are not drops, its parameters' coverage is
+        # checked; the stream against the reference is judged once, on the target, where a name the draft wrote
+        # (the MTP layer, beyond the target's layers) is not a drop either.
+        for runner in sorted(by_runner, key=lambda r: (r != "target", r)):
+            records_of = by_runner[runner]
+            target = runner == "target" or "target" not in by_runner
+            elsewhere = {
+                entry.name
+                for other, recs in by_runner.items()
+                if other != runner
+                for record in recs
+                for entry in record.tensors
+                if entry.wrote or entry.offrank
+            }
+            view = _SyncView(
+                seq=seq, engine=engine, records=records_of, label=label if target else f"{label} [{runner}]"
+            )
+            baseline: dict[tuple[int, int, int], set[str]] = {}
+            for record in records_of:
+                first = baselines.get((engine, _slot(record)))
+                if first is not None and first[0] < seq:
+                    baseline[_rank_key(record)] = first[1]
+            _SyncChecker(
+                view,
+                reference if target else None,
+                findings,
+                layout,
+                list(skip),
+                baseline,
+                history if target else None,
+                written_elsewhere=elsewhere,
+                stream_owner=target,
+            ).run()
+            if target:
+                replicas.append((view.weight_version, engine, records_of))
         tensors += sum(len(r.tensors) for r in view_records)
         params += sum(len(r.params) for r in view_records)
     check_dp_replicas(replicas, lambda code, message, **kw: findings.add(code, message, file=str(root), **kw))

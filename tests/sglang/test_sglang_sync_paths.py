@@ -52,26 +52,35 @@ def by_code(result: Result, code: str) -> list[Any]:
 class Stack:
     """SGLang's scheduler-side manager and ModelRunner-side WeightUpdater around one model."""
 
-    def __init__(self, model: Any, ckpt: Path) -> None:
+    def __init__(self, model: Any, ckpt: Path, draft: Any = None) -> None:
         from sglang.srt.configs.model_config import ModelConfig
         from sglang.srt.managers.scheduler_components.weight_updater import SchedulerWeightUpdaterManager
         from sglang.srt.model_executor.model_runner_components.weight_updater import WeightUpdater
 
-        self.holder = {"model": model}
         self.payloads: dict[bytes, Any] = {}
         self.versions: list[str | None] = []
-        updater = WeightUpdater(
-            tp_rank=0,
-            device="cpu",
-            gpu_id=0,
-            model_config=ModelConfig(str(ckpt)),
-            custom_weight_loaders={},
-            get_model=lambda: self.holder["model"],
-            update_model_fields=lambda model, **kw: self.holder.update(model=model),
-            recapture_cuda_graph=lambda: None,
-            get_model_runner=lambda: None,
-        )
-        runner = SimpleNamespace(weight_updater=updater)
+        self.holder = {"model": model, "draft": draft}
+
+        def updater(role: str) -> Any:
+            return WeightUpdater(
+                tp_rank=0,
+                device="cpu",
+                gpu_id=0,
+                model_config=ModelConfig(str(ckpt)),
+                custom_weight_loaders={},
+                get_model=lambda: self.holder[role],
+                update_model_fields=lambda model, **kw: self.holder.update({role: model}),
+                recapture_cuda_graph=lambda: None,
+                get_model_runner=lambda: None,
+            )
+
+        runner = SimpleNamespace(weight_updater=updater("model"))
+        # A speculative worker's draft runner (BaseSpecWorker.weight_update_runners: ("draft", runner)); the
+        # manager hands it the same deserialized payload after the target.
+        draft_worker = None
+        if draft is not None:
+            draft_runner = SimpleNamespace(weight_updater=updater("draft"))
+            draft_worker = SimpleNamespace(weight_update_runners=lambda: [("draft", draft_runner)])
         worker = SimpleNamespace(
             weight_update_runners=lambda: [("target", runner)],
             model_runner=runner,
@@ -81,7 +90,7 @@ class Stack:
         scheduler = SimpleNamespace(record_weight_version_change=lambda new_version: self.versions.append(new_version))
         self.manager = SchedulerWeightUpdaterManager(
             tp_worker=worker,
-            draft_worker=None,
+            draft_worker=draft_worker,
             memory_saver_adapter=None,
             flush_cache=lambda empty_cache=False: True,
             is_fully_idle=lambda **kw: True,

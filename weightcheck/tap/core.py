@@ -20,6 +20,7 @@ import atexit
 import contextlib
 import logging
 import os
+import re
 import socket
 import threading
 import time
@@ -127,6 +128,16 @@ class _Sync:
     model: dict[str, Any] = field(default_factory=dict)
     rank: dict[str, Any] | None = None
     next_tensor: int = 0
+    runner: str = "target"
+    # Other runners of this process in the same sync (a draft/MTP model fed the same stream): own records.
+    parts: dict[str, _Sync] = field(default_factory=dict)
+
+    def part(self, runner: str) -> _Sync:
+        if runner == self.runner:
+            return self
+        if runner not in self.parts:
+            self.parts[runner] = _Sync(self.seq, self.source, self.weight_version, self.started, runner=runner)
+        return self.parts[runner]
 
 
 class _State:
@@ -218,6 +229,26 @@ def note_model(model: Any) -> None:
         _STATE.model = weakref.ref(model)
     except TypeError:
         _STATE.model = lambda: model
+
+
+# SGLang's speculative-decoding draft classes (DeepseekV3ForCausalLMNextN, Qwen3NextForCausalLMMTP,
+# MiMoMTP, LlamaForCausalLMEagle3, ...): they receive the whole stream and keep only their own layer.
+_DRAFT_CLASS = re.compile(r"(NextN|MTP|Eagle\d*|Draft)$")
+
+
+def set_runner(model: Any, runner: str) -> Any:
+    """Name the runner `model` serves in this process (`"target"`, `"draft"`, ...). Records of different runners
+    are written and judged apart (a draft drops the target's names by design). Default: `"draft"` for a class
+    whose name ends in NextN/MTP/Eagle/Draft, else `"target"`. Returns `model`."""
+    object.__setattr__(model, "_weightcheck_runner", str(runner))
+    return model
+
+
+def runner_of(model: Any) -> str:
+    explicit = getattr(model, "_weightcheck_runner", None)
+    if isinstance(explicit, str) and explicit:
+        return explicit
+    return "draft" if _DRAFT_CLASS.search(type(model).__name__) else "target"
 
 
 def current_config() -> TapConfig | None:
@@ -326,7 +357,8 @@ def _close_sync(*, incomplete: bool) -> Path | None:
     if current is None or config is None:
         return None
     model_known = config.state and _STATE.model is not None and _STATE.model() is not None
-    if current.source.startswith("request") and not current.calls and not model_known:
+    any_calls = bool(current.calls) or any(part.calls for part in current.parts.values())
+    if current.source.startswith("request") and not any_calls and not model_known:
         # A request the engine refused before loading anything (e.g. outside a session): no sync happened.
         if _STATE.next_seq == current.seq + 1:
             _STATE.next_seq = current.seq
@@ -335,6 +367,18 @@ def _close_sync(*, incomplete: bool) -> Path | None:
     if current.weight_version is None:
         version = _engine_value(hooks.current_weight_version)
         current.weight_version = None if version is None else str(version)
+    last: Path | None = None
+    if current.calls or not current.parts or model_known:
+        last = _write_record(current, config, incomplete=incomplete, with_state=True)
+    for part in current.parts.values():
+        part.weight_version = current.weight_version
+        part.rank = part.rank if part.rank is not None else current.rank
+        last = _write_record(part, config, incomplete=incomplete, with_state=False) or last
+    return last
+
+
+def _write_record(current: _Sync, config: TapConfig, *, incomplete: bool, with_state: bool) -> Path | None:
+    hooks = _STATE.hooks
     rank = current.rank if current.rank is not None else (_engine_value(hooks.rank_info) or {})
     host = socket.gethostname()
     pid = os.getpid()
@@ -343,6 +387,8 @@ def _close_sync(*, incomplete: bool) -> Path | None:
 
     folder = config.directory / sync_dir_name(current.seq)
     stem = rank_file_stem(rank, host, pid)
+    if current.runner != "target":
+        stem = f"{stem}.{re.sub(r'[^A-Za-z0-9_-]', '_', current.runner)[:32]}"
     tensors_file: str | None = None
     if config.keep_tensors and current.kept:
         tensors_file = f"{stem}.safetensors"
@@ -369,10 +415,12 @@ def _close_sync(*, incomplete: bool) -> Path | None:
         "digest": config.digest,
         "tensors_file": tensors_file,
     }
+    if current.runner != "target":  # absent means target: records written before runners stay valid
+        header["runner"] = current.runner
     entries = [current.entries[seq] for seq in sorted(current.entries)]
     params = [coverage.as_line(name) for name, coverage in current.params.items()]
     states: list[dict[str, Any]] = []
-    model = _STATE.model() if _STATE.model is not None else None
+    model = _STATE.model() if _STATE.model is not None and with_state else None
     if config.state and model is not None:
         from weightcheck.tap.state import engine_state
 
@@ -466,12 +514,31 @@ class _Call:
         self.capture = _WarningCapture()
         if not sync_.model:
             sync_.model = _model_info(model)
-        note_model(model)
+        if sync_.runner == "target":  # the state digest is the served (target) model's
+            note_model(model)
         if sync_.rank is None:
             sync_.rank = _engine_value(_STATE.hooks.rank_info) or {}
         for name in ENGINE_LOGGERS:
             logging.getLogger(name).addHandler(self.capture)
         self.coverage.wrap_model(model)
+        if sync_.runner != "target":
+            self._untrack_shared(model)
+
+    def _untrack_shared(self, model: Any) -> None:
+        """A draft runner shares some parameters with the target (SGLang's speculative workers hand the draft the
+        target's embedding and head through `set_embed_and_head`): written through the target's loader, their
+        coverage is unknown from the draft's calls, never "not written"."""
+        target = _STATE.model() if _STATE.model is not None else None
+        if target is None or target is model:
+            return
+        try:
+            shared = {p.data_ptr() for p in target.parameters() if p.numel()}
+            for name, param in model.named_parameters():
+                coverage = self.sync.params.get(name)
+                if coverage is not None and param.numel() and param.data_ptr() in shared:
+                    coverage.tracked = False
+        except Exception as exc:  # a model that is not a torch module: nothing to compare
+            _fail("comparing draft and target parameters", exc)
 
     def observe(self, name: Any, tensor: Any) -> None:
         import torch
@@ -582,7 +649,7 @@ def tap_load_weights(original_fn: Callable[..., Any], model: Any, *args: Any, **
             implicit = _STATE.current is None
             begin_sync(source="call")
             assert _STATE.current is not None
-            call = _Call(_STATE.current, model, config, implicit)
+            call = _Call(_STATE.current.part(runner_of(model)), model, config, implicit)
         weights, rest, extra = _split_weights(args, kwargs)
         weights = call.wrap(weights)
     except Exception as exc:

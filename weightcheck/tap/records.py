@@ -182,6 +182,12 @@ class SyncRecord:
         return str(version) if version is not None else None
 
     @property
+    def runner(self) -> str:
+        """The engine runner this record belongs to (`target`, or `draft` for a speculative MTP/NextN model in
+        the same process); records without the field are the target's."""
+        return str(self.header.get("runner") or "target")
+
+    @property
     def rank(self) -> dict[str, Any]:
         return dict(self.header.get("rank") or {})
 
@@ -200,7 +206,8 @@ class SyncRecord:
             for key in ("tp", "pp", "ep")
             if rank.get(f"{key}_size", 1) not in (None, 1) and f"{key}_rank" in rank
         ]
-        return ", ".join(parts) or "rank 0"
+        label = ", ".join(parts) or "rank 0"
+        return label if self.runner == "target" else f"{self.runner} {label}"
 
 
 # Bounds for numbers that the verifier expands into ranges (ranks, layers, local experts).
