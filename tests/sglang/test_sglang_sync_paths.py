@@ -71,7 +71,8 @@ class Stack:
                 get_model=lambda: self.holder[role],
                 update_model_fields=lambda model, **kw: self.holder.update({role: model}),
                 recapture_cuda_graph=lambda: None,
-                get_model_runner=lambda: None,
+                # The ModelRunner shell: checkpoint-engine's extension reads `model_runner.model`.
+                get_model_runner=lambda: SimpleNamespace(model=self.holder[role]),
             )
 
         runner = SimpleNamespace(weight_updater=updater("model"))
