@@ -83,6 +83,23 @@ def test_fix_leaves_lost_tensors_alone(make_ckpt) -> None:
 
 
 def test_fix_refuses_a_symlinked_index(make_ckpt, tmp_path: Path) -> None:
+    # An index symlinked to a file inside the checkpoint is read, but --fix never writes through a link.
+    path = make_ckpt("llama")
+    index = read_index(path)
+    index["metadata"]["total_size"] += 1
+    inside = path / "shared-index.json"
+    inside.write_text(json.dumps(index, indent=2))
+    (path / "model.safetensors.index.json").unlink()
+    (path / "model.safetensors.index.json").symlink_to(inside.name)
+    before = inside.read_bytes()
+    proc = wc("lint", str(path), "--fix", "--format", "json")
+    codes = {f["code"] for f in json.loads(proc.stdout)["findings"]}
+    assert "WC110" in codes and proc.returncode == 1
+    assert inside.read_bytes() == before and (path / "model.safetensors.index.json").is_symlink()
+
+
+def test_fix_never_writes_an_index_linked_outside(make_ckpt, tmp_path: Path) -> None:
+    # An index that leaves the checkpoint is not even read (the confinement layer refuses it): nothing to fix.
     path = make_ckpt("llama")
     index = read_index(path)
     index["metadata"]["total_size"] += 1
@@ -93,7 +110,7 @@ def test_fix_refuses_a_symlinked_index(make_ckpt, tmp_path: Path) -> None:
     before = outside.read_bytes()
     proc = wc("lint", str(path), "--fix", "--format", "json")
     codes = {f["code"] for f in json.loads(proc.stdout)["findings"]}
-    assert "WC110" in codes and proc.returncode == 1
+    assert "WC207" in codes and proc.returncode == 1
     assert outside.read_bytes() == before and (path / "model.safetensors.index.json").is_symlink()
 
 

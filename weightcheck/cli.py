@@ -346,11 +346,13 @@ def _fix(target: Path, result: Result, output: Any, relint: Callable[[], Result]
     """`lint --fix [--diff]`: plan the JSON edits the findings call for; print them (--diff, then exit 1
     when there are any) or write them and lint again, so the report shows what is left."""
     from weightcheck.fixes import apply_fixes, plan_fixes
-    from weightcheck.lint import resolve_hub_cache
+    from weightcheck.hub import cached_snapshot, parse_target
 
     if not _meta("fix"):
         raise click.UsageError("--diff needs --fix")
-    root = target if target.exists() else resolve_hub_cache(str(target))
+    hub_target = None if target.exists() else parse_target(str(target))
+    # A remote repo is never edited; a cached snapshot is (its JSON files, inside the snapshot folder).
+    root = target if hub_target is None else cached_snapshot(hub_target)
     if root is None or result.nothing_checked:
         return result
     root = root if root.is_dir() else root.parent
