@@ -143,6 +143,7 @@ def parse_json_doc(doc: JsonDoc, raw: bytes) -> JsonDoc:
         doc.data = safe_io.parse_json(raw, doc.path)
     except safe_io.UnsafePath as exc:
         doc.error = exc.reason
+    return doc
 
 
 def resolve_inside(root: Path, name: str, bases: list[Path] | None = None) -> tuple[Path | None, PathRefusal | None]:
