@@ -87,6 +87,16 @@ def _token() -> str | bool | None:
     return os.environ.get("HF_TOKEN") or None
 
 
+def _cache_dir() -> str | None:
+    # Like HF_ENDPOINT, huggingface_hub freezes HF_HUB_CACHE / HF_HOME at import; read them per call so the
+    # cache weightcheck reads and downloads into is the one the environment names now.
+    cache = os.environ.get("HF_HUB_CACHE") or os.environ.get("HUGGINGFACE_HUB_CACHE")
+    if cache:
+        return cache
+    home = os.environ.get("HF_HOME")
+    return os.path.join(home, "hub") if home else None
+
+
 class _RangeReader:
     """`read(n)` from the current offset of a remote file, one ranged GET per call, never past `size`."""
 
@@ -261,7 +271,11 @@ def cached_snapshot(target: HubTarget) -> Path | None:
             raise MissingDependency(feature, ["huggingface-hub"], "hub") from None
         return None
     try:
-        root = Path(snapshot_download(target.repo_id, revision=target.revision, local_files_only=True))
+        root = Path(
+            snapshot_download(
+                target.repo_id, revision=target.revision, local_files_only=True, cache_dir=_cache_dir()
+            )
+        )
     except Exception:  # not cached (LocalEntryNotFoundError), bad id, unreadable cache
         return None
     root = root / target.subfolder if target.subfolder else root
@@ -294,6 +308,7 @@ def download(target: HubTarget) -> Path:
             snapshot_download(
                 target.repo_id,
                 revision=target.revision,
+                cache_dir=_cache_dir(),
                 endpoint=_endpoint(),
                 token=_token(),
                 allow_patterns=[f"{target.subfolder}/*"] if target.subfolder else None,
