@@ -15,7 +15,7 @@ VPY="$VENV/bin/python"
 "$VPY" -m pip install -q "sglang==0.5.23" pytest
 # weightcheck itself without its dependency resolution (sglang pins torch/transformers), plus its light deps.
 "$VPY" -m pip install -q --no-deps -e .
-"$VPY" -m pip install -q click rich orjson "xxhash>=3"
+"$VPY" -m pip install -q click rich orjson "xxhash>=3" google-re2
 set +e
 # WEIGHTCHECK_REQUIRE_SGLANG: an sglang that fails to import is an error here, not a skipped (green) group.
 WEIGHTCHECK_REQUIRE_SGLANG=1 "$VPY" -m pytest -m sglang tests/sglang -q -rs -p no:cacheprovider "$@"

@@ -402,8 +402,11 @@ def finish_diff(
     result: Result,
     bytes_read: int,
 ) -> Result:
+    from weightcheck.triage import fill_fix_texts
+
     only_a, only_b = plan.only_a, plan.only_b
     result.findings = _findings(outcomes, only_a, only_b, opts) + _refusal_findings(view_a, view_b, opts)
+    fill_fix_texts(result.findings)  # the Python API's findings say what to do, as the CLI's do
     counts: dict[str, int] = defaultdict(int)
     for outcome in outcomes:
         counts[outcome.status] += 1

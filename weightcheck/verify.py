@@ -1404,7 +1404,10 @@ def verify(
     check_dp_replicas(replicas, lambda code, message, **kw: findings.add(code, message, file=str(root), **kw))
     if owns_reference and reference is not None and reference.store is not None:
         reference.store.close()
+    from weightcheck.triage import fill_fix_texts
+
     result.findings = findings.items
+    fill_fix_texts(result.findings)  # the Python API's findings say what to do, as the CLI's do
     result.checked = {
         "syncs": len({seq for seq, _ in selected}),
         "records": sum(len(groups[k]) for k in selected),
