@@ -81,15 +81,7 @@ class Checkpoint:
 
     def text_config(self) -> dict[str, Any]:
         """The language-model part of the config (VLMs nest it under `text_config`/`llm_config`)."""
-        cfg = self.config_data
-        for key in ("text_config", "llm_config", "language_config"):
-            sub = cfg.get(key)
-            if isinstance(sub, dict) and sub:
-                merged = dict(sub)
-                for k, v in cfg.items():
-                    merged.setdefault(k, v)
-                return merged
-        return cfg
+        return text_config_of(self.config_data)
 
     def all_tensors(self) -> dict[str, TensorInfo]:
         """Every tensor found in readable shard headers; first shard (sorted) wins on duplicates."""
@@ -116,6 +108,19 @@ class Checkpoint:
     @property
     def bytes_read(self) -> int:
         return sum(r.bytes_read for r in self.shards.values())
+
+
+def text_config_of(cfg: dict[str, Any]) -> dict[str, Any]:
+    """A config's language-model part: the nested `text_config`/`llm_config`/`language_config` of a VLM,
+    with the outer keys as defaults; the config itself otherwise."""
+    for key in ("text_config", "llm_config", "language_config"):
+        sub = cfg.get(key)
+        if isinstance(sub, dict) and sub:
+            merged = dict(sub)
+            for k, v in cfg.items():
+                merged.setdefault(k, v)
+            return merged
+    return cfg
 
 
 def _read_json(root: Path, name: str, limit: int = safe_io.MAX_CONFIG_BYTES) -> JsonDoc:

@@ -62,14 +62,9 @@ class Observation:
 
 
 def _text_config(cfg: dict[str, Any]) -> dict[str, Any]:
-    for key in ("text_config", "llm_config", "language_config"):
-        sub = cfg.get(key)
-        if isinstance(sub, dict) and sub:
-            merged = dict(sub)
-            for k, v in cfg.items():
-                merged.setdefault(k, v)
-            return merged
-    return cfg
+    from weightcheck.checkpoint import text_config_of
+
+    return text_config_of(cfg)
 
 
 def observe(model_type: str, variant: str) -> Observation:
