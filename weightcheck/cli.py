@@ -25,6 +25,20 @@ def _debug_requested() -> bool:
     return "--debug" in sys.argv[1:] or os.environ.get("WEIGHTCHECK_DEBUG", "") not in ("", "0")
 
 
+def config_and_output_options(
+    config_help: str = "Settings file (default: discovered from the working directory upwards); its format applies.",
+) -> Callable[[Callable[..., Any]], Callable[..., Any]]:
+    """`--config` and `-o` for the commands with their own formats (rules, layout, explain-ignore)."""
+
+    def apply(fn: Callable[..., Any]) -> Callable[..., Any]:
+        fn = click.option("--output", "-o", type=click.File("w"), default="-", help="Write here (default: stdout).")(fn)
+        return click.option(
+            "--config", "config_path", type=click.Path(dir_okay=False, path_type=Path), default=None, help=config_help
+        )(fn)
+
+    return apply
+
+
 def output_options(fn: Callable[..., Any]) -> Callable[..., Any]:
     """Options shared by every checking command (lint, diff, verify)."""
     decorators = [
@@ -376,14 +390,7 @@ def _fix(target: Path, result: Result, output: Any, relint: Callable[[], Result]
 @cli.command()
 @click.argument("code", required=False)
 @click.option("--format", "fmt", type=click.Choice(["text", "json"]), default=None)
-@click.option(
-    "--config",
-    "config_path",
-    type=click.Path(dir_okay=False, path_type=Path),
-    default=None,
-    help="Settings file (default: discovered from the working directory upwards); its format applies.",
-)
-@click.option("--output", "-o", type=click.File("w"), default="-", help="Write here (default: stdout).")
+@config_and_output_options()
 def rules(code: str | None, fmt: str | None, config_path: Path | None, output: Any) -> None:
     """List all rules, or explain one (by code or name). Severity lists every severity a rule emits."""
     import json

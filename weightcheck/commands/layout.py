@@ -35,7 +35,7 @@ from typing import Any
 import click
 
 from weightcheck import __version__
-from weightcheck.cli import cli
+from weightcheck.cli import cli, config_and_output_options
 from weightcheck.collapse import format_ranges
 from weightcheck.layout import (
     MegatronPipeline,
@@ -285,14 +285,7 @@ def _usage_error(exc: ValueError, pipe_kwargs: dict[str, Any]) -> click.UsageErr
 @click.option("--ep", "ep_size", type=click.IntRange(min=1), default=None, help="Expert-parallel size.")
 @click.option("--num-experts", type=click.IntRange(min=1), default=None, help="Routed experts (needs --ep > 1 or 1).")
 @click.option("--format", "fmt", type=click.Choice(["text", "json"]), default=None, help="text (default) or json.")
-@click.option(
-    "--config",
-    "config_path",
-    type=click.Path(dir_okay=False, path_type=Path),
-    default=None,
-    help="Settings file (default: discovered from the working directory upwards); its format applies.",
-)
-@click.option("--output", "-o", type=click.File("w"), default="-", help="Write here (default: stdout).")
+@config_and_output_options()
 def layout(
     num_layers: int,
     pp: int,

@@ -8,7 +8,7 @@ from typing import Any
 
 import click
 
-from weightcheck.cli import cli
+from weightcheck.cli import cli, config_and_output_options
 from weightcheck.collapse import summarize
 from weightcheck.findings import EXIT_NOTHING_CHECKED
 
@@ -62,14 +62,7 @@ def explain(path: Path, pattern: str | None = None) -> dict[str, Any]:
 @click.argument("target", type=click.Path(path_type=Path))
 @click.option("--pattern", default=None, help="Architecture pattern (default: detected from config.json).")
 @click.option("--format", "fmt", type=click.Choice(["text", "json"]), default=None)
-@click.option(
-    "--config",
-    "config_path",
-    type=click.Path(dir_okay=False, path_type=Path),
-    default=None,
-    help="Settings file (default: discovered like lint's); its pattern and format apply.",
-)
-@click.option("--output", "-o", type=click.File("w"), default="-", help="Write here (default: stdout).")
+@config_and_output_options("Settings file (default: discovered like lint's); its pattern and format apply.")
 def explain_ignore(target: Path, pattern: str | None, fmt: str | None, config_path: Path | None, output: Any) -> None:
     """Show, per ignore entry, which modules each consumer (compressed-tensors, vLLM, SGLang by version,
     transformers, slime/miles online quantizers) matches, and where they disagree."""
