@@ -205,6 +205,28 @@ def test_deepseek_fused_pair_split_across_buckets(engine: Any, records_dir: Path
     assert not by_code(result, "WC731")
 
 
+def test_deepseek_whole_stream_in_one_call_with_many_experts(engine: Any, records_dir: Path) -> None:
+    """The whole stream in one load_weights call (disk-style) on a DeepSeek with 32 routed experts: SGLang
+    writes the fused q_a/kv_a pair from its thread pool (`maybe_executor_submit` on host tensors), queued
+    behind a layer's expert writes, long after the pair arrived. Clean: no finding (it was a false WC731).
+    Then a layer's `kv_a_proj_with_mqa` withheld: its `q_a_proj` is cached and never written, and is named."""
+    config = dict(num_hidden_layers=5, n_routed_experts=32)
+    model, ckpt, stream = engine("deepseek_v3", **config)
+    push(model, [stream], "step-7")
+    result = verify(records_dir, ckpt)
+    assert result.findings == [], [f.message for f in result.findings]
+
+    withheld = "model.layers.3.self_attn.kv_a_proj_with_mqa.weight"
+    push(model, [[(n, t) for n, t in stream if n != withheld]], "step-8")
+    result = verify(records_dir, ckpt, weight_version="step-8")
+    assert {n for f in by_code(result, "WC722") for n in f.details["names"]} == {withheld}
+    assert {n for f in by_code(result, "WC731") for n in f.details["names"]} == {
+        "model.layers.3.self_attn.q_a_proj.weight"
+    }
+    never = {n for f in by_code(result, "WC732") for n in f.details["params"]}
+    assert never == {"model.layers.3.self_attn.fused_qkv_a_proj_with_mqa.weight"}
+
+
 def test_weight_version_comes_from_the_update_request(plugin_tap: Path, records_dir: Path, engine: Any) -> None:
     """The scheduler-side hook reads `weight_version` off the request (load_weights never sees it)."""
     from sglang.srt.managers.io_struct import UpdateWeightsFromTensorReqInput

@@ -11,9 +11,13 @@ through `param.data`, whose version counter is not the parameter's (`param.data.
 A write is attributed to the incoming tensor whose memory holds the `loaded_weight` the loader received
 (loaders pass the incoming tensor or a view of it: a TP narrow, a transpose). Loaders that build a new
 tensor (DeepSeek concatenates `q_a_proj` and `kv_a_proj_with_mqa` before writing the fused parameter) are
-matched by value against the recent incoming tensors; as a last resort a write made on the thread that
-consumes the stream is credited to the name it consumed last (single-threaded loaders write the name they
-just received).
+matched by value against the recent incoming tensors. A loader that writes from a thread pool (DeepSeek on
+host tensors: `maybe_executor_submit`) can run a write hundreds of incoming tensors after its sources
+arrived; an incoming tensor that leaves the recent window unattributed keeps a small fingerprint (shape and
+the first/last elements of its first/last row), and such late writes are matched against those, whole or
+as a two-part concatenation, only when exactly one candidate fits. As a last resort a write made on the
+thread that consumes the stream is credited to the name it consumed last (single-threaded loaders write the
+name they just received).
 
 Parameters without a loader attribute are wrapped with the engine's default loader only when no module of
 the model class compares a loader with `is default_weight_loader` (SGLang's inkling model does: a wrapper
@@ -42,6 +46,10 @@ WRAPPED_ORIGINAL = "__weightcheck_original__"
 _RECENT_FOR_VALUE_MATCH = 64
 # At most this many `name:shard:expert` labels are listed per incoming tensor.
 _MAX_WROTE_LABELS = 32
+# Elements kept from each end of an evicted, unattributed incoming tensor, and at most this many fingerprints
+# per call (a PP stage skips half the stream: each skipped tensor leaves one).
+_FINGERPRINT_ELEMENTS = 8
+_MAX_FINGERPRINTS = 65536
 _IDENTITY_CHECK = re.compile(r"\bis\s+(?:not\s+)?default_weight_loader\b|==\s*default_weight_loader\b")
 
 
@@ -71,6 +79,69 @@ class ParamCoverage:
             "experts_local": self.experts_local,
             "experts_written": sorted(self.experts_written) if self.experts_local is not None else None,
         }
+
+
+@dataclass(frozen=True)
+class Fingerprint:
+    """Enough of a tensor to recognise it, or the two ends of a concatenation of it, without keeping it."""
+
+    shape: tuple[int, ...]
+    head: tuple[float, ...]  # first elements of the first row (a row: all leading indices 0)
+    tail: tuple[float, ...]  # last elements of the last row
+
+    def prefix_of(self, other: Fingerprint) -> bool:
+        return bool(self.head) and other.head[: len(self.head)] == self.head
+
+    def suffix_of(self, other: Fingerprint) -> bool:
+        return bool(self.tail) and other.tail[-len(self.tail) :] == self.tail
+
+
+def fingerprint(tensor: Any) -> Fingerprint | None:
+    """The tensor's fingerprint; reads 2 x 8 elements (no copy of the tensor, whatever its strides)."""
+    import torch
+
+    try:
+        if tensor.numel() == 0:
+            return None
+        if tensor.dim() == 0:
+            value = tuple(tensor.reshape(1).to(torch.float64).tolist())
+            return Fingerprint((), value, value)
+        first_row = tensor[(0,) * (tensor.dim() - 1)]
+        last_row = tensor[(-1,) * (tensor.dim() - 1)]
+        head = first_row[:_FINGERPRINT_ELEMENTS].to(torch.float64).tolist()
+        tail = last_row[-_FINGERPRINT_ELEMENTS:].to(torch.float64).tolist()
+        return Fingerprint(tuple(tensor.shape), tuple(head), tuple(tail))
+    except (RuntimeError, TypeError, NotImplementedError, IndexError):
+        return None
+
+
+def match_fingerprints(target: Fingerprint, candidates: dict[int, Fingerprint]) -> list[int]:
+    """The one candidate equal to `target`, or the one pair whose concatenation along one dimension it is
+    (first part's head, last part's tail, sizes adding up); [] when none or more than one fits."""
+    whole = [seq for seq, fp in candidates.items() if fp == target]
+    if whole:
+        return whole if len(whole) == 1 else []
+    rank = len(target.shape)
+    for dim in range(rank):
+
+        def fits(fp: Fingerprint, dim: int = dim) -> bool:
+            return (
+                len(fp.shape) == rank
+                and fp.shape[dim] < target.shape[dim]
+                and all(fp.shape[d] == target.shape[d] for d in range(rank) if d != dim)
+            )
+
+        firsts = [(seq, fp) for seq, fp in candidates.items() if fits(fp) and fp.prefix_of(target)]
+        lasts = [(seq, fp) for seq, fp in candidates.items() if fits(fp) and fp.suffix_of(target)]
+        pairs = [
+            (a, b)
+            for a, first in firsts
+            for b, last in lasts
+            if a != b and first.shape[dim] + last.shape[dim] == target.shape[dim]
+        ]
+        if len(pairs) == 1:
+            return list(pairs[0])
+    return []
 
 
 @functools.lru_cache(maxsize=512)
@@ -150,7 +221,8 @@ class CallCoverage:
         self._params = params
         self._default_loader = default_loader
         self._ranges: dict[tuple[str, int], list[tuple[int, int, int]]] = {}
-        self._recent: deque[tuple[int, torch.Tensor]] = deque(maxlen=_RECENT_FOR_VALUE_MATCH)
+        self._recent: deque[tuple[int, torch.Tensor]] = deque()
+        self._fingerprints: dict[int, Fingerprint] = {}
         self._attributed: set[int] = set()
         self._restore: list[Callable[[], None]] = []
         self._consumer = threading.get_ident()
@@ -173,6 +245,12 @@ class CallCoverage:
             return
         with self._lock:
             self._ranges.setdefault(key, []).append((start, end, seq))
+            if len(self._recent) >= _RECENT_FOR_VALUE_MATCH:
+                old_seq, old_tensor = self._recent.popleft()
+                if old_seq not in self._attributed and len(self._fingerprints) < _MAX_FINGERPRINTS:
+                    kept = fingerprint(old_tensor)
+                    if kept is not None:
+                        self._fingerprints[old_seq] = kept
             self._recent.append((seq, tensor))
             self.current_seq = seq
 
@@ -219,6 +297,25 @@ class CallCoverage:
                     break
             except (RuntimeError, TypeError):
                 continue
+        return found
+
+    def _whole_match(self, seqs: list[int], loaded: torch.Tensor) -> bool:
+        recent = dict(self._recent)
+        return len(seqs) > 1 or any(seq in recent and recent[seq].shape == loaded.shape for seq in seqs)
+
+    def _by_fingerprint(self, loaded: torch.Tensor) -> list[int]:
+        """A late write (thread-pool loaders) of incoming tensors of which one or all already left the recent
+        window: matched against their fingerprints and those of the unattributed tensors still in it."""
+        target = fingerprint(loaded)
+        if target is None:
+            return []
+        pending = {seq: fp for seq, fp in self._fingerprints.items() if seq not in self._attributed}
+        for seq, tensor in self._recent:
+            if seq not in self._attributed and (kept := fingerprint(tensor)) is not None:
+                pending[seq] = kept
+        found = match_fingerprints(target, pending)
+        for seq in found:
+            self._fingerprints.pop(seq, None)
         return found
 
     # ---- parameter loaders -----------------------------------------------------------------------------
@@ -315,6 +412,9 @@ class CallCoverage:
             if isinstance(loaded, torch.Tensor):
                 seq = self._by_memory(loaded)
                 seqs = [seq] if seq is not None else self._by_value(loaded)
+                if seq is None and self._fingerprints and not self._whole_match(seqs, loaded):
+                    # Nothing, or one part of a concatenation whose other part already left the window.
+                    seqs = self._by_fingerprint(loaded) or seqs
             if not seqs and threading.get_ident() == self._consumer and self.current_seq is not None:
                 seqs = [self.current_seq]
             if not seqs:
@@ -353,4 +453,5 @@ class CallCoverage:
                 undo()
         self._restore.clear()
         self._recent.clear()
+        self._fingerprints.clear()
         self._ranges.clear()
