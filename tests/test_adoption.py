@@ -179,7 +179,8 @@ def test_unknown_selectors_are_usage_errors(make_ckpt, selector: str) -> None:
 def test_unknown_config_selectors_and_values_are_usage_errors(make_ckpt, tmp_path: Path) -> None:
     path = make_ckpt("llama")
     for body in ('select = ["WC999"]', 'ignore = ["XYZ"]', 'fail-on = "sometimes"', 'format = "xml"', "colour = 1"):
-        (path / "pyproject.toml").write_text(f"[tool.weightcheck]\n{body}\n")
+        # In the project folder above the checkpoint (one inside the checkpoint is not applied).
+        (path.parent / "pyproject.toml").write_text(f"[tool.weightcheck]\n{body}\n")
         proc = wc("lint", str(path))
         assert proc.returncode == 2, (body, proc.stdout, proc.stderr)
         assert "pyproject.toml" in proc.stderr, body
@@ -257,9 +258,10 @@ def test_config_discovered_from_the_working_directory_upwards(ghost: Path, tmp_p
     (tmp_path / "project" / "weightcheck.toml").write_text('ignore = ["WC202"]\n')
     proc = wc("lint", str(ghost), cwd=work)
     assert proc.returncode == 0, proc.stdout  # the only error is ignored by the discovered file
-    # A settings file next to the target wins over the working directory's.
-    (ghost / "pyproject.toml").write_text('[tool.weightcheck]\nselect = ["WC2"]\n')
+    # A settings file next to the target's folder wins over the working directory's.
+    (ghost.parent / "pyproject.toml").write_text('[tool.weightcheck]\nselect = ["WC2"]\n')
     assert wc("lint", str(ghost), cwd=work).returncode == 1
+    (ghost.parent / "pyproject.toml").unlink()
     # Every command reads it: a broken file is a usage error for rules and layout too.
     (tmp_path / "project" / "weightcheck.toml").write_text('format = "json"\n')
     rules = wc("rules", cwd=work)
@@ -267,6 +269,29 @@ def test_config_discovered_from_the_working_directory_upwards(ghost: Path, tmp_p
     (tmp_path / "project" / "weightcheck.toml").write_text("nonsense = 1\n")
     assert wc("rules", cwd=work).returncode == 2
     assert wc("layout", "--num-layers", "4", "--pp", "2", cwd=work).returncode == 2
+
+
+def test_a_checkpoint_cannot_configure_its_own_check(ghost: Path, tmp_path: Path) -> None:
+    """A settings file shipped inside the checkpoint (a Hub repo, a converter's output) is not discovered when
+    the checkpoint is linted from elsewhere (a CI job in the project's checkout), and the report says so;
+    --config applies it, and so does working inside that folder (pre-commit in a model repository)."""
+    planted = ghost / "weightcheck.toml"
+    planted.write_text('ignore = ["WC2"]\n')
+    (ghost / "sub").mkdir()
+    proc = wc("lint", str(ghost), "--format", "json", cwd=tmp_path)
+    assert proc.returncode == 1, proc.stdout
+    doc = json.loads(proc.stdout)
+    assert any(f["code"] == "WC202" for f in doc["findings"])
+    assert any("inside the target and was not applied" in n for n in doc["summary"]["notes"]), doc
+    file_target = next(ghost.glob("*.json"))
+    assert wc("lint", str(file_target), cwd=tmp_path).returncode == 1
+    for inside in (ghost, ghost / "sub"):
+        assert wc("lint", str(ghost), cwd=inside).returncode == 0
+        assert wc("lint", file_target.name, cwd=ghost).returncode == 0
+    assert wc("lint", str(ghost), "--config", str(planted), cwd=tmp_path).returncode == 0
+    # The same settings one folder up (the user's project) apply.
+    planted.rename(ghost.parent / "weightcheck.toml")
+    assert wc("lint", str(ghost), cwd=tmp_path).returncode == 0
 
 
 # ---- diagnosability ------------------------------------------------------------------------------------
@@ -379,9 +404,13 @@ def test_python_api_reads_the_config_and_returns_typed_results(ghost: Path, make
     result = weightcheck.lint(ghost)
     assert isinstance(result, weightcheck.Result) and result.exit_code() == 1
     assert all(isinstance(f, weightcheck.Finding) for f in result.findings)
-    (ghost / "weightcheck.toml").write_text('ignore = ["WC202"]\n')
+    (ghost.parent / "weightcheck.toml").write_text('ignore = ["WC202"]\n')
     assert weightcheck.lint(ghost).exit_code() == 0
     assert weightcheck.lint(ghost, config=False).exit_code() == 1
+    (ghost.parent / "weightcheck.toml").rename(ghost / "weightcheck.toml")  # inside the target: not applied
+    inside = weightcheck.lint(ghost)
+    assert inside.exit_code() == 1 and any("was not applied" in n for n in inside.notes)
+    (ghost / "weightcheck.toml").unlink()
     with pytest.raises(ValueError, match="unknown rule selector"):
         weightcheck.lint(ghost, select=["WC999"])
     clean = make_ckpt("llama")

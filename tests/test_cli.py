@@ -90,11 +90,12 @@ def test_usage_errors_exit_2(make_ckpt, tmp_path: Path) -> None:
 
 
 def test_pyproject_next_to_checkpoint(broken: Path) -> None:
-    (broken / "pyproject.toml").write_text('[tool.weightcheck]\nignore = ["WC202", "WC402"]\nfail-on = "warning"\n')
+    settings = broken.parent / "pyproject.toml"  # the project folder holding the checkpoint
+    settings.write_text('[tool.weightcheck]\nignore = ["WC202", "WC402"]\nfail-on = "warning"\n')
     assert wc("lint", str(broken)).returncode == 1  # the warning now fails
-    (broken / "pyproject.toml").write_text('[tool.weightcheck]\nignore = ["WC2", "WC402"]\n')
+    settings.write_text('[tool.weightcheck]\nignore = ["WC2", "WC402"]\n')
     assert wc("lint", str(broken)).returncode == 0
-    (broken / "pyproject.toml").write_text('[tool.weightcheck]\nignroe = ["WC2"]\n')
+    settings.write_text('[tool.weightcheck]\nignroe = ["WC2"]\n')
     proc = wc("lint", str(broken))
     assert proc.returncode == 2 and "unknown" in proc.stderr
 

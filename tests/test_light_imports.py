@@ -32,9 +32,10 @@ sys.stderr.write("\\nPROBE " + json.dumps({{"heavy": heavy, "exit": code}}) + "\
 """
 
 
-def lint_modules(*args: str) -> dict:
+def lint_modules(*args: str, cwd: Path | None = None) -> dict:
     proc = subprocess.run(
         [sys.executable, "-c", PROBE, json.dumps(["lint", *args, "--format", "json"])],
+        cwd=cwd,
         capture_output=True,
         text=True,
         timeout=300,
@@ -81,8 +82,9 @@ def test_validate_with_compressed_tensors_asks_the_package(tmp_path: Path) -> No
 
     mirror = lint_modules(str(tmp_path))
     real = lint_modules(str(tmp_path), "--validate-with", "compressed-tensors")
+    # Run from inside the target folder: its own settings file applies there.
     (tmp_path / "pyproject.toml").write_text('[tool.weightcheck]\nvalidate-with = "compressed-tensors"\n')
-    from_settings = lint_modules(str(tmp_path))
+    from_settings = lint_modules(".", cwd=tmp_path)
     assert mirror["heavy"] == []
     assert "compressed_tensors" in real["heavy"] and "compressed_tensors" in from_settings["heavy"]
     for out in (mirror, real, from_settings):

@@ -24,8 +24,10 @@ def codes_sev(proc: subprocess.CompletedProcess[str]) -> set[tuple[str, str]]:
 
 
 def pyproject(path: Path, body: str) -> Path:
-    (path / "pyproject.toml").write_text("[tool.weightcheck]\n" + body)
-    return path / "pyproject.toml"
+    """Settings for the checkpoint at `path`, in the project folder above it (one inside the checkpoint is
+    not applied when it is linted from elsewhere)."""
+    (path.parent / "pyproject.toml").write_text("[tool.weightcheck]\n" + body)
+    return path.parent / "pyproject.toml"
 
 
 # ---- consumers ------------------------------------------------------------------------------------------
@@ -103,7 +105,7 @@ def test_baseline_hides_known_findings_and_shows_new_ones(make_ckpt, tmp_path: P
     proc = wc("lint", str(path), "--baseline", str(baseline), "--format", "json")
     assert proc.returncode == 1 and {c for c, _ in codes_sev(proc)} == {"WC203"}
     # from config, relative to the config file
-    (path / "known.json").write_text(baseline.read_text())
+    (path.parent / "known.json").write_text(baseline.read_text())
     pyproject(path, 'baseline = "known.json"\n')
     assert {c for c, _ in codes_sev(wc("lint", str(path), "--format", "json"))} == {"WC203"}
     # (an unreadable baseline is a usage error, never a silent pass)

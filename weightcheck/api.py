@@ -3,8 +3,10 @@
 One calling convention: the positional arguments the CLI takes (paths), everything else keyword-only with
 the CLI option's name (`select=`, `ignore=`, `content=`, `allow_skip=`...). Each reads the same settings
 file as the CLI (`weightcheck.toml` / `[tool.weightcheck]`, discovered from the target's folder upwards
-then the working directory's; `config=PATH` names one, `config=False` reads none); keyword arguments
-override it. Each returns a `weightcheck.Result`: typed findings, what was checked, `exit_code()`.
+then the working directory's, not inside a target linted from elsewhere: a checkpoint does not configure
+its own check;
+`config=PATH` names one, `config=False` reads none); keyword arguments override it. Each returns a
+`weightcheck.Result`: typed findings, what was checked, `exit_code()`.
 
 Bad input is a finding, never an exception. Usage errors raise: `ValueError` (an unknown selector or
 setting, a bad map or policy file) and `weightcheck.MissingDependency` (an `ImportError` naming the extra to
@@ -48,6 +50,12 @@ def _settings(
     return settings
 
 
+def _noted(result: Result, settings: Settings) -> Result:
+    if settings.not_applied:
+        result.notes.append(settings.not_applied_note())
+    return result
+
+
 def lint(
     target: PathLike | Sequence[PathLike],
     *,
@@ -82,7 +90,7 @@ def lint(
         "against_manifest": Path(against_manifest) if against_manifest else None,
         "progress": choose_mode(None) if progress else None,
     }
-    return lint_many(targets, select=settings.select, ignore=settings.ignore, options=options)
+    return _noted(lint_many(targets, select=settings.select, ignore=settings.ignore, options=options), settings)
 
 
 def diff(
@@ -119,7 +127,7 @@ def diff(
         ignore=settings.ignore,
         progress=choose_mode(None) if progress else False,
     )
-    return run_diff(ref, cand, options)
+    return _noted(run_diff(ref, cand, options), settings)
 
 
 def verify(
@@ -144,7 +152,7 @@ def verify(
         from weightcheck.deps import require_verify_deps
 
         require_verify_deps(root, Path(against) if against is not None else None)
-    return run_verify(
+    result = run_verify(
         root,
         against,
         select=settings.select,
@@ -154,3 +162,4 @@ def verify(
         trainer=trainer,
         skip=[*settings.allow_skip, *skip],
     )
+    return _noted(result, settings)

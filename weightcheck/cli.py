@@ -208,6 +208,8 @@ def finish(
     from weightcheck.triage import BaselineError, apply_baseline, fill_fix_texts, read_baseline, write_baseline
 
     fill_fix_texts(result.findings)  # every command's findings say what to do (lint fills them already)
+    if settings.not_applied:
+        result.notes.append(settings.not_applied_note())
 
     baseline = _meta("baseline") or (Path(settings.baseline) if settings.baseline else None)
     if _meta("write_baseline"):

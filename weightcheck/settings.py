@@ -5,12 +5,19 @@ Discovery works like ruff's: the closest `weightcheck.toml` / `.weightcheck.toml
 upwards. In one folder `.weightcheck.toml` wins over `weightcheck.toml`, which wins over `pyproject.toml`.
 `weightcheck.toml` holds the keys at top level (no `[tool.weightcheck]` header).
 
+Unlike ruff, whose targets are the user's own sources, weightcheck's target is an artifact from anywhere:
+a settings file inside the checkpoint folder (or a folder below it) is not discovered, or a downloaded
+checkpoint could switch off the rules that judge it (`ignore = ["ALL"]`) in a CI job that lints it from
+the project's checkout. It is named in the report's notes and applies when given with `--config`, or when
+weightcheck runs from inside that folder (pre-commit in a model repository: the user's own files).
+
 Command-line options override file settings. Unknown keys and unknown values are errors (a typo must not
 silently disable a rule selection).
 """
 
 from __future__ import annotations
 
+import contextlib
 import sys
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -46,6 +53,14 @@ class Settings:
     consumers: list[str] | None = None
     baseline: str | None = None
     source: str | None = None
+    # A settings file found inside the target and not applied (see the module docstring).
+    not_applied: str | None = None
+
+    def not_applied_note(self) -> str:
+        return (
+            f"settings file {self.not_applied} is inside the target and was not applied (a checkpoint does not "
+            "configure its own check; pass it with --config to use it)"
+        )
 
 
 def _str_list(value: Any, key: str) -> list[str]:
@@ -87,7 +102,13 @@ def _has_table(path: Path) -> bool:
     return b"[tool.weightcheck" in raw
 
 
-def _search_up(start: Path) -> Path | None:
+def _inside(folder: Path, root: Path | None) -> bool:
+    return root is not None and (folder == root or root in folder.parents)
+
+
+def _search_up(start: Path, untrusted: Path | None = None, skipped: list[Path] | None = None) -> Path | None:
+    """The closest settings file from `start` upwards, skipping folders at or below `untrusted` (a settings
+    file found there is appended to `skipped`)."""
     try:
         start = start.resolve()
     except (OSError, RuntimeError):
@@ -97,26 +118,50 @@ def _search_up(start: Path) -> Path | None:
             candidate = folder / name
             try:
                 if candidate.is_file() and _has_table(candidate):
+                    if _inside(folder, untrusted):
+                        if skipped is not None and candidate not in skipped:
+                            skipped.append(candidate)
+                        break  # the folder's winning file is not applied; nor are its others
                     return candidate
             except OSError:
                 continue
     return None
 
 
-def find_config(target: Path | None = None, cwd: Path | None = None) -> Path | None:
-    """The settings file for `target`: closest to the target first, then closest to the working directory."""
-    if target is not None:
+def _target_folder(target: Path | None) -> Path | None:
+    """The checkpoint folder of a target (the folder itself, or the folder of a file in it), resolved."""
+    if target is None:
+        return None
+    try:
         base = target if target.is_dir() else target.parent
-        if base.exists():
-            found = _search_up(base)
-            if found is not None:
-                return found
-    return _search_up(cwd or Path.cwd())
+        return base.resolve() if base.exists() else None
+    except (OSError, RuntimeError):
+        return None
+
+
+def find_config(target: Path | None = None, cwd: Path | None = None, skipped: list[Path] | None = None) -> Path | None:
+    """The settings file for `target`: closest to the target first, then closest to the working directory;
+    never one inside the target's folder (listed in `skipped` instead)."""
+    base = _target_folder(target)
+    here = cwd or Path.cwd()
+    with contextlib.suppress(OSError, RuntimeError):
+        here = here.resolve()
+    # Working inside the target (pre-commit in a model repo, `cd ckpt && weightcheck lint .`): it is the
+    # user's own folder, and its settings apply.
+    untrusted = None if base is None or _inside(here, base) else base
+    if base is not None:
+        found = _search_up(base, untrusted=untrusted, skipped=skipped)
+        if found is not None:
+            return found
+    return _search_up(here, untrusted=untrusted, skipped=skipped)
 
 
 def load_settings(target: Path | None = None, explicit: Path | None = None) -> Settings:
-    path = explicit or find_config(target)
+    skipped: list[Path] = []
+    path = explicit or find_config(target, skipped=skipped)
     settings = Settings()
+    if explicit is None and skipped:
+        settings.not_applied = str(skipped[0])
     if path is None:
         return settings
     doc = _read_toml(path, confined=explicit is None)
