@@ -163,14 +163,19 @@ class HubServer:
                 chunk = fh.read(min(left, 1 << 20))
                 if not chunk:
                     break
-                try:
-                    handler.wfile.write(chunk)
-                except (BrokenPipeError, ConnectionResetError):
-                    break
-                left -= len(chunk)
+                # Counted before the write: the client may finish (and a test read the counts) before this
+                # thread gets past the write.
                 with self._lock:
                     self.bytes_served += len(chunk)
                     self.served[name] += len(chunk)
+                try:
+                    handler.wfile.write(chunk)
+                except (BrokenPipeError, ConnectionResetError):
+                    with self._lock:
+                        self.bytes_served -= len(chunk)
+                        self.served[name] -= len(chunk)
+                    break
+                left -= len(chunk)
 
     def _send(
         self, handler: BaseHTTPRequestHandler, status: int, body: bytes, headers: dict[str, str], head: bool
@@ -180,9 +185,9 @@ class HubServer:
             handler.send_header(key, value)
         handler.end_headers()
         if not head:
-            handler.wfile.write(body)
-            with self._lock:
+            with self._lock:  # before the write, as above
                 self.bytes_served += len(body)
+            handler.wfile.write(body)
 
 
 def _oid(path: Path) -> str:
