@@ -18,8 +18,10 @@ Each engine rank runs what its scheduler runs: `SchedulerWeightUpdaterManager.in
 (→ `TpModelWorker.init_weights_update_group` → `WeightUpdater.init_weights_update_group`, which joins the group
 as rank `rank_offset + tp_rank` through `init_custom_process_group`), then per push `begin_weight_update`,
 `update_weights_from_distributed` per bucket (`WeightUpdater.receive_weights_from_distributed`: one
-`torch.distributed.broadcast` into an empty tensor per name, then `load_weights_from_distributed` →
-the model's `load_weights`) and `end_weight_update`, and at the end `destroy_weights_update_group`.
+`torch.distributed.broadcast` into an empty tensor per name, or with `load_format="flattened_bucket"` one
+broadcast into an empty packed bucket that is unpacked by the announced names, dtypes and shapes; then
+`load_weights_from_distributed` → the model's `load_weights`) and `end_weight_update`, and at the end
+`destroy_weights_update_group`.
 
 Stubbed, and why:
 * the HTTP server, tokenizer manager and scheduler event loop: a full server cannot start on CPU (the
@@ -79,9 +81,15 @@ PUSHES = {
     "step-2": "wrong-dtype",
     "step-3": "pp-offset",
     "step-4": "omit",
+    # load_format="flattened_bucket": one broadcast of a packed bucket per stage, unpacked by the announced
+    # names, dtypes and shapes (`WeightUpdater._receive_bucketed_weights_from_distributed`).
+    "step-5": "flattened",
+    "step-6": "flattened-swapped",
 }
 WRONG_DTYPE = "model.layers.1.mlp.down_proj.weight"
 OMITTED = "model.layers.0.self_attn.k_norm.weight"
+# Two tensors of one shape whose names the bucket's announced metadata lists in the wrong order.
+SWAPPED = ("model.layers.0.mlp.gate_proj.weight", "model.layers.0.mlp.up_proj.weight")
 
 
 def serious(result: Result) -> set[str]:
@@ -103,7 +111,8 @@ def trainer_pushes(stream: list[tuple[str, Any]], defect: str | None) -> list[tu
 
     * `wrong-dtype`: one tensor is sent (and announced) as bfloat16 instead of the checkpoint's dtype;
     * `pp-offset`: stage 1 sends its layer under its local id (`layers.0.` instead of `layers.1.`);
-    * `omit`: one tensor is never sent (nor announced)."""
+    * `omit`: one tensor is never sent (nor announced);
+    * `flattened`, `flattened-swapped`: the stream as it is (the trainer packs it into one bucket per stage)."""
     import torch
 
     pushes: list[tuple[int, list[tuple[str, Any]]]] = []
@@ -126,6 +135,7 @@ def trainer_worker(checkpoint: str, manifests: str, ports: list[int], request_qu
     try:
         import torch
         from sglang.srt.utils import init_custom_process_group
+        from sglang.srt.weight_sync.tensor_bucket import FlattenedTensorBucket
 
         from weightcheck.manifest import ManifestWriter, manifest_part_path
 
@@ -146,16 +156,23 @@ def trainer_worker(checkpoint: str, manifests: str, ports: list[int], request_qu
         stream = checkpoint_stream(Path(checkpoint))
         for version, defect in PUSHES.items():
             pushes = trainer_pushes(stream, defect)
-            requests = [
-                {
-                    "group_name": f"{GROUP}_{stage}",
-                    "names": [n for n, _ in named],
-                    "dtypes": [str(t.dtype).removeprefix("torch.") for _, t in named],
-                    "shapes": [list(t.shape) for _, t in named],
-                    "weight_version": version,
-                }
-                for stage, named in pushes
-            ]
+            flattened = defect is not None and defect.startswith("flattened")
+            requests = []
+            for stage, named in pushes:
+                names = [n for n, _ in named]
+                if defect == "flattened-swapped" and stage == 0:
+                    a, b = names.index(SWAPPED[0]), names.index(SWAPPED[1])
+                    names[a], names[b] = names[b], names[a]
+                requests.append(
+                    {
+                        "group_name": f"{GROUP}_{stage}",
+                        "names": names,
+                        "dtypes": [str(t.dtype).removeprefix("torch.") for _, t in named],
+                        "shapes": [list(t.shape) for _, t in named],
+                        "weight_version": version,
+                        "load_format": "flattened_bucket" if flattened else None,
+                    }
+                )
             for queue in request_queues:
                 queue.put({"op": "push", "requests": requests})
             for stage, named in pushes:
@@ -163,6 +180,12 @@ def trainer_worker(checkpoint: str, manifests: str, ports: list[int], request_qu
                 with ManifestWriter(
                     path, weight_version=version, pp_rank=stage, pp_size=STAGES, num_layers=2
                 ) as manifest:
+                    if flattened:  # the trainer's own record is of the tensors it packed, by their names
+                        for name, tensor in named:
+                            manifest.add(name, tensor)
+                        bucket = FlattenedTensorBucket(named_tensors=named).get_flattened_tensor()
+                        torch.distributed.broadcast(bucket, src=0, group=groups[stage])
+                        continue
                     for _, tensor in manifest.wrap(named):
                         torch.distributed.broadcast(tensor.contiguous(), src=0, group=groups[stage])
         for queue in request_queues:
@@ -372,3 +395,21 @@ def test_omitted_tensor_is_named(distributed_run: dict[str, Any]) -> None:
         distributed_run["records"], distributed_run["manifests"] / "step-4", weight_version="step-4"
     )
     assert serious(against_manifests) == {"WC732"}, [f.message for f in against_manifests.findings]
+
+
+def test_flattened_bucket_broadcast(distributed_run: dict[str, Any]) -> None:
+    """load_format="flattened_bucket": a clean packed push is clean; a bucket whose announced names list two
+    same-shaped tensors in the wrong order (the bytes land under each other's name) is named, against the
+    checkpoint and against the trainer's manifest of what it packed."""
+    records, ckpt = distributed_run["records"], distributed_run["ckpt"]
+    clean = verify(records, ckpt, weight_version="step-5")
+    assert clean.findings == [], [f.message for f in clean.findings]
+    # Against the checkpoint the engine-state check also sees the swapped halves of gate_up_proj (WC740).
+    for against, expected in ((ckpt, {"WC727", "WC740"}), (distributed_run["manifests"] / "step-6", {"WC727"})):
+        result = verify(records, against, weight_version="step-6")
+        assert serious(result) == expected, (against, [f.message for f in result.findings])
+        a, b = SWAPPED
+        assert sorted(f.message.split(": ", 1)[1] for f in by_code(result, "WC727")) == [
+            f"{a} carries the data of {b}",
+            f"{b} carries the data of {a}",
+        ]
