@@ -169,10 +169,14 @@ def test_session_with_flattened_buckets(plugin_tap: Path, records_dir: Path, sta
     assert missing == {n for n, _ in lost}
 
 
-def test_update_from_disk_through_the_default_model_loader(plugin_tap: Path, records_dir: Path, stack: Any) -> None:
+def test_update_from_disk_through_the_default_model_loader(
+    plugin_tap: Path, records_dir: Path, stack: Any, tmp_path: Path
+) -> None:
+    """update_weights_from_disk through SGLang's DefaultModelLoader: a clean reload is clean; a saved step that
+    lacks one tensor is named (SGLang loads it without complaint)."""
     from sglang.srt.managers.io_struct import UpdateWeightFromDiskReqInput
 
-    s, _, ckpt, _ = stack("qwen3")
+    s, _, ckpt, stream = stack("qwen3")
     request = UpdateWeightFromDiskReqInput(model_path=str(ckpt), load_format="auto", weight_version="v2")
     reply = s.manager.update_weights_from_disk(request)
     assert reply.success, reply.message
@@ -180,6 +184,23 @@ def test_update_from_disk_through_the_default_model_loader(plugin_tap: Path, rec
     assert result.findings == [], [f.message for f in result.findings]
     (record_file,) = records_dir.rglob("*.jsonl")
     assert tap.read_record(record_file).header["sync"]["source"] == "request:update_weights_from_disk"
+
+    # Planted: the trainer's saved step lacks one tensor (a filtered save). SGLang's loader raises nothing and
+    # the parameter keeps its old values; verify against the reference names it.
+    import shutil
+
+    from safetensors.torch import save_file
+
+    lost = "model.layers.1.self_attn.o_proj.weight"
+    saved = tmp_path / "step-3"
+    saved.mkdir()
+    shutil.copy(ckpt / "config.json", saved / "config.json")
+    save_file({n: t for n, t in stream if n != lost}, str(saved / "model.safetensors"), metadata={"format": "pt"})
+    request = UpdateWeightFromDiskReqInput(model_path=str(saved), load_format="auto", weight_version="v3")
+    assert s.manager.update_weights_from_disk(request).success
+    result = verify(records_dir, ckpt, weight_version="v3")
+    assert serious(result) == {"WC722", "WC732"}, [f.message for f in result.findings]
+    assert {n for f in by_code(result, "WC722") for n in f.details["names"]} == {lost}
 
 
 def test_direct_load_format_bypasses_load_weights_and_state_checks_catch_it(
