@@ -101,7 +101,9 @@ def slime_int4_match(param: str, entry: str) -> bool:
 
 
 def miles_nvfp4_match(param: str, entry: str) -> bool:
-    """miles online NVFP4 on parameter names: `re:` → `re.match`; plain → equality or `entry + "."` prefix."""
+    """miles online NVFP4 (`quantizer_nvfp4.py` `_is_ignored`) on parameter names, merging `ignore` and
+    `exclude_modules`: `re:` → `re.match`; plain → equality or `entry + "."` prefix. It quantizes expert
+    projections only, so it never packs a router, embedding or head (not `quantizes_online`)."""
     if entry.startswith("re:"):
         return regex_match(entry[3:], param)
     return param == entry or param.startswith(entry + ".")
@@ -221,8 +223,10 @@ CONSUMERS: tuple[Consumer, ...] = (
     Consumer("vllm-bnb", "vLLM bitsandbytes", "module", frozenset({"bitsandbytes"}), vllm_bnb_match),
     Consumer("vllm-modelopt", "vLLM ModelOpt", "module", frozenset({"modelopt"}), vllm_modelopt_match),
     Consumer("sglang-modelopt", "SGLang ModelOpt", "module", frozenset({"modelopt"}), sglang_modelopt_match),
+    # miles' online NVFP4 (radixark/miles quantizer_nvfp4.py, every version to Aug 2026) packs only the
+    # routed and shared experts' fc1/fc2; routers, embeddings, lm_head and attention pass through untouched.
     Consumer("miles-nvfp4", "miles online NVFP4 (parameter names)", "param", frozenset({"modelopt"}),
-             miles_nvfp4_match, quantizes_online=True, plain_rule="dot-prefix"),
+             miles_nvfp4_match, plain_rule="dot-prefix"),
 )  # fmt: skip
 
 
