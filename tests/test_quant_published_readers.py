@@ -96,3 +96,19 @@ def test_modelopt_quant_algo_without_format_model_guesses_no_scheme(tmp_path: Pa
     assert "WC313" in hit.message  # says which format checks could not run
     plain = parse_quant_spec({"quantization_config": {"quant_method": "modelopt_fp4", "ignore": []}})
     assert plain is not None and plain.schemes and not plain.unchecked  # no quant_algo: the method names it
+
+
+def test_plain_entry_read_as_prefix_overreaches(tmp_path: Path) -> None:
+    fp8 = {"activation_scheme": "dynamic", "fmt": "e4m3", "quant_method": "fp8", "weight_block_size": [128, 128]}
+    good = ["lm_head", "model.layers.1.input_layernorm", "model.layers.1.mlp.gate", "model.layers.11.mlp.gate"]
+    bad = _lint(tmp_path, "qwen3_next", {**fp8, "modules_to_not_convert": [*good, "model.layers.1"]},
+                num_hidden_layers=12, layer_types=(["linear_attention"] * 3 + ["full_attention"]) * 3)  # fmt: skip
+    [hit] = by_code(bad, "WC305")
+    assert hit.details["entry"] == "model.layers.1" and "transformers" in hit.message and "{10..11}" in hit.message
+    (tmp_path / "good").mkdir()
+    assert not by_code(_lint(tmp_path / "good", "qwen3_next", {**fp8, "modules_to_not_convert": good},
+                             num_hidden_layers=12), "WC305")  # fmt: skip
+    (tmp_path / "modelopt").mkdir()
+    [hit] = by_code(_lint(tmp_path / "modelopt", "minimax_m2", _nvfp4(["lm_head", "model.layers.1"]),
+                          num_hidden_layers=12), "WC305")  # fmt: skip
+    assert "vLLM ModelOpt" in hit.message  # a substring there

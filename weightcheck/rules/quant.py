@@ -238,6 +238,7 @@ def ignore_regex_overreach(ctx: LintContext) -> None:
     qa = _quantized(ctx)
     if qa is None or qa.inventory is None:
         return
+    _plain_overreach(ctx, qa)
     for entry in qa.spec.ignore:
         if not entry.startswith("re:") or regex_error(entry):
             continue
@@ -253,6 +254,46 @@ def ignore_regex_overreach(ctx: LintContext) -> None:
                 count=len(hits),
                 details={"entry": entry, "examples": hits[:20]},
             )
+
+
+# Readers for which a plain entry is a prefix or a substring of the module name, so that `model.layers.1` also
+# reaches `model.layers.12`: transformers (`re.match(entry, name)`), vLLM ModelOpt and AWQ (substring).
+_PREFIX_READERS = frozenset({"transformers", "vllm-modelopt", "vllm-awq"})
+_NOT_PLAIN = set("*?[]()|^$+{}\\")
+
+
+def _plain_overreach(ctx: LintContext, qa: QuantAnalysis) -> None:
+    """WC305 for plain entries read as prefixes or substrings: a match that ends inside a dotted component."""
+    assert qa.inventory is not None and qa.spec is not None
+    readers = [c for c in qa.module_consumers() if c.key in _PREFIX_READERS]
+    found: dict[str, tuple[set[str], set[str]]] = {}
+    for consumer in readers:
+        for module, entries in qa.hits(consumer).items():
+            for entry in entries:
+                if entry.startswith("re:") or _NOT_PLAIN & set(entry) or not entry[-1:].isalnum():
+                    continue
+                at = module.find(entry)
+                while at >= 0:
+                    end = at + len(entry)
+                    if end < len(module) and module[end] != "." and (at == 0 or module[at - 1] == "."):
+                        if entry not in (module.split(".")):  # a whole component elsewhere is the intent
+                            mods, who = found.setdefault(entry, (set(), set()))
+                            mods.add(module)
+                            who.add(consumer.label)
+                        break
+                    at = module.find(entry, at + 1)
+    for entry, (mods, who) in found.items():
+        hits = sorted(mods)
+        layers = sorted({qa.inventory.modules[m].layer for m in hits} - {None})
+        where = f"layers {ids_pattern(layers)}: " if layers else ""
+        ctx.report(
+            f"ignore entry {entry!r} also captures {len(hits)} module(s) whose names only extend the intended "
+            f"one, as {', '.join(sorted(who))} read it ({where}{summarize(hits, limit=3)})",
+            file=CONFIG_FILE,
+            tensor=entry,
+            count=len(hits),
+            details={"entry": entry, "examples": hits[:20]},
+        )
 
 
 def _engine_view(qa: QuantAnalysis) -> list[Consumer]:
