@@ -142,17 +142,23 @@ class _Entry:
             # re.match(entry) with `.` as the only wildcard, or name.endswith(entry).
             self.forward = (entry,)
             self.positional = re.compile("".join("." if ch == "." else re.escape(ch) for ch in abstract_chars(entry)))
-        elif key == "sglang-modelopt" and not (_REGEX_SPECIAL & set(entry) or "*" in entry):
+        elif key == "sglang-modelopt" and not (_REGEX_SPECIAL - {"*"}) & set(entry):
+            # A glob matches the whole name or one component, so its longest literal piece is a substring of
+            # the name (ModelOpt writes one `model.layers.N.self_attn*` per layer: hundreds of globs).
             tail = entry.rsplit(".", 1)[-1]
-            self.forward = (
-                (entry, tail) if tail in ("q_a_proj", "q_b_proj", "kv_a_proj_with_mqa", "kv_b_proj") else (entry,)
-            )
-        elif key == "vllm-modelopt" and not set("*?[") & set(entry):
-            self.forward = (entry,)
+            mla = tail in ("q_a_proj", "q_b_proj", "kv_a_proj_with_mqa", "kv_b_proj")
+            self.forward = (_longest_piece(entry), tail) if mla else (_longest_piece(entry),)
+        elif key == "vllm-modelopt" and not set("?[") & set(entry):
+            self.forward = (_longest_piece(entry),)  # substring, or an fnmatch of the whole name
         else:
             self.literal = False
         self.forward_abstract = tuple(abstract(f) for f in self.forward)
         self.reverse_abstract = tuple(abstract(r) for r in self.reverse)
+
+
+def _longest_piece(glob: str) -> str:
+    """The longest `*`-free piece of a glob (the glob itself when it has none)."""
+    return max(glob.split("*"), key=len)
 
 
 def abstract_chars(text: str) -> str:

@@ -170,7 +170,9 @@ def parse_quant_spec(config: dict[str, Any], hf_quant_config: dict[str, Any] | N
         return _hf_fp8(raw, source)
     if method in ("modelopt", "modelopt_fp8", "modelopt_fp4", "modelopt_mixed"):
         spec = _modelopt(raw, source, field_name="ignore" if "ignore" in raw else "exclude_modules")
-        if not spec.schemes and method != "modelopt_mixed":
+        # No quant_algo: the method name says the format. A quant_algo weightcheck does not model (MIXED_PRECISION,
+        # whose per-layer formats come from `quantized_layers`) gets no guessed scheme: WC339 says so.
+        if not spec.schemes and method != "modelopt_mixed" and not raw.get("quant_algo"):
             fp4 = method == "modelopt_fp4"
             spec.schemes.append(WeightScheme(method, ["Linear"], 4 if fp4 else 8, "float",
                                              "tensor_group" if fp4 else "tensor", 16 if fp4 else None))  # fmt: skip

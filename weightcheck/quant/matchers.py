@@ -10,6 +10,7 @@ versions are in each docstring; `tests/test_matchers.py` checks them against the
 from __future__ import annotations
 
 import fnmatch
+import functools
 from collections.abc import Callable, Container, Iterable
 from dataclasses import dataclass
 
@@ -101,7 +102,9 @@ def slime_int4_match(param: str, entry: str) -> bool:
 
 
 def miles_nvfp4_match(param: str, entry: str) -> bool:
-    """miles online NVFP4 on parameter names: `re:` → `re.match`; plain → equality or `entry + "."` prefix."""
+    """miles online NVFP4 (`quantizer_nvfp4.py` `_is_ignored`) on parameter names, merging `ignore` and
+    `exclude_modules`: `re:` → `re.match`; plain → equality or `entry + "."` prefix. It quantizes expert
+    projections only, so it never packs a router, embedding or head (not `quantizes_online`)."""
     if entry.startswith("re:"):
         return regex_match(entry[3:], param)
     return param == entry or param.startswith(entry + ".")
@@ -121,9 +124,13 @@ def vllm_bnb_match(name: str, entry: str) -> bool:
 _MLA_FUSED_TAILS = frozenset({"q_a_proj", "q_b_proj", "kv_a_proj_with_mqa", "kv_b_proj"})
 
 
-def _modelopt_glob(entry: str) -> safe_regex.SafeRegex | None:
-    # SGLang escapes only "." and turns "*" into ".*"; other regex characters pass through.
-    return safe_regex.compile(safe_regex.glob_to_regex(entry))
+@functools.lru_cache(maxsize=4096)
+def _modelopt_glob(entry: str) -> tuple[safe_regex.SafeRegex | None, str | None]:
+    # SGLang escapes only "." and turns "*" into ".*"; other regex characters pass through. With no such
+    # character, the glob's longest `*`-free piece must be a substring of whatever it matches: a cheap test
+    # that skips the regex for almost every (name, entry) pair of a per-layer list.
+    piece = None if set(entry) & set("^$+?{}[]\\|()") else max(entry.split("*"), key=len)
+    return safe_regex.compile(safe_regex.glob_to_regex(entry)), piece
 
 
 def sglang_modelopt_match(name: str, entry: str) -> bool:
@@ -133,8 +140,8 @@ def sglang_modelopt_match(name: str, entry: str) -> bool:
     candidates = [name]
     if name.startswith("language_model."):
         candidates.append(name.removeprefix("language_model."))
-    pattern = _modelopt_glob(entry)
-    if pattern is not None:
+    pattern, piece = _modelopt_glob(entry)
+    if pattern is not None and (piece is None or piece in name):
         for cand in candidates:
             if pattern.fullmatch(cand) or any(pattern.fullmatch(part) for part in cand.split(".")):
                 return True
@@ -221,8 +228,10 @@ CONSUMERS: tuple[Consumer, ...] = (
     Consumer("vllm-bnb", "vLLM bitsandbytes", "module", frozenset({"bitsandbytes"}), vllm_bnb_match),
     Consumer("vllm-modelopt", "vLLM ModelOpt", "module", frozenset({"modelopt"}), vllm_modelopt_match),
     Consumer("sglang-modelopt", "SGLang ModelOpt", "module", frozenset({"modelopt"}), sglang_modelopt_match),
+    # miles' online NVFP4 (radixark/miles quantizer_nvfp4.py, every version to Aug 2026) packs only the
+    # routed and shared experts' fc1/fc2; routers, embeddings, lm_head and attention pass through untouched.
     Consumer("miles-nvfp4", "miles online NVFP4 (parameter names)", "param", frozenset({"modelopt"}),
-             miles_nvfp4_match, quantizes_online=True, plain_rule="dot-prefix"),
+             miles_nvfp4_match, plain_rule="dot-prefix"),
 )  # fmt: skip
 
 

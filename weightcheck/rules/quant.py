@@ -82,13 +82,21 @@ def ignore_entry_unmatched(ctx: LintContext) -> None:
     # A tied head has no lm_head module (it is the embedding); llm-compressor still writes its default
     # `ignore: ["lm_head"]`, which is harmless.
     tied = ctx.ckpt.text_config().get("tie_word_embeddings") is True and "lm_head" not in qa.inventory.modules
+    unlisted = _unlisted_prefixes(qa) if qa.inventory.from_config_only else ()
+    inert = _inert_params(qa)
+    skipped: list[str] = []
     for entry in qa.spec.ignore:
         if is_class_entry(entry) or regex_error(entry) or _looks_like_param(qa, entry):
             continue
         if tied and any(c.match("lm_head", entry) for c in qa.module_consumers()):
             continue
         matched_by = [c for c in qa.consumers if entry in qa.entries_hit(c)]
-        if any(c.key in ("ct", "vllm", "sglang", "sglang-fp8", "vllm-fp8", "transformers") for c in matched_by):
+        if any(c.key in _PRIMARY_READERS for c in matched_by):
+            continue
+        if unlisted and _under(entry, unlisted, qa):
+            skipped.append(entry)
+            continue
+        if _names_inert_param(entry, inert):
             continue
         hint = ""
         if entry.startswith("re:") and not entry[3:].startswith((".*", "^.*", "(")):
@@ -100,6 +108,57 @@ def ignore_entry_unmatched(ctx: LintContext) -> None:
             tensor=entry,
             details={"entry": entry, "matched_by": [c.key for c in matched_by]},
         )
+    if skipped:
+        ctx.cache.setdefault("notes", []).append(
+            f"config-only mode: {len(skipped)} ignore entries name modules under {', '.join(unlisted)}, which the "
+            f"architecture pattern does not list (vision tower, projector, MTP layers); they were not checked"
+        )
+
+
+# The readers whose view decides whether an entry matches anything: the producer and the engines that load the
+# method as written. An entry matched only by a lenient reader (SGLang's substring era, vLLM AWQ's substring,
+# parameter-level online quantizers) is still reported. ModelOpt lists are read only by engines' ModelOpt paths.
+_PRIMARY_READERS = frozenset({"ct", "vllm", "sglang", "sglang-fp8", "vllm-fp8", "transformers", "vllm-modelopt",
+                              "sglang-modelopt"})  # fmt: skip
+
+
+def _unlisted_prefixes(qa: QuantAnalysis) -> tuple[str, ...]:
+    """Config-only mode: namespaces the pattern does not enumerate although checkpoints carry them: a VLM's
+    vision tower and projector (`allowed_prefixes`) and MTP layers (`mtp.`), which transformers drops at load
+    (Qwen3-Next's config does not even declare them, yet its releases ship and ignore `mtp.*`)."""
+    assert qa.inventory is not None
+    prefixes = list(qa.pattern.allowed_prefixes) if qa.pattern is not None else []
+    for mtp in ("mtp.", "model.mtp."):
+        if not any(m.startswith(mtp) for m in qa.inventory.modules):
+            prefixes.append(mtp)
+    return tuple(prefixes)
+
+
+def _under(entry: str, prefixes: tuple[str, ...], qa: QuantAnalysis) -> bool:
+    """Whether `entry` can only mean modules below one of `prefixes` (plain, glob or `re:` form)."""
+    for prefix in prefixes:
+        stem = prefix.rstrip(".")
+        if entry == stem or entry.startswith(prefix) or entry.startswith(stem + "*"):
+            return True
+        probe = f"{prefix}0.proj"
+        if any(c.match(probe, entry) for c in qa.module_consumers()):
+            return True
+    return False
+
+
+def _inert_params(qa: QuantAnalysis) -> tuple[set[str], set[str]]:
+    """Parameters no quantizer touches (not a `.weight`: `linear_attn.A_log`, `dt_bias`, MiniMax's
+    `e_score_correction_bias`), by full name and by leaf name (a leaf counts only if never a `.weight`)."""
+    assert qa.inventory is not None
+    full = {p for p in qa.inventory.params if not p.endswith(".weight")}
+    leaves = {p.rsplit(".", 1)[-1] for p in full} - {"weight"}
+    return full, leaves
+
+
+def _names_inert_param(entry: str, inert: tuple[set[str], set[str]]) -> bool:
+    """An entry naming only such parameters matches no module, harmlessly: nothing would quantize them."""
+    full, leaves = inert
+    return not entry.startswith("re:") and (entry in full or ("." not in entry and entry in leaves))
 
 
 def _looks_like_param(qa: QuantAnalysis, entry: str) -> bool:
@@ -179,6 +238,7 @@ def ignore_regex_overreach(ctx: LintContext) -> None:
     qa = _quantized(ctx)
     if qa is None or qa.inventory is None:
         return
+    _plain_overreach(ctx, qa)
     for entry in qa.spec.ignore:
         if not entry.startswith("re:") or regex_error(entry):
             continue
@@ -194,6 +254,46 @@ def ignore_regex_overreach(ctx: LintContext) -> None:
                 count=len(hits),
                 details={"entry": entry, "examples": hits[:20]},
             )
+
+
+# Readers for which a plain entry is a prefix or a substring of the module name, so that `model.layers.1` also
+# reaches `model.layers.12`: transformers (`re.match(entry, name)`), vLLM ModelOpt and AWQ (substring).
+_PREFIX_READERS = frozenset({"transformers", "vllm-modelopt", "vllm-awq"})
+_NOT_PLAIN = set("*?[]()|^$+{}\\")
+
+
+def _plain_overreach(ctx: LintContext, qa: QuantAnalysis) -> None:
+    """WC305 for plain entries read as prefixes or substrings: a match that ends inside a dotted component."""
+    assert qa.inventory is not None and qa.spec is not None
+    readers = [c for c in qa.module_consumers() if c.key in _PREFIX_READERS]
+    found: dict[str, tuple[set[str], set[str]]] = {}
+    for consumer in readers:
+        for module, entries in qa.hits(consumer).items():
+            for entry in entries:
+                if entry.startswith("re:") or _NOT_PLAIN & set(entry) or not entry[-1:].isalnum():
+                    continue
+                at = module.find(entry)
+                while at >= 0:
+                    end = at + len(entry)
+                    if end < len(module) and module[end] != "." and (at == 0 or module[at - 1] == "."):
+                        if entry not in (module.split(".")):  # a whole component elsewhere is the intent
+                            mods, who = found.setdefault(entry, (set(), set()))
+                            mods.add(module)
+                            who.add(consumer.label)
+                        break
+                    at = module.find(entry, at + 1)
+    for entry, (mods, who) in found.items():
+        hits = sorted(mods)
+        layers = sorted({qa.inventory.modules[m].layer for m in hits} - {None})
+        where = f"layers {ids_pattern(layers)}: " if layers else ""
+        ctx.report(
+            f"ignore entry {entry!r} also captures {len(hits)} module(s) whose names only extend the intended "
+            f"one, as {', '.join(sorted(who))} read it ({where}{summarize(hits, limit=3)})",
+            file=CONFIG_FILE,
+            tensor=entry,
+            count=len(hits),
+            details={"entry": entry, "examples": hits[:20]},
+        )
 
 
 def _engine_view(qa: QuantAnalysis) -> list[Consumer]:
@@ -323,8 +423,9 @@ def _companions(qa: QuantAnalysis, module: str) -> list[str]:
     needs=("config",),
 )
 def non_linear_not_ignored(ctx: LintContext) -> None:
-    """Who quantizes what is per consumer: the slime/miles online INT4/NVFP4 quantizers pack every 2-D
-    `.weight` parameter the ignore list does not match (routers, embeddings, lm_head); vLLM builds the
+    """Who quantizes what is per consumer: the slime/miles online INT4 quantizer packs every 2-D `.weight`
+    parameter the ignore list does not match (routers, embeddings, lm_head; miles' online NVFP4 packs experts
+    only, so it is not counted here); vLLM builds the
     Qwen2/3-MoE router as a `ReplicatedLinear` with the quant config. Their quantized names then reach an
     engine that drops them (THUDM/slime#1642, #1479). Error when an engine is affected; warning when only
     online RL quantizers are."""
