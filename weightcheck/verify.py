@@ -548,6 +548,7 @@ class _SyncChecker:
         split = self._check_split_pairs()
         self._check_dropped(occurrences, split)
         self._check_params()
+        self._check_quantization_casts()
         self._check_content(effective)
         if self.ref is not None and not bypassed:
             self._check_against_reference(effective, occurrences)
@@ -839,6 +840,34 @@ class _SyncChecker:
                 tensor=summarize(names, limit=1),
                 count=len(names),
                 details={"params": list(names), "missing": what},
+            )
+
+    def _check_quantization_casts(self) -> None:
+        """WC745: a loader copied FP8 codes into a float parameter, or a float tensor into an FP8 parameter."""
+        casts: dict[tuple[str, str, str], set[str]] = defaultdict(set)  # (from, to, param) → incoming names
+        for record in self.view.records:
+            for name, param in record.params.items():
+                if not param.cast_from or self._skipped(name):
+                    continue
+                senders = {e.name for e in record.tensors if any(w.split(":")[0] == name for w in e.wrote)}
+                for dtype in param.cast_from:
+                    casts[(dtype, param.dtype or "?", name)] |= senders
+        grouped: dict[tuple[str, str], list[str]] = defaultdict(list)
+        for source, target, name in casts:
+            grouped[(source, target)].append(name)
+        for (source, target), params in grouped.items():
+            names = sorted({n for p in params for n in casts[(source, target, p)]})
+            if source.startswith("F8_"):
+                why = "FP8 codes that lose their scale: the engine holds this module unquantized (quant_config=None)"
+            else:
+                why = "rounded to FP8 with no scale: the trainer did not quantize a module the engine serves quantized"
+            self._add(
+                "WC745",
+                f"{summarize(params)}: {source} tensor copied into the {target} parameter, {why}"
+                + (f" (sent as {summarize(names)})" if names else ""),
+                tensor=summarize(params, limit=1),
+                count=len(params),
+                details={"params": sorted(params), "names": names, "from": source, "to": target},
             )
 
     # -- content -----------------------------------------------------------------------------------------
@@ -1213,6 +1242,7 @@ def _merge_records(records: Sequence[SyncRecord]) -> SyncRecord:
             merged.shards_written = sorted(set(merged.shards_written) | set(param.shards_written))
             if param.experts_written is not None:
                 merged.experts_written = sorted(set(merged.experts_written or []) | set(param.experts_written))
+            merged.cast_from = sorted(set(merged.cast_from) | set(param.cast_from))
     if ordered[-1].states:  # the state after the last bucket
         header["state_digest"] = ordered[-1].header.get("state_digest")
     return SyncRecord(

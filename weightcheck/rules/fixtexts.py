@@ -122,4 +122,6 @@ FIX_TEXTS: dict[str, str] = {
     "after load_weights",
     "WC744": "expected for direct/custom/P2P transports; enable WEIGHTCHECK_STATE=1 so the state checks judge "
     "them",
+    "WC745": "make the trainer's quantizer follow the engine's quantization_config: leave modules the engine "
+    "builds unquantized (routers, ignore list) in BF16, and quantize every module it serves quantized, with its scale",
 }

@@ -50,6 +50,10 @@ _MAX_WROTE_LABELS = 32
 # per call (a PP stage skips half the stream: each skipped tensor leaves one).
 _FINGERPRINT_ELEMENTS = 8
 _MAX_FINGERPRINTS = 65536
+# Weight dtypes of the two classes a loader must never cross by a plain copy: FP8 codes mean nothing without
+# their scale, and a float written into an FP8 parameter is cast without one. (E8M0 is a scale format: left out.)
+_FP8_WEIGHT_DTYPES = frozenset({"F8_E4M3", "F8_E5M2", "F8_E4M3FNUZ", "F8_E5M2FNUZ"})
+_FLOAT_DTYPES = frozenset({"BF16", "F16", "F32", "F64"})
 _IDENTITY_CHECK = re.compile(r"\bis\s+(?:not\s+)?default_weight_loader\b|==\s*default_weight_loader\b")
 
 
@@ -65,9 +69,11 @@ class ParamCoverage:
     shards_written: set[str] = field(default_factory=set)
     experts_local: int | None = None
     experts_written: set[int] = field(default_factory=set)
+    # dtypes of loaded tensors that crossed the FP8/float line on their way into this parameter
+    cast_from: set[str] = field(default_factory=set)
 
     def as_line(self, name: str) -> dict[str, Any]:
-        return {
+        line = {
             "t": "param",
             "name": name,
             "dtype": self.dtype,
@@ -79,6 +85,19 @@ class ParamCoverage:
             "experts_local": self.experts_local,
             "experts_written": sorted(self.experts_written) if self.experts_local is not None else None,
         }
+        if self.cast_from:  # only when it happened: records of unquantized engines keep their shape
+            line["cast_from"] = sorted(self.cast_from)
+        return line
+
+
+def crosses_quantization(loaded_dtype: str | None, param_dtype: str) -> bool:
+    """True when a plain copy of `loaded_dtype` into a `param_dtype` parameter reinterprets quantized data:
+    FP8 codes into a float parameter (the scale is lost) or a float into an FP8 parameter (no scale at all)."""
+    if loaded_dtype is None:
+        return False
+    return (loaded_dtype in _FP8_WEIGHT_DTYPES and param_dtype in _FLOAT_DTYPES) or (
+        loaded_dtype in _FLOAT_DTYPES and param_dtype in _FP8_WEIGHT_DTYPES
+    )
 
 
 @dataclass(frozen=True)
@@ -441,6 +460,14 @@ class CallCoverage:
             if coverage is None:
                 return
             coverage.writes += 1
+            if isinstance(loaded, torch.Tensor):
+                from weightcheck.tensors import safetensors_dtype
+
+                # The loader's own input, not the incoming tensor: a loader that dequantizes (scale applied)
+                # hands on a float tensor and is not a cast.
+                loaded_dtype = safetensors_dtype(loaded.dtype)
+                if crosses_quantization(loaded_dtype, coverage.dtype):
+                    coverage.cast_from.add(str(loaded_dtype))
             if shard is not None:
                 coverage.shards_written.add(str(shard))
             if local_expert is not None and local_expert >= 0:

@@ -143,6 +143,8 @@ class ParamEntry:
     shards_written: list[str] = field(default_factory=list)
     experts_local: int | None = None
     experts_written: list[int] | None = None
+    # dtypes of tensors the loaders copied into this parameter across the FP8/float line (WC745)
+    cast_from: list[str] = field(default_factory=list)
 
 
 @dataclass
@@ -374,6 +376,7 @@ def _parse_param(doc: dict[str, Any]) -> ParamEntry:
         shards_written=_str_list(doc.get("shards_written"), f"param {name!r}: shards_written"),
         experts_local=None if local is None else _int(local, f"param {name!r}: experts_local", limit=MAX_COUNT),
         experts_written=experts,
+        cast_from=_str_list(doc.get("cast_from"), f"param {name!r}: cast_from"),
     )
 
 
