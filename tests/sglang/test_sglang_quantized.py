@@ -9,10 +9,11 @@ RL trainer feeds an FP8 rollout engine, with the tap installed by SGLang's plugi
   (Megatron's `mlp.router`), embeddings, norms and the head are sent as they are. The block quantizer is
   SGLang's own `quant_weight_ue8m0` (`sglang.srt.layers.quantization.fp8_utils`), which slime calls for
   power-of-two (UE8M0) scales; slime's other path is a Triton kernel, which needs a GPU.
-* **The engine** is `Qwen3MoeForCausalLM(config, quant_config=Fp8Config.from_config(...))` built in BF16 as
-  SGLang's loader builds it: FP8 `qkv_proj`/`o_proj` with `weight_scale_inv` (`BlockQuantScaleParameter`),
-  FP8 fused experts `w13_weight`/`w2_weight` with `w13_weight_scale_inv`/`w2_weight_scale_inv`, and the
-  router `mlp.gate` built with `quant_config=None` (plain BF16).
+* **The engine** is built by SGLang's own loader steps from the checkpoint's `config.json` (`ModelConfig`,
+  `_get_quantization_config` → `Fp8Config`, `_initialize_model`) in BF16: FP8 `qkv_proj`/`o_proj` with
+  `weight_scale_inv` (`BlockQuantScaleParameter`), FP8 fused experts `w13_weight`/`w2_weight` with
+  `w13_weight_scale_inv`/`w2_weight_scale_inv`, and the router `mlp.gate` built with `quant_config=None`
+  (plain BF16).
 * **The reference** is the FP8 checkpoint those tensors make: written with safetensors' writer, with the
   `quantization_config` added to the `config.json` that transformers' `save_pretrained` wrote for the BF16
   model (transformers 5.19 cannot quantize to FP8 without a GPU).
@@ -122,19 +123,22 @@ def fp8_checkpoint(sglang_dist: None, tmp_path_factory: pytest.TempPathFactory) 
     return {"fp8": out, "stream": stream, "bf16": trainer}
 
 
-def build_fp8_engine() -> Any:
-    """The served model as SGLang's loader builds it for this checkpoint: quant config from its
-    `quantization_config`, parameters in the checkpoint's dtype."""
-    import torch
+def build_fp8_engine(checkpoint: Path) -> Any:
+    """The served model as SGLang's `DefaultModelLoader.load_model` builds it before loading weights:
+    `ModelConfig` reads the checkpoint's `quantization_config`, `_get_quantization_config` turns it into an
+    `Fp8Config`, `_initialize_model` (where the plugin taps the served class) builds the model in the
+    checkpoint's dtype. The disk load itself is left out: it ends in `process_weights_after_loading`."""
+    from sglang.srt.configs.load_config import LoadConfig
+    from sglang.srt.configs.model_config import ModelConfig
     from sglang.srt.layers.quantization.fp8 import Fp8Config
-    from sglang.srt.models.qwen3_moe import Qwen3MoeForCausalLM
+    from sglang.srt.model_loader import loader
+    from sglang.srt.model_loader.utils import set_default_torch_dtype
 
-    previous = torch.get_default_dtype()
-    torch.set_default_dtype(torch.bfloat16)
-    try:
-        model = Qwen3MoeForCausalLM(fp8_config(), quant_config=Fp8Config.from_config(QUANTIZATION_CONFIG))
-    finally:
-        torch.set_default_dtype(previous)
+    model_config, load_config = ModelConfig(str(checkpoint)), LoadConfig()
+    quant_config = loader._get_quantization_config(model_config, load_config)
+    assert isinstance(quant_config, Fp8Config) and quant_config.weight_block_size == [128, 128]
+    with set_default_torch_dtype(model_config.dtype):
+        model = loader._initialize_model(model_config, load_config, quant_config=quant_config)
     fill_pattern(model)
     return model
 
@@ -165,7 +169,7 @@ def test_clean_fp8_sync_passes(fp8_checkpoint: dict[str, Any], records_dir: Path
     base = tap.current_config()
     assert base is not None
     tap.configure(tap.TapConfig(directory=records_dir, digest=base.digest, state=True))
-    model = build_fp8_engine()
+    model = build_fp8_engine(fp8_checkpoint["fp8"])
     push(model, fp8_checkpoint["stream"], "step-1")
     push(model, fp8_checkpoint["stream"], "step-2")
 
@@ -201,7 +205,7 @@ def test_clean_fp8_sync_passes(fp8_checkpoint: dict[str, Any], records_dir: Path
 
 def test_scale_never_sent(fp8_checkpoint: dict[str, Any], records_dir: Path) -> None:
     withheld = "model.layers.1.self_attn.k_proj.weight_scale_inv"
-    model = build_fp8_engine()
+    model = build_fp8_engine(fp8_checkpoint["fp8"])
     push(model, [(n, t) for n, t in fp8_checkpoint["stream"] if n != withheld], "step-3")
 
     result = verify(records_dir, fp8_checkpoint["fp8"])
@@ -219,7 +223,7 @@ def test_scale_sent_for_the_wrong_layer(fp8_checkpoint: dict[str, Any], records_
     wrong = "model.layers.1.mlp.experts.2.down_proj.weight_scale_inv"
     source = dict(stream)["model.layers.0.mlp.experts.2.down_proj.weight_scale_inv"]
     assert not source.equal(dict(stream)[wrong])  # the planted defect changes bytes
-    model = build_fp8_engine()
+    model = build_fp8_engine(fp8_checkpoint["fp8"])
     push(model, [(n, source if n == wrong else t) for n, t in stream], "step-4")
 
     result = verify(records_dir, fp8_checkpoint["fp8"])
@@ -234,7 +238,7 @@ def test_router_sent_quantized_into_an_unquantized_router(fp8_checkpoint: dict[s
     `quant_config=None`, copies the FP8 codes into its BF16 parameter and drops the scale, silently."""
     trainer = fp8_checkpoint["bf16"]
     sent = [item for name, tensor in trainer for item in quantize(name, tensor, force=name.endswith("mlp.gate.weight"))]
-    model = build_fp8_engine()
+    model = build_fp8_engine(fp8_checkpoint["fp8"])
     push(model, sent, "step-5")
 
     routers = {f"model.layers.{i}.mlp.gate.weight" for i in (0, 1)}
@@ -262,7 +266,7 @@ def test_module_sent_in_bf16_into_an_fp8_engine(
 
     sent = bf16_except(fp8_checkpoint["bf16"], lambda name: ".o_proj." in name)
     manifest = write_manifest(tmp_path / "manifest.json", sent, weight_version="step-6")
-    model = build_fp8_engine()
+    model = build_fp8_engine(fp8_checkpoint["fp8"])
     push(model, sent, "step-6")
 
     projections = {f"model.layers.{i}.self_attn.o_proj.weight" for i in (0, 1)}
