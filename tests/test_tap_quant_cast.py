@@ -1,7 +1,8 @@
 """WC745: the tap notes a loader that copies FP8 codes into a float parameter, or a float tensor into an FP8
 parameter (SGLang's loaders copy with a cast, so neither raises), and verify names it without a reference.
 A loader that dequantizes first (hands on a float tensor built with the scale) is not a cast. The same
-defects inside SGLang 0.5.23's real FP8 Qwen3-MoE: tests/sglang/test_sglang_quantized.py."""
+defects inside SGLang 0.5.23's real FP8 Qwen3-MoE: tests/sglang/test_sglang_quantized.py. Also: parameters
+the engine marks optional (SGLang's `_skip_weight_check`, its KV-cache scales) are not "never written"."""
 
 from __future__ import annotations
 
@@ -37,6 +38,10 @@ class Engine(nn.Module):
         self.dense_weight_scale_inv = nn.Parameter(torch.zeros(1, 1), requires_grad=False)
         for param in self.parameters():
             param.weight_loader = copy_loader
+        # A KV-cache scale as SGLang's BaseKVCacheMethod creates it: optional (`_skip_weight_check`), never sent
+        # by an FP8 checkpoint without KV-cache scales; not "never written".
+        self.k_scale = nn.Parameter(torch.tensor(-1.0), requires_grad=False)
+        self.k_scale._skip_weight_check = True  # type: ignore[attr-defined]
 
     def load_weights(self, weights: object) -> None:
         params = dict(self.named_parameters())
@@ -99,6 +104,9 @@ def test_clean_sync_and_a_dequantizing_loader_are_not_casts(records: Path) -> No
     push(records, stream())
     result = verify(records)
     assert result.findings == [], [f.message for f in result.findings]
+    record = tap.read_record(next((records / "sync-00000").glob("*.jsonl")))
+    assert record.params["k_scale"].optional and record.params["k_scale"].writes == 0
+    assert not record.params["proj_weight"].optional
 
 
 def test_fp8_router_into_bf16_parameter(records: Path) -> None:

@@ -807,6 +807,8 @@ class _SyncChecker:
                 if not param.tracked or self._skipped(name):
                     continue
                 if param.writes == 0:
+                    if param.optional:  # e.g. KV-cache scales an FP8 checkpoint need not carry
+                        continue
                     if expected is None or name in expected:
                         names.append(name)
                     continue
@@ -1243,6 +1245,7 @@ def _merge_records(records: Sequence[SyncRecord]) -> SyncRecord:
             if param.experts_written is not None:
                 merged.experts_written = sorted(set(merged.experts_written or []) | set(param.experts_written))
             merged.cast_from = sorted(set(merged.cast_from) | set(param.cast_from))
+            merged.optional = merged.optional and param.optional
     if ordered[-1].states:  # the state after the last bucket
         header["state_digest"] = ordered[-1].header.get("state_digest")
     return SyncRecord(

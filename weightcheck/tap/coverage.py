@@ -71,6 +71,9 @@ class ParamCoverage:
     experts_written: set[int] = field(default_factory=set)
     # dtypes of loaded tensors that crossed the FP8/float line on their way into this parameter
     cast_from: set[str] = field(default_factory=set)
+    # The engine marks it optional (SGLang's `_skip_weight_check`: KV-cache `k_scale`/`v_scale`, which a
+    # checkpoint may or may not carry and which default to 1.0): never written is not a finding.
+    optional: bool = False
 
     def as_line(self, name: str) -> dict[str, Any]:
         line = {
@@ -87,6 +90,8 @@ class ParamCoverage:
         }
         if self.cast_from:  # only when it happened: records of unquantized engines keep their shape
             line["cast_from"] = sorted(self.cast_from)
+        if self.optional:
+            line["optional"] = True
         return line
 
 
@@ -354,6 +359,7 @@ class CallCoverage:
                 coverage = ParamCoverage(dtype=dtype, shape=tuple(param.shape), tracked=False)
                 self._params[name] = coverage
             coverage.tracked = self._wrap_param(name, param, coverage, wrap_defaults) or coverage.tracked
+            coverage.optional = bool(getattr(param, "_skip_weight_check", False))
 
     def _wrap_param(self, name: str, param: Any, coverage: ParamCoverage, wrap_defaults: bool) -> bool:
         read_only = isinstance(getattr(type(param), "weight_loader", None), property)

@@ -145,6 +145,8 @@ class ParamEntry:
     experts_written: list[int] | None = None
     # dtypes of tensors the loaders copied into this parameter across the FP8/float line (WC745)
     cast_from: list[str] = field(default_factory=list)
+    # marked optional by the engine (SGLang's `_skip_weight_check`): never written is not a finding
+    optional: bool = False
 
 
 @dataclass
@@ -377,6 +379,7 @@ def _parse_param(doc: dict[str, Any]) -> ParamEntry:
         experts_local=None if local is None else _int(local, f"param {name!r}: experts_local", limit=MAX_COUNT),
         experts_written=experts,
         cast_from=_str_list(doc.get("cast_from"), f"param {name!r}: cast_from"),
+        optional=doc.get("optional") is True,
     )
 
 
