@@ -39,7 +39,7 @@ else:
     pytest.importorskip("sglang.srt")
 
 from sglang_harness import *  # noqa: F403
-from sglang_harness import checkpoint_stream, fill_pattern
+from sglang_harness import checkpoint_stream, fill_pattern, tiny_config
 
 from weightcheck import tap
 from weightcheck.findings import Finding, Result
@@ -53,19 +53,34 @@ QUANTIZATION_CONFIG = {
     "activation_scheme": "dynamic",
     "weight_block_size": [128, 128],
 }
-# slime's quantizer targets (Megatron modules), by the HF names they convert to.
+# slime's quantizer targets (Megatron modules: linear_qkv/linear_proj, MLA's linear_q_down/up_proj and
+# linear_kv_down/up_proj, dense, shared and routed linear_fc1/fc2), by the HF names they convert to.
 _QUANTIZED = re.compile(
-    r"\.(self_attn\.(q|k|v|o)_proj|mlp\.(gate|up|down)_proj|mlp\.shared_experts?\.(gate|up|down)_proj"
-    r"|mlp\.experts\.\d+\.(gate|up|down)_proj)\.weight$"
+    r"\.(self_attn\.(q|k|v|o|q_a|q_b|kv_b)_proj|self_attn\.kv_a_proj_with_mqa|mlp\.(gate|up|down)_proj"
+    r"|mlp\.shared_experts?\.(gate|up|down)_proj|mlp\.experts\.\d+\.(gate|up|down)_proj)\.weight$"
 )
 
 
-def fp8_config() -> Any:
-    """A tiny Qwen3-MoE whose every quantized dimension is a multiple of the 128 block: q = k = v = 128
-    (4 heads of 32, no GQA, so each `qkv_proj` shard is whole blocks), experts 128 wide."""
+def fp8_config(kind: str) -> Any:
+    """Tiny configs whose merged outputs are whole 128-blocks (SGLang's `validate_block_quant_shapes`
+    requires it): Qwen3-MoE with q = k = v = 128 (4 heads of 32, no GQA) and 128-wide experts; DeepSeek-V3
+    (dense layer 0, shared expert, MLA) with hidden 128, q_lora_rank 128, 128-wide experts and MLP."""
     import torch
     from transformers import Qwen3MoeConfig
 
+    if kind == "deepseek_v3":
+        return tiny_config(
+            "deepseek_v3",
+            hidden_size=128,
+            intermediate_size=256,
+            moe_intermediate_size=128,
+            q_lora_rank=128,
+            kv_lora_rank=112,
+            qk_rope_head_dim=16,
+            qk_nope_head_dim=16,
+            v_head_dim=32,
+            dtype=torch.bfloat16,
+        )
     return Qwen3MoeConfig(
         hidden_size=128,
         num_hidden_layers=2,
@@ -96,26 +111,42 @@ def quantize(name: str, tensor: Any, *, force: bool = False) -> list[tuple[str, 
 
 
 @pytest.fixture(scope="module")
-def fp8_checkpoint(sglang_dist: None, tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
-    """`fp8`: the FP8 checkpoint directory; `stream`: the quantized stream the trainer sends (checkpoint
-    order); `bf16`: the trainer's BF16 tensors before quantization."""
+def fp8_checkpoints(sglang_dist: None, tmp_path_factory: pytest.TempPathFactory) -> Any:
+    """`fp8_checkpoints(kind)` → `fp8`: the FP8 checkpoint directory; `stream`: the quantized stream the
+    trainer sends (checkpoint order); `bf16`: the trainer's BF16 tensors before quantization."""
+    cache: dict[str, dict[str, Any]] = {}
+
+    def get(kind: str) -> dict[str, Any]:
+        if kind not in cache:
+            cache[kind] = write_fp8_checkpoint(kind, tmp_path_factory)
+        return cache[kind]
+
+    return get
+
+
+@pytest.fixture
+def fp8_checkpoint(fp8_checkpoints: Any) -> dict[str, Any]:
+    return fp8_checkpoints("qwen3_moe")
+
+
+def write_fp8_checkpoint(kind: str, tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
     import torch
     from safetensors.torch import save_file
     from transformers import AutoModelForCausalLM
 
     torch.manual_seed(11)
-    model = AutoModelForCausalLM.from_config(fp8_config()).to(torch.bfloat16)
+    model = AutoModelForCausalLM.from_config(fp8_config(kind)).to(torch.bfloat16)
     # Trained weights differ in range from tensor to tensor; freshly initialised ones share one std, so every
     # block would get the same power-of-two scale and a scale sent for the wrong layer would carry the right
     # bytes. Spread the ranges over 2^0..2^5 so that scales tell their tensors apart.
     with torch.no_grad():
         for param in model.parameters():
             param.mul_(2.0 ** torch.randint(0, 6, ()).item())
-    bf16 = tmp_path_factory.mktemp("qwen3-moe-bf16")
+    bf16 = tmp_path_factory.mktemp(f"{kind}-bf16")
     model.save_pretrained(bf16)
     trainer = checkpoint_stream(bf16)
     stream = [item for name, tensor in trainer for item in quantize(name, tensor)]
-    out = tmp_path_factory.mktemp("qwen3-moe-fp8")
+    out = tmp_path_factory.mktemp(f"{kind}-fp8")
     save_file(dict(stream), str(out / "model.safetensors"), metadata={"format": "pt"})
     config = json.loads((bf16 / "config.json").read_text())
     config["quantization_config"] = QUANTIZATION_CONFIG
@@ -162,45 +193,60 @@ def bf16_except(trainer: list[tuple[str, Any]], keep: Any) -> list[tuple[str, An
     return [item for name, tensor in trainer for item in ([(name, tensor)] if keep(name) else quantize(name, tensor))]
 
 
-def test_clean_fp8_sync_passes(fp8_checkpoint: dict[str, Any], records_dir: Path) -> None:
-    """Companions land in the parameters the engine created, stacked ones per shard (`qkv_proj` q/k/v,
-    `w13` w1/w3 per expert); the router, built unquantized, gets plain BF16; two syncs, with the engine-state
-    checks on, give no finding."""
+@pytest.mark.parametrize("kind", ["qwen3_moe", "deepseek_v3"])
+def test_clean_fp8_sync_passes(kind: str, fp8_checkpoints: Any, records_dir: Path) -> None:
+    """Companions land in the parameters the engine created, stacked ones per shard; routers, built
+    unquantized, get plain BF16; two syncs, with the engine-state checks on, give no finding."""
+    checkpoint = fp8_checkpoints(kind)
     base = tap.current_config()
     assert base is not None
     tap.configure(tap.TapConfig(directory=records_dir, digest=base.digest, state=True))
-    model = build_fp8_engine(fp8_checkpoint["fp8"])
-    push(model, fp8_checkpoint["stream"], "step-1")
-    push(model, fp8_checkpoint["stream"], "step-2")
+    model = build_fp8_engine(checkpoint["fp8"])
+    push(model, checkpoint["stream"], "step-1")
+    push(model, checkpoint["stream"], "step-2")
 
-    result = verify(records_dir, fp8_checkpoint["fp8"])
+    result = verify(records_dir, checkpoint["fp8"])
     assert result.findings == [], [f.message for f in result.findings]
-    assert result.checked["tensors"] == 2 * len(fp8_checkpoint["stream"])
+    assert result.checked["tensors"] == 2 * len(checkpoint["stream"])
 
     (record_file,) = (records_dir / "sync-00000").glob("*.jsonl")
     record = tap.read_record(record_file)
     params = record.params
-    assert all(p.tracked and p.writes > 0 and not p.cast_from for p in params.values())
-    for layer in (0, 1):
-        prefix = f"model.layers.{layer}"
-        for suffix in ("weight", "weight_scale_inv"):
-            qkv = params[f"{prefix}.self_attn.qkv_proj.{suffix}"]
-            assert qkv.shards_written == ["k", "q", "v"] == qkv.shards_expected
-            for fused, shards in (("w13", ["w1", "w3"]), ("w2", ["w2"])):
-                experts = params[f"{prefix}.mlp.experts.{fused}_{suffix}"]
-                assert experts.shards_written == shards and experts.experts_written == [0, 1, 2, 3]
-        assert params[f"{prefix}.self_attn.qkv_proj.weight"].dtype == "F8_E4M3"
-        assert params[f"{prefix}.self_attn.qkv_proj.weight_scale_inv"].dtype == "F32"
-        assert params[f"{prefix}.mlp.gate.weight"].dtype == "BF16"
-        assert f"{prefix}.mlp.gate.weight_scale_inv" not in params
+    assert all(p.writes > 0 and not p.cast_from for p in params.values() if p.tracked and not p.optional)
+    # Every FP8 weight the engine created has its block scale, and both were written.
+    fp8_weights = {n for n, p in params.items() if p.dtype == "F8_E4M3"}
+    assert fp8_weights and {n.replace("weight", "weight_scale_inv") for n in fp8_weights} <= set(params)
+    assert {n for n, p in params.items() if n.endswith("mlp.gate.weight")} == {
+        n for n, p in params.items() if n.endswith("mlp.gate.weight") and p.dtype == "BF16"
+    }
+    assert not any(n.endswith("mlp.gate.weight_scale_inv") for n in params)
     sent = {e.name: e for e in record.tensors}
-    assert sent["model.layers.0.self_attn.k_proj.weight_scale_inv"].wrote == [
-        "model.layers.0.self_attn.qkv_proj.weight_scale_inv:k"
-    ]
     assert sent["model.layers.1.mlp.experts.3.up_proj.weight_scale_inv"].wrote == [
         "model.layers.1.mlp.experts.w13_weight_scale_inv:w3:3"
     ]
-    assert sent["model.layers.0.mlp.gate.weight"].dtype == "BF16"
+    assert sent["model.layers.1.mlp.gate.weight"].dtype == "BF16"
+    if kind == "qwen3_moe":
+        for suffix in ("weight", "weight_scale_inv"):
+            qkv = params[f"model.layers.0.self_attn.qkv_proj.{suffix}"]
+            assert qkv.shards_written == ["k", "q", "v"] == qkv.shards_expected
+        assert sent["model.layers.0.self_attn.k_proj.weight_scale_inv"].wrote == [
+            "model.layers.0.self_attn.qkv_proj.weight_scale_inv:k"
+        ]
+    else:
+        # DeepSeek's loader concatenates q_a_proj and kv_a_proj_with_mqa, weights and scales alike.
+        for suffix in ("weight", "weight_scale_inv"):
+            for part in ("q_a_proj", "kv_a_proj_with_mqa"):
+                assert sent[f"model.layers.1.self_attn.{part}.{suffix}"].wrote == [
+                    f"model.layers.1.self_attn.fused_qkv_a_proj_with_mqa.{suffix}"
+                ]
+            assert params[f"model.layers.0.mlp.gate_up_proj.{suffix}"].shards_written == ["0", "1"]  # dense
+        # FP8's KV-cache method adds k_scale/v_scale, which this checkpoint (like DeepSeek-V3's) does not
+        # carry: SGLang marks them `_skip_weight_check`, the record optional, and they are no finding.
+        optional = {n for n, p in params.items() if p.optional}
+        assert optional == {
+            f"model.layers.{i}.self_attn.attn_{a}.{s}_scale" for i in range(3) for a in ("mha", "mqa") for s in "kv"
+        }
+        assert all(params[n].writes == 0 for n in optional)
 
 
 def test_scale_never_sent(fp8_checkpoint: dict[str, Any], records_dir: Path) -> None:
