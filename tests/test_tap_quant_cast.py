@@ -128,3 +128,55 @@ def test_bf16_weight_into_fp8_parameter(records: Path) -> None:
     )
     assert "rounded to FP8 with no scale" in cast.message
     assert {f.code for f in result.findings} == {"WC732", "WC745"}  # and the scale got nothing
+
+
+class LateFusedScales(nn.Module):
+    """Like SGLang's DeepSeek loader on host tensors: `a` and `b` (FP8 weight + one block scale each) are
+    concatenated into `fused`, and every write runs late, from a queue drained after the whole stream (its
+    thread pool), behind 80 other one-block scales with the same value."""
+
+    others = 80
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.fused_weight = nn.Parameter(torch.zeros(4, 4, dtype=FP8), requires_grad=False)
+        self.fused_weight_scale_inv = nn.Parameter(torch.zeros(2, 1), requires_grad=False)
+        for i in range(self.others):
+            self.register_parameter(f"o{i}_weight_scale_inv", nn.Parameter(torch.zeros(1, 1), requires_grad=False))
+        for param in self.parameters():
+            param.weight_loader = copy_loader
+
+    def load_weights(self, weights: object) -> None:
+        params = dict(self.named_parameters())
+        cached: dict[str, torch.Tensor] = {}
+        queue: list[tuple[torch.Tensor, torch.Tensor]] = []
+        for name, tensor in weights:  # type: ignore[attr-defined]
+            base, _, suffix = name.partition(".")
+            if base in ("a", "b"):
+                cached[name] = tensor
+                if f"a.{suffix}" in cached and f"b.{suffix}" in cached:
+                    fused = torch.cat([cached.pop(f"a.{suffix}"), cached.pop(f"b.{suffix}")])
+                    queue.append((params[f"fused_{suffix}"], fused))
+            else:
+                queue.append((params[name.replace(".", "_")], tensor))
+        for param, tensor in queue:
+            param.weight_loader(param, tensor)
+
+
+def test_late_concatenated_scales_with_repeated_values_are_not_dropped(records: Path) -> None:
+    one = torch.ones(1, 1)
+    a, b = torch.randn(2, 2, 4, generator=torch.Generator().manual_seed(1)).to(FP8)
+    items = [("a.weight", a), ("a.weight_scale_inv", one.clone()), ("b.weight", b), ("b.weight_scale_inv", one.clone())]
+    items += [(f"o{i}.weight_scale_inv", one.clone()) for i in range(LateFusedScales.others)]
+    model = tap.wrap(LateFusedScales())
+    with tap.sync("step-1"):
+        model.load_weights(iter(items))
+    result = verify(records)
+    assert result.findings == [], [f.message for f in result.findings]
+
+    # A companion whose weight went into a parameter without a companion parameter is still dropped.
+    items = [("a.weight", a), ("b.weight", b), ("b.weight_scale_inv", one.clone()), ("a.weight_scale_2", one.clone())]
+    with tap.sync("step-2"):
+        model.load_weights(iter(items))
+    (dropped,) = [f for f in verify(records, sync="latest").findings if f.code == "WC731"]
+    assert dropped.details["names"] == ["a.weight_scale_2", "b.weight_scale_inv"]

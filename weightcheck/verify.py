@@ -733,6 +733,8 @@ class _SyncChecker:
                 continue
             if any(_param_key(name) in untracked[id(record)] for record, _ in items):
                 continue  # its parameter's coverage is unknown (`tracked: false`): unknown, never "dropped"
+            if name.endswith(_COMPANION_SUFFIXES) and self._companion_landed(name, occurrences):
+                continue
             if any(entry.error and entry.dtype is None for _, entry in items):
                 continue  # not a tensor: reported by the content checks
             layer = _layer_id(name)
@@ -796,6 +798,21 @@ class _SyncChecker:
                 severity=Severity.INFO,
                 details={"names": sorted(unobserved), "reason": "untracked-params"},
             )
+
+    @staticmethod
+    def _companion_landed(name: str, occurrences: Mapping[str, list[tuple[SyncRecord, TensorEntry]]]) -> bool:
+        """A companion `X.weight_scale_inv` whose `X.weight` went into parameter `P.weight`, on a rank that holds
+        `P.weight_scale_inv` and wrote it in this sync: it landed there even when the tap could not trace the
+        write by value (DeepSeek's loader concatenates the q_a/kv_a scales, tiny tensors whose values repeat
+        across layers, and may write them from its thread pool long after they arrived)."""
+        base, _, companion = name.rpartition(".")
+        for record, entry in occurrences.get(f"{base}.weight", ()):
+            for label in entry.wrote:
+                param = label.split(":")[0]
+                target = record.params.get(param[: -len("weight")] + companion) if param.endswith("weight") else None
+                if target is not None and target.writes > 0:
+                    return True
+        return False
 
     def _check_params(self) -> None:
         never: dict[tuple[str, ...], list[SyncRecord]] = defaultdict(list)
