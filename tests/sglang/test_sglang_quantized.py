@@ -1,6 +1,7 @@
 """A quantized engine: SGLang 0.5.23's real `Fp8Config` (block FP8, `weight_block_size: [128, 128]`, dynamic
-activations, the `quantization_config` DeepSeek-V3 and Qwen3-*-FP8 ship) on a tiny Qwen3-MoE, fed the way an
-RL trainer feeds an FP8 rollout engine, with the tap installed by SGLang's plugin loader.
+activations, the `quantization_config` DeepSeek-V3 and Qwen3-*-FP8 ship) on a tiny Qwen3-MoE (every scenario)
+and a tiny DeepSeek-V3 (clean syncs), fed the way an RL trainer feeds an FP8 rollout engine, with the tap
+installed by SGLang's plugin loader.
 
 * **The trainer's quantizer** follows slime's online FP8 quantizer (THUDM/slime
   `slime/backends/megatron_utils/megatron_to_hf/processors/quantizer_fp8.py`, `quantize_params_fp8`): only
@@ -12,8 +13,8 @@ RL trainer feeds an FP8 rollout engine, with the tap installed by SGLang's plugi
 * **The engine** is built by SGLang's own loader steps from the checkpoint's `config.json` (`ModelConfig`,
   `_get_quantization_config` → `Fp8Config`, `_initialize_model`) in BF16: FP8 `qkv_proj`/`o_proj` with
   `weight_scale_inv` (`BlockQuantScaleParameter`), FP8 fused experts `w13_weight`/`w2_weight` with
-  `w13_weight_scale_inv`/`w2_weight_scale_inv`, and the router `mlp.gate` built with `quant_config=None`
-  (plain BF16).
+  `w13_weight_scale_inv`/`w2_weight_scale_inv`, the router `mlp.gate` built with `quant_config=None`
+  (plain BF16); on DeepSeek also the fused `fused_qkv_a_proj_with_mqa` and KV-cache `k_scale`/`v_scale`.
 * **The reference** is the FP8 checkpoint those tensors make: written with safetensors' writer, with the
   `quantization_config` added to the `config.json` that transformers' `save_pretrained` wrote for the BF16
   model (transformers 5.19 cannot quantize to FP8 without a GPU).
