@@ -8,6 +8,8 @@
 # On an idle CI runner the tests should take a fraction of that (not measured there); the spawned processes
 # stay below ~2.5 GB (two SGLang processes with tiny models at ~1.2 GB each; the distributed launch: one
 # engine and a trainer at ~0.8 GB), beside the pytest process (~1.2 GB).
+# The FP8 quantized-engine tests (test_sglang_quantized.py, in-process) add ~5 s to the group (~70 s alone,
+# nearly all of it the SGLang import the in-process tests share), load average ~5.
 set -euo pipefail
 cd "$(dirname "$0")/../.."
 exec bash scripts/test-sglang.sh
