@@ -338,12 +338,14 @@ _verify_rule(
     Severity.ERROR,
     "A loader copied FP8 data into an unquantized parameter, or unquantized data into an FP8 parameter.",
     """
-    SGLang's loaders copy with a cast (`param.data.copy_(loaded_weight)`), so a dtype that crosses the
-    FP8/float line raises nothing. FP8 codes written into a BF16 parameter (a router the engine builds with
-    `quant_config=None`, sent quantized) keep their codes and lose their scale; a BF16 tensor written into an
-    FP8 parameter (a module the trainer's quantizer skipped) is rounded to FP8 with no scale, while the
-    parameter's `weight_scale_inv` keeps its old value. The tap compares the dtype each loader was handed with
-    the parameter's, so a loader that dequantizes first (hands on a float tensor) is not reported.
+    Most of SGLang's loaders copy with a cast (`param.data.copy_(loaded_weight)`), so a dtype that crosses
+    the FP8/float line raises nothing (0.5.23 refuses a downcast only in `load_column_parallel_weight` off
+    CPU: "Downcasting not allowed", THUDM/slime#1679, recorded as a failed load, WC739). FP8 codes written
+    into a BF16 parameter (a router the engine builds with `quant_config=None`, sent quantized) keep their
+    codes and lose their scale; a BF16 tensor written into an FP8 parameter (a module the trainer's quantizer
+    skipped) is rounded to FP8 with no scale, while the parameter's `weight_scale_inv` keeps its old value.
+    The tap compares the dtype each loader was handed with the parameter's, so a loader that dequantizes
+    first (hands on a float tensor) is not reported.
     """,
     "model.layers.0.mlp.gate.weight: F8_E4M3 data copied into a BF16 parameter",
     "quantize exactly the modules the engine quantizes (its quantization_config and ignore list)",
