@@ -51,7 +51,7 @@ _FIXED = dict(
     n_groups=1, num_heads=8, conv_kernel=4, expand=2, attn_layer_period=2, attn_layer_offset=1,
     expert_layer_period=2, expert_layer_offset=1, hidden_size_per_head=16, rope_interleave=True,
     global_attn_every_n_layers=2, layer_types=None, intermediate_size_mlp=96, interleave_moe_layer_step=1,
-    num_local_experts=None, moe_layer_freq=1, pad_token_id=0,
+    num_local_experts=None, moe_layer_freq=1, pad_token_id=0, mamba_d_ssm=None,
 )  # fmt: skip
 
 # Sub-configs (vision towers, audio) shrunk to one small block: not itemized by the patterns.
@@ -67,6 +67,20 @@ _VISION = dict(
 OVERRIDES: dict[str, dict[str, Any]] = {
     # Gemma-3 pools image tokens to mm_tokens_per_image from (image/patch)^2 patches: must divide evenly.
     "gemma3": {"mm_tokens_per_image": 4},
+}
+
+
+# Per-architecture keys of the text config, each with the reason.
+TEXT_OVERRIDES: dict[str, dict[str, Any]] = {
+    # Llama-4's VLM config ships 48-entry per-layer lists; None lets the config class derive them from the
+    # variant's layer count (NoPE every 4th layer, MoE every interleave_moe_layer_step).
+    "llama4": {"no_rope_layers": None, "moe_layers": None},
+}
+
+# Hybrid layer-type lists whose length is the layer count (Nemotron-H has no num_hidden_layers key in
+# transformers 5: the count is len(layers_block_type)); cycled to the variant's layer count.
+_BLOCK_TYPES: dict[str, tuple[str, list[str]]] = {
+    "nemotron_h": ("layers_block_type", ["linear_attention", "moe", "full_attention", "moe", "linear_attention"]),
 }
 
 
@@ -100,7 +114,7 @@ def tiny_config(model_type: str, variant: str = "A") -> Any:
     kwargs: dict[str, Any] = {}
     text = base.get("text_config")
     if isinstance(text, dict) and text:
-        text_kwargs = {**text, **_scaled(text, variant)}
+        text_kwargs = {**text, **_scaled(text, variant), **TEXT_OVERRIDES.get(model_type, {})}
         if variant in ("B",) and "first_k_dense_replace" in text:
             pass
         kwargs["text_config"] = text_kwargs
@@ -115,6 +129,10 @@ def tiny_config(model_type: str, variant: str = "A") -> Any:
             vis["out_hidden_size"] = hidden
         kwargs[sub] = vis
     kwargs.update({k: v for k, v in OVERRIDES.get(model_type, {}).items() if k in base})
+    if model_type in _BLOCK_TYPES:
+        key, cycle = _BLOCK_TYPES[model_type]
+        n = VARIANTS[variant]["num_hidden_layers"]
+        kwargs[key] = [cycle[i % len(cycle)] for i in range(n)]
     if "tie_word_embeddings" in base or isinstance(text, dict):
         kwargs["tie_word_embeddings"] = False
     return AutoConfig.for_model(model_type, **kwargs)
