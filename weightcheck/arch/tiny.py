@@ -16,31 +16,35 @@ EXPERT_KEYS = ("n_routed_experts", "num_experts", "num_local_experts", "moe_num_
 # A dimension left at its default in every variant invites one: Kimi Linear's KDA head dim 128 equals
 # qk_rope_head_dim * head_dim in A, B and C, so `linear_head_dim`/`linear_num_heads` vary too.
 VARIANTS: dict[str, dict[str, int]] = {
-    "A": dict(linear_head_dim=10, linear_num_heads=3, hidden_size=64, intermediate_size=96, num_attention_heads=4, num_key_value_heads=2, head_dim=16,
+    "A": dict(hidden_size=64, intermediate_size=96, num_attention_heads=4, num_key_value_heads=2, head_dim=16,
               vocab_size=160, num_hidden_layers=4, moe_intermediate_size=32, experts=4, num_experts_per_tok=2,
               shared_expert_intermediate_size=48, kv_lora_rank=32, q_lora_rank=48, qk_rope_head_dim=8,
               qk_nope_head_dim=16, v_head_dim=16, first_k_dense_replace=1, linear_num_key_heads=2,
               linear_num_value_heads=4, linear_key_head_dim=8, linear_value_head_dim=12, mamba_d_state=8,
-              ssm_state_size=8, shared_intermediate_size=48, intermediate_size_mlp=96),
-    "B": dict(linear_head_dim=14, linear_num_heads=2, hidden_size=96, intermediate_size=80, num_attention_heads=3, num_key_value_heads=1, head_dim=8,
+              ssm_state_size=8, shared_intermediate_size=48, intermediate_size_mlp=96,
+              linear_head_dim=10, linear_num_heads=3),
+    "B": dict(hidden_size=96, intermediate_size=80, num_attention_heads=3, num_key_value_heads=1, head_dim=8,
               vocab_size=176, num_hidden_layers=5, moe_intermediate_size=40, experts=6, num_experts_per_tok=2,
               shared_expert_intermediate_size=56, kv_lora_rank=24, q_lora_rank=36, qk_rope_head_dim=4,
               qk_nope_head_dim=12, v_head_dim=20, first_k_dense_replace=2, linear_num_key_heads=1,
               linear_num_value_heads=3, linear_key_head_dim=12, linear_value_head_dim=16, mamba_d_state=12,
-              ssm_state_size=12, shared_intermediate_size=72, intermediate_size_mlp=88),
+              ssm_state_size=12, shared_intermediate_size=72, intermediate_size_mlp=88,
+              linear_head_dim=14, linear_num_heads=2),
     # C confirms what A and B derived; D is for the tests only (what was derived must generalise to it).
-    "C": dict(linear_head_dim=18, linear_num_heads=5, hidden_size=128, intermediate_size=112, num_attention_heads=8, num_key_value_heads=4, head_dim=16,
+    "C": dict(hidden_size=128, intermediate_size=112, num_attention_heads=8, num_key_value_heads=4, head_dim=16,
               vocab_size=192, num_hidden_layers=3, moe_intermediate_size=16, experts=8, num_experts_per_tok=2,
               shared_expert_intermediate_size=24, kv_lora_rank=16, q_lora_rank=32, qk_rope_head_dim=8,
               qk_nope_head_dim=8, v_head_dim=16, first_k_dense_replace=1, linear_num_key_heads=2,
               linear_num_value_heads=2, linear_key_head_dim=16, linear_value_head_dim=8, mamba_d_state=16,
-              ssm_state_size=16, shared_intermediate_size=40, intermediate_size_mlp=104),
-    "D": dict(linear_head_dim=22, linear_num_heads=3, hidden_size=80, intermediate_size=144, num_attention_heads=5, num_key_value_heads=1, head_dim=16,
+              ssm_state_size=16, shared_intermediate_size=40, intermediate_size_mlp=104,
+              linear_head_dim=18, linear_num_heads=5),
+    "D": dict(hidden_size=80, intermediate_size=144, num_attention_heads=5, num_key_value_heads=1, head_dim=16,
               vocab_size=208, num_hidden_layers=3, moe_intermediate_size=24, experts=5, num_experts_per_tok=2,
               shared_expert_intermediate_size=32, kv_lora_rank=20, q_lora_rank=28, qk_rope_head_dim=6,
               qk_nope_head_dim=10, v_head_dim=14, first_k_dense_replace=1, linear_num_key_heads=1,
               linear_num_value_heads=2, linear_key_head_dim=8, linear_value_head_dim=8, mamba_d_state=4,
-              ssm_state_size=4, shared_intermediate_size=36, intermediate_size_mlp=120),
+              ssm_state_size=4, shared_intermediate_size=36, intermediate_size_mlp=120,
+              linear_head_dim=22, linear_num_heads=3),
 }  # fmt: skip
 
 # Keys of the text config that other keys are derived from; shrunk in every variant.
