@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import ast
 import json
+import re
 from pathlib import Path
 from typing import Any
 
@@ -107,7 +108,10 @@ def _probe(model_type: str, layer_prefix: str, sglang_class: str) -> dict[str, A
     try:
         return probe(model_type, layer_prefix, sglang_class)
     except Exception as exc:  # recorded, so a class that stops building shows up as stale data
-        return {"probe_error": f"{type(exc).__name__}: {str(exc).splitlines()[0][:160] if str(exc) else ''}"}
+        first = str(exc).splitlines()[0][:160] if str(exc) else ""
+        # set reprs in messages follow hash randomization: sort their items so the data is reproducible
+        first = re.sub(r"\{([^{}]*)\}", lambda m: "{" + ", ".join(sorted(m[1].split(", "))) + "}", first)
+        return {"probe_error": f"{type(exc).__name__}: {first}"}
 
 
 def generate_sglang(index_path: Path = GENERATED_DIR / "index.json") -> dict[str, str]:
