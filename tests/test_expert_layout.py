@@ -120,3 +120,18 @@ def test_qwen3_vl_moe_save_pretrained_orientation_is_refused_by_sglang(saved, tm
     # undeclared: reported, below the warning bar (the clean-checkpoint tests stay green)
     [info] = by_code(_lint(saved("qwen3_vl_moe"), tmp_path, consumers=None), "WC432")
     assert info.severity == Severity.INFO
+
+
+def test_transformers_reads_both_of_its_layouts(mixtral: dict[str, Path]) -> None:
+    """Why WC432 is only info with no consumer declared: transformers 5.17 loads the in-memory fused layout
+    as well as the saved per-expert one (no missing or unexpected keys, the same experts)."""
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    models = {}
+    for layout, path in mixtral.items():
+        model, info = AutoModelForCausalLM.from_pretrained(path, output_loading_info=True)
+        assert not any(info.get(k) for k in ("missing_keys", "unexpected_keys", "mismatched_keys")), (layout, info)
+        models[layout] = model.state_dict()
+    experts = [k for k in models["saved"] if ".experts." in k]
+    assert experts and all(torch.equal(models["saved"][k], models["in_memory"][k]) for k in experts)
