@@ -89,6 +89,7 @@ def lint(
         "hash_out": Path(hash_out) if hash_out else None,
         "against_manifest": Path(against_manifest) if against_manifest else None,
         "progress": choose_mode(None) if progress else None,
+        "consumers": settings.consumers,  # `consumers = [...]` reaches the rules as on the CLI
     }
     return _noted(lint_many(targets, select=settings.select, ignore=settings.ignore, options=options), settings)
 

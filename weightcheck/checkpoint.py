@@ -120,6 +120,11 @@ def text_config_of(cfg: dict[str, Any]) -> dict[str, Any]:
             for k, v in cfg.items():
                 merged.setdefault(k, v)
             return merged
+    blocks = cfg.get("layers_block_type")
+    if "num_hidden_layers" not in cfg and isinstance(blocks, list) and blocks:
+        # Nemotron-H in transformers 5 saves only its per-layer block types; the layer count is their length
+        # (its config class ignores num_hidden_layers when both are given).
+        return {**cfg, "num_hidden_layers": len(blocks)}
     return cfg
 
 

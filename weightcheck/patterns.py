@@ -340,6 +340,16 @@ def _sglang_facts() -> dict[str, Any]:
     return types if isinstance(types, dict) else {}
 
 
+def sglang_routed_experts(model_type: str) -> tuple[str, dict[str, Any]] | None:
+    """(SGLang class, its `routed_experts` facts) for a generated MoE model_type: which routed-expert layouts
+    its `load_weights` was seen to read (weightcheck.arch.sglang_probe). None when unknown."""
+    facts = _sglang_facts().get(model_type) or {}
+    routed = facts.get("routed_experts")
+    if not facts.get("sglang_class") or not isinstance(routed, dict) or not isinstance(routed.get("layouts"), list):
+        return None
+    return str(facts["sglang_class"]), routed
+
+
 def sglang_registered_model_types() -> list[str]:
     """Generated model_types whose architecture SGLang registers too (the covered set)."""
     facts = _sglang_facts()

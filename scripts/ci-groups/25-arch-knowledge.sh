@@ -1,8 +1,11 @@
 #!/usr/bin/env bash
 # Architecture knowledge, SGLang half (.venv-sglang, created by 20-sglang just before; reused, sglang not
 # reinstalled): patterns/generated/sglang.json regenerated from the installed SGLang 0.5.23's model sources
-# must equal the checked-in file, and every SGLang class named there is in SGLang's ModelRegistry.
-# Measured: 2 min 54 s wall (41 s CPU) on the shared 2-core machine; importing the registry dominates.
+# must equal the checked-in file, and every SGLang class named there is in SGLang's ModelRegistry. Since the
+# expert-layout probe, regenerating it builds each MoE class on CPU and runs its load_weights (tiny models).
+# Measured: 2 min 17 s - 3 min 51 s wall for the 4 tests on the shared 2-core machine (the slower with the
+# main suite running beside it); the registry import and the first SGLang model import dominate, each
+# probed class adds about a second.
 set -euo pipefail
 cd "$(dirname "$0")/../.."
 VPY=.venv-sglang/bin/python

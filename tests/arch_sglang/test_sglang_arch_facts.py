@@ -52,3 +52,23 @@ def test_router_facts_match_sglang_classes() -> None:
     assert facts["llama4_text"]["routers"] == {"router": "none"}
     assert facts["qwen3_moe"]["routers"]["gate"].startswith("conditional")
     assert facts["qwen3_moe"]["packed_modules_mapping"]["qkv_proj"] == ["q_proj", "k_proj", "v_proj"]
+
+
+def test_routed_expert_layouts_were_probed_through_load_weights() -> None:
+    """What SGLang's load_weights was seen to read (weightcheck.arch.sglang_probe): Mixtral per-expert w1/w2/w3
+    only, not transformers 5's fused in-memory names; gpt-oss its fused stacks; Qwen3-VL-MoE the fused names
+    only in the released orientation (transposed from what transformers 5.17 saves)."""
+    from weightcheck.arch.generate import GENERATED_DIR
+
+    facts = json.loads((GENERATED_DIR / "sglang.json").read_text())["model_types"]
+
+    def reads(model_type: str) -> dict[str, str]:
+        return {lay["source"]: lay["read"] for lay in facts[model_type]["routed_experts"]["layouts"]}
+
+    assert reads("mixtral") == {"save_pretrained": "all", "transformers_in_memory": "none"}
+    assert facts["mixtral"]["routed_experts"]["mappings"][0]["ckpt_gate_proj_name"] == "w1"
+    assert reads("gpt_oss") == {"save_pretrained": "all"}
+    assert reads("qwen3_vl_moe")["save_pretrained"] == "none"
+    assert reads("qwen3_vl_moe")["save_pretrained_transposed"] == "all"
+    probed = [t for t, f in facts.items() if "layouts" in (f.get("routed_experts") or {})]
+    assert len(probed) >= 15

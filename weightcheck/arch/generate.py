@@ -39,8 +39,17 @@ ARCHITECTURES = (
     "ernie4_5_moe", "hunyuan_v1_dense", "hunyuan_v1_moe", "minicpm3", "jamba", "bamba", "nemotron",
     "persimmon", "seed_oss", "smollm3", "arcee", "apertus", "lfm2", "minimax_m2",
     "qwen3_5", "qwen3_5_moe", "ministral", "mistral3", "qwen2_vl", "qwen2_5_vl", "qwen3_vl", "qwen3_vl_moe",
-    "glm4v", "glm4v_moe", "mllama", "gpt_neox",
+    "glm4v", "glm4v_moe", "mllama", "gpt_neox", "llama4", "nemotron_h", "kimi_linear", "falcon_h1",
 )  # fmt: skip
+
+# Provided by transformers and registered by SGLang, but not generated: why, recorded in index.json's
+# `skipped` and listed in the README next to the covered ones.
+SKIPPED: dict[str, str] = {
+    "dbrx": "layers are `transformer.blocks.N` (not `.layers.N`), dimensions live in `attn_config`/`ffn_config` "
+    "sub-configs under their own names (d_model, n_layers, ffn_hidden_size), and experts are 2-D "
+    "`ffn.experts.mlp.w1/v1/w2` [num_experts * ffn_hidden_size, d_model] concatenations: neither the "
+    "generator's layer model nor lint's expert model reads that layout; lint infers what it can (WC427)",
+}
 
 GENERATED_DIR = Path(__file__).resolve().parent.parent.parent / "patterns" / "generated"
 _LAYER = re.compile(r"^(?P<prefix>.+?\.layers)\.(?P<idx>\d+)\.(?P<rest>.+)$")
@@ -59,6 +68,7 @@ class Observation:
     linear: set[str] = field(default_factory=set)
     embedding: set[str] = field(default_factory=set)
     tied: list[list[str]] = field(default_factory=list)
+    skipped_on_load: list[str] = field(default_factory=list)  # the class's _keys_to_ignore_on_load_unexpected
 
 
 def _text_config(cfg: dict[str, Any]) -> dict[str, Any]:
@@ -91,10 +101,33 @@ def observe(model_type: str, variant: str) -> Observation:
                 obs.linear.add(module_name)
             elif isinstance(owner, torch.nn.Embedding):
                 obs.embedding.add(module_name)
+    obs.skipped_on_load = [str(p) for p in (getattr(type(model), "_keys_to_ignore_on_load_unexpected", None) or [])]
     tied = getattr(model, "_tied_weights_keys", None)
     if isinstance(tied, dict):
         obs.tied = [[k, v] for k, v in sorted(tied.items())]
     return obs
+
+
+# `^` or `(^|\.)`, then a literal name with escaped dots containing `mtp`, then an optional `\.` and `.*`
+_NAME = r"(?:[A-Za-z0-9_]|\\\.)"
+_MTP_PREFIX = re.compile(rf"^(?:\^|\(\^\|\\\.\))?(?P<lit>{_NAME}*mtp{_NAME}*?)(?:\\\.)?(?:\.\*)?$")
+
+
+def mtp_prefixes(skipped_on_load: list[str]) -> list[str]:
+    """Name prefixes of the MTP/NextN weights a release ships and transformers skips on load, from the model
+    class's own `_keys_to_ignore_on_load_unexpected` (Qwen3-Next `^mtp.*`, MiMo `^model\\.mtp\\.`). Only
+    patterns that are a literal prefix are taken; layer-number forms (`model\\.layers\\.61.*`, the
+    full-size model's index) say nothing about a checkpoint of another depth and stay in the provenance."""
+    out = []
+    for pattern in skipped_on_load:
+        m = _MTP_PREFIX.match(pattern)
+        if m is None or m["lit"] == pattern:  # a bare `mtp` (ERNIE) is searched anywhere: not a prefix
+            continue
+        lit = m["lit"].replace("\\.", ".").rstrip(".")
+        if lit.split(".")[-1] != "mtp":  # `mtp_layers`, `mtp_block`: other layouts, left to the provenance
+            continue
+        out.append(lit + ".")
+    return sorted(set(out))
 
 
 def _owner(module_name: str, modules: dict[str, Any]) -> Any:
@@ -414,6 +447,8 @@ def derive(model_type: str) -> dict[str, Any]:
     }
     if expert_key:
         family["experts"] = expert_key
+    mtp = mtp_prefixes(a.skipped_on_load)
+    allowed |= set(mtp)
     if allowed:
         family["allowed_prefixes"] = sorted(allowed)
     doc: dict[str, Any] = {
@@ -427,6 +462,8 @@ def derive(model_type: str) -> dict[str, Any]:
             "text_model_type": text_type,
             "notes": sorted(set(inferred)),
             "tied_weights": a.tied,
+            **({"skipped_on_load": a.skipped_on_load} if a.skipped_on_load else {}),
+            **({"mtp_prefixes": mtp} if mtp else {}),
         },
     }
     return doc
@@ -462,6 +499,7 @@ def generate(model_types: tuple[str, ...] = ARCHITECTURES, out: Path = GENERATED
         for arch in doc["family"]["architectures"]:
             index["architectures"].setdefault(arch, name)
     index["failed"] = failed
+    index["skipped"] = dict(sorted(SKIPPED.items()))
     files["index.json"] = dump(index)
     return files
 
@@ -481,6 +519,9 @@ def coverage_markdown(index: dict[str, Any], sglang: dict[str, Any]) -> str:
         "",
         "Also generated (transformers only; SGLang 0.5.23 registers no class of theirs): "
         + ", ".join(f"`{t}`" for t in only) + ".",
+        "",
+        "Not generated (both provide them; why: `patterns/generated/index.json` `skipped`): "
+        + (", ".join(f"`{t}`" for t in sorted(index.get("skipped") or {})) or "none") + ".",
         README_END,
     ]
     return "\n".join(lines)

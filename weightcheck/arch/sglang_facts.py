@@ -10,12 +10,16 @@ without it (`quant_config=None`, never quantized by the engine).
 
 Read statically (ast), so generating it does not import 200 model modules; the SGLang group's test
 checks the registry agrees (every class named here is in `ModelRegistry`).
+
+For MoE architectures, `routed_experts` says which routed-expert checkpoint layouts the class really reads:
+found by running its `load_weights` on CPU (weightcheck.arch.sglang_probe), not by reading its source.
 """
 
 from __future__ import annotations
 
 import ast
 import json
+import re
 from pathlib import Path
 from typing import Any
 
@@ -98,6 +102,18 @@ def _routers(tree: ast.Module) -> dict[str, str]:
     return out
 
 
+def _probe(model_type: str, layer_prefix: str, sglang_class: str) -> dict[str, Any]:
+    from weightcheck.arch.sglang_probe import probe
+
+    try:
+        return probe(model_type, layer_prefix, sglang_class)
+    except Exception as exc:  # recorded, so a class that stops building shows up as stale data
+        first = str(exc).splitlines()[0][:160] if str(exc) else ""
+        # set reprs in messages follow hash randomization: sort their items so the data is reproducible
+        first = re.sub(r"\{([^{}]*)\}", lambda m: "{" + ", ".join(sorted(m[1].split(", "))) + "}", first)
+        return {"probe_error": f"{type(exc).__name__}: {first}"}
+
+
 def generate_sglang(index_path: Path = GENERATED_DIR / "index.json") -> dict[str, str]:
     from importlib.metadata import version
 
@@ -124,5 +140,7 @@ def generate_sglang(index_path: Path = GENERATED_DIR / "index.json") -> dict[str
         facts = {"sglang_class": hit, "module": f"sglang/srt/models/{module_file}"}
         facts.update(_class_facts(tree, hit, classes))
         facts["routers"] = _routers(tree)
+        if doc["family"].get("experts"):
+            facts["routed_experts"] = _probe(model_type, doc["family"]["layer_prefix"], hit)
         out["model_types"][model_type] = facts
     return {"sglang.json": dump(out)}

@@ -13,32 +13,38 @@ from typing import Any
 EXPERT_KEYS = ("n_routed_experts", "num_experts", "num_local_experts", "moe_num_experts")
 
 # Distinct, non-multiple values per variant so that coincidences between config keys do not survive.
+# A dimension left at its default in every variant invites one: Kimi Linear's KDA head dim 128 equals
+# qk_rope_head_dim * head_dim in A, B and C, so `linear_head_dim`/`linear_num_heads` vary too.
 VARIANTS: dict[str, dict[str, int]] = {
     "A": dict(hidden_size=64, intermediate_size=96, num_attention_heads=4, num_key_value_heads=2, head_dim=16,
               vocab_size=160, num_hidden_layers=4, moe_intermediate_size=32, experts=4, num_experts_per_tok=2,
               shared_expert_intermediate_size=48, kv_lora_rank=32, q_lora_rank=48, qk_rope_head_dim=8,
               qk_nope_head_dim=16, v_head_dim=16, first_k_dense_replace=1, linear_num_key_heads=2,
               linear_num_value_heads=4, linear_key_head_dim=8, linear_value_head_dim=12, mamba_d_state=8,
-              ssm_state_size=8, shared_intermediate_size=48, intermediate_size_mlp=96),
+              ssm_state_size=8, shared_intermediate_size=48, intermediate_size_mlp=96,
+              linear_head_dim=10, linear_num_heads=3),
     "B": dict(hidden_size=96, intermediate_size=80, num_attention_heads=3, num_key_value_heads=1, head_dim=8,
               vocab_size=176, num_hidden_layers=5, moe_intermediate_size=40, experts=6, num_experts_per_tok=2,
               shared_expert_intermediate_size=56, kv_lora_rank=24, q_lora_rank=36, qk_rope_head_dim=4,
               qk_nope_head_dim=12, v_head_dim=20, first_k_dense_replace=2, linear_num_key_heads=1,
               linear_num_value_heads=3, linear_key_head_dim=12, linear_value_head_dim=16, mamba_d_state=12,
-              ssm_state_size=12, shared_intermediate_size=72, intermediate_size_mlp=88),
+              ssm_state_size=12, shared_intermediate_size=72, intermediate_size_mlp=88,
+              linear_head_dim=14, linear_num_heads=2),
     # C confirms what A and B derived; D is for the tests only (what was derived must generalise to it).
     "C": dict(hidden_size=128, intermediate_size=112, num_attention_heads=8, num_key_value_heads=4, head_dim=16,
               vocab_size=192, num_hidden_layers=3, moe_intermediate_size=16, experts=8, num_experts_per_tok=2,
               shared_expert_intermediate_size=24, kv_lora_rank=16, q_lora_rank=32, qk_rope_head_dim=8,
               qk_nope_head_dim=8, v_head_dim=16, first_k_dense_replace=1, linear_num_key_heads=2,
               linear_num_value_heads=2, linear_key_head_dim=16, linear_value_head_dim=8, mamba_d_state=16,
-              ssm_state_size=16, shared_intermediate_size=40, intermediate_size_mlp=104),
+              ssm_state_size=16, shared_intermediate_size=40, intermediate_size_mlp=104,
+              linear_head_dim=18, linear_num_heads=5),
     "D": dict(hidden_size=80, intermediate_size=144, num_attention_heads=5, num_key_value_heads=1, head_dim=16,
               vocab_size=208, num_hidden_layers=3, moe_intermediate_size=24, experts=5, num_experts_per_tok=2,
               shared_expert_intermediate_size=32, kv_lora_rank=20, q_lora_rank=28, qk_rope_head_dim=6,
               qk_nope_head_dim=10, v_head_dim=14, first_k_dense_replace=1, linear_num_key_heads=1,
               linear_num_value_heads=2, linear_key_head_dim=8, linear_value_head_dim=8, mamba_d_state=4,
-              ssm_state_size=4, shared_intermediate_size=36, intermediate_size_mlp=120),
+              ssm_state_size=4, shared_intermediate_size=36, intermediate_size_mlp=120,
+              linear_head_dim=22, linear_num_heads=3),
 }  # fmt: skip
 
 # Keys of the text config that other keys are derived from; shrunk in every variant.
@@ -51,7 +57,7 @@ _FIXED = dict(
     n_groups=1, num_heads=8, conv_kernel=4, expand=2, attn_layer_period=2, attn_layer_offset=1,
     expert_layer_period=2, expert_layer_offset=1, hidden_size_per_head=16, rope_interleave=True,
     global_attn_every_n_layers=2, layer_types=None, intermediate_size_mlp=96, interleave_moe_layer_step=1,
-    num_local_experts=None, moe_layer_freq=1, pad_token_id=0,
+    num_local_experts=None, moe_layer_freq=1, pad_token_id=0, mamba_d_ssm=None,
 )  # fmt: skip
 
 # Sub-configs (vision towers, audio) shrunk to one small block: not itemized by the patterns.
@@ -67,6 +73,20 @@ _VISION = dict(
 OVERRIDES: dict[str, dict[str, Any]] = {
     # Gemma-3 pools image tokens to mm_tokens_per_image from (image/patch)^2 patches: must divide evenly.
     "gemma3": {"mm_tokens_per_image": 4},
+}
+
+
+# Per-architecture keys of the text config, each with the reason.
+TEXT_OVERRIDES: dict[str, dict[str, Any]] = {
+    # Llama-4's VLM config ships 48-entry per-layer lists; None lets the config class derive them from the
+    # variant's layer count (NoPE every 4th layer, MoE every interleave_moe_layer_step).
+    "llama4": {"no_rope_layers": None, "moe_layers": None},
+}
+
+# Hybrid layer-type lists whose length is the layer count (Nemotron-H has no num_hidden_layers key in
+# transformers 5: the count is len(layers_block_type)); cycled to the variant's layer count.
+_BLOCK_TYPES: dict[str, tuple[str, list[str]]] = {
+    "nemotron_h": ("layers_block_type", ["linear_attention", "moe", "full_attention", "moe", "linear_attention"]),
 }
 
 
@@ -100,7 +120,7 @@ def tiny_config(model_type: str, variant: str = "A") -> Any:
     kwargs: dict[str, Any] = {}
     text = base.get("text_config")
     if isinstance(text, dict) and text:
-        text_kwargs = {**text, **_scaled(text, variant)}
+        text_kwargs = {**text, **_scaled(text, variant), **TEXT_OVERRIDES.get(model_type, {})}
         if variant in ("B",) and "first_k_dense_replace" in text:
             pass
         kwargs["text_config"] = text_kwargs
@@ -115,6 +135,10 @@ def tiny_config(model_type: str, variant: str = "A") -> Any:
             vis["out_hidden_size"] = hidden
         kwargs[sub] = vis
     kwargs.update({k: v for k, v in OVERRIDES.get(model_type, {}).items() if k in base})
+    if model_type in _BLOCK_TYPES:
+        key, cycle = _BLOCK_TYPES[model_type]
+        n = VARIANTS[variant]["num_hidden_layers"]
+        kwargs[key] = [cycle[i % len(cycle)] for i in range(n)]
     if "tie_word_embeddings" in base or isinstance(text, dict):
         kwargs["tie_word_embeddings"] = False
     return AutoConfig.for_model(model_type, **kwargs)

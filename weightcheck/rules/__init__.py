@@ -30,6 +30,7 @@ RULE_MODULES = (
     "weightcheck.rules.patterns",
     "weightcheck.rules.arch",
     "weightcheck.rules.fused_experts",
+    "weightcheck.rules.expert_layout",
     "weightcheck.rules.content",
     "weightcheck.rules.verify",
     "weightcheck.fixes",

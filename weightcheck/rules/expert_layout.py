@@ -1,0 +1,147 @@
+"""WC432: routed experts stored in a layout the declared engine does not read.
+
+transformers 5 holds most MoEs' experts fused in memory (3-D `mlp.experts.gate_up_proj` / `down_proj`) and
+converts them back to per-expert names on `save_pretrained`; gpt-oss, Llama-4, Qwen3-VL-MoE and GraniteMoE
+stay fused on disk. An exporter that writes the in-memory state dict, or a converter that splits what the
+engine wants fused, produces a checkpoint whose every tensor is present and well-formed, yet SGLang's
+`load_weights` skips the experts (they keep their random init) or raises. What each SGLang class reads is
+generated data (`routed_experts` in patterns/generated/sglang.json), found by running the class's own
+`load_weights` on each layout, not by reading its source.
+"""
+
+from __future__ import annotations
+
+import re
+from typing import Any
+
+from weightcheck.collapse import summarize
+from weightcheck.findings import Severity
+from weightcheck.rules import LintContext, rule
+from weightcheck.rules.quant import analysis_of
+from weightcheck.structure import EXPERT_COUNT_KEYS, config_int
+
+_EXPERT_ID = re.compile(r"(^|\.)experts\.\d+\.")
+_STACKED = re.compile(r"(^|\.)experts\.[^.\d][^.]*$")
+
+
+def _tail(name: str, prefix: str) -> str | None:
+    if not name.startswith(prefix + "."):
+        return None
+    idx, _, rest = name[len(prefix) + 1 :].partition(".")
+    if not idx.isdigit() or not rest:
+        return None
+    return _EXPERT_ID.sub(lambda m: f"{m.group(1)}experts.*.", rest)
+
+
+def _labels(shape: tuple[int, ...], experts: int, hidden: int | None) -> list[str] | None:
+    """Which dims are the expert count and the hidden size; None when ambiguous (a size repeats)."""
+    if hidden is None or experts == hidden or list(shape).count(hidden) != 1 or list(shape).count(experts) != 1:
+        return None
+    return ["experts" if d == experts else "hidden" if d == hidden else "*" for d in shape]
+
+
+def _deployed_sglang(consumers: list[str] | None) -> bool | None:
+    """True: SGLang declared; False: consumers declared without it; None: nothing declared."""
+    if consumers is None:
+        return None
+    return any(c.split("-")[0] == "sglang" for c in consumers)
+
+
+@rule(
+    "WC432",
+    "expert-layout-unread",
+    Severity.ERROR,
+    summary="Routed experts are stored in a layout (per-expert or fused 3-D, and its orientation) that the "
+    "declared engine's `load_weights` does not read.",
+    bad="Mixtral written from transformers 5's in-memory state dict: model.layers.0.mlp.experts.gate_up_proj "
+    "[8, 28672, 4096], served by SGLang (reads block_sparse_moe.experts.N.w1/w2/w3 only)",
+    good="the same model written by save_pretrained: model.layers.0.block_sparse_moe.experts.0.w1.weight ...",
+    also=(Severity.INFO,),
+    fix="write the checkpoint with the layout the engine reads (transformers `save_pretrained` converts "
+    "transformers 5's fused experts back to the per-expert names most engines read); for a fused stack "
+    "refused for its orientation, transpose its last two dims",
+)
+def expert_layout_unread(ctx: LintContext) -> None:
+    """Judged against the engine's generated facts for the checkpoint's architecture: the layouts SGLang
+    0.5.23's class was seen to read completely, and those it skipped or refused. A checkpoint whose routed
+    expert tensors match a refused layout and no read one is reported. With `consumers` declared and
+    SGLang among them, this is an error; declared without SGLang, it is not checked; with no consumers
+    declared it is info (the checkpoint may be meant for transformers, which reads both of its own
+    layouts): declare `consumers = ["sglang"]` to gate on it. Names that match no layout the facts know
+    are left alone (nothing is known about them)."""
+    deployed = _deployed_sglang(ctx.options.get("consumers"))
+    if deployed is False:
+        return
+    qa = analysis_of(ctx)
+    pattern = qa.pattern
+    if pattern is None or not pattern.model_types:
+        return
+    known = next((k for t in pattern.model_types if (k := _facts(t)) is not None), None)
+    if known is None:
+        return
+    sglang_class, facts = known
+    layouts = [lay for lay in facts["layouts"] if isinstance(lay, dict) and isinstance(lay.get("names"), list)]
+    text = ctx.ckpt.text_config()
+    experts = config_int(text, EXPERT_COUNT_KEYS, "experts")
+    hidden = text.get("hidden_size") if isinstance(text.get("hidden_size"), int) else None
+    every = {n for lay in layouts for n in lay["names"]}
+    found: dict[str, list[str]] = {}  # tail -> checkpoint names
+    dims: dict[str, list[str] | None] = {}
+    for name, info in ctx.ckpt.all_tensors().items():
+        tail = _tail(name, pattern.layer_prefix)
+        if tail is None:
+            continue
+        if tail in every or "experts.*." in tail or (_STACKED.search(tail) and len(info.shape) == 3):
+            found.setdefault(tail, []).append(name)
+            if len(info.shape) == 3 and experts:
+                dims.setdefault(tail, _labels(tuple(info.shape), experts, hidden))
+    if not found:
+        return
+
+    def fits(lay: dict[str, Any]) -> bool:
+        if not set(found) <= set(lay["names"]):
+            return False
+        want = lay.get("dims") or {}
+        return all(dims.get(t) is None or t not in want or dims[t] == want[t] for t in found)
+
+    if any(fits(lay) and lay.get("read") == "all" for lay in layouts):
+        return
+    readable = [lay for lay in layouts if lay.get("read") == "all"]
+    refused = next((lay for lay in layouts if fits(lay) and lay.get("read") != "all"), None)
+    style = {"per_expert" if "experts.*." in t else "fused" for t in found}
+    if refused is None and len(style) == 1 and readable and not any(lay["style"] in style for lay in readable):
+        # names no probe fed, in a style the class reads in no form (per-expert names for gpt-oss)
+        refused = {"source": "style", "style": next(iter(style)), "names": sorted(found)}
+    if refused is None:
+        return  # a mix the facts do not know: WC403/WC428 judge completeness, not this rule
+    how = (f"its load_weights raises {refused['error']}" if refused.get("error")
+           else "its load_weights has no mapping for them" if refused["source"] == "style"
+           else "its load_weights skips them")  # fmt: skip
+    if refused["source"].endswith("_transposed") or any(lay["names"] == refused["names"] for lay in readable):
+        what = "in this orientation (the names are read, the last two dims are swapped)"
+    else:
+        what = f"({refused['style'].replace('_', '-')} layout)"
+    def shown(lay: dict[str, Any]) -> str:
+        dims_of = lay.get("dims") or {}
+        return ", ".join(f"`{n}`" + (f" [{', '.join(dims_of[n])}]" if n in dims_of else "") for n in lay["names"])
+
+    reads = ("; it reads " + " or ".join(shown(lay) for lay in readable[:2])
+             if readable else "; it read none of the layouts tried: its routed experts stay uninitialised")
+    names = sorted(n for v in found.values() for n in v)
+    severity = Severity.ERROR if deployed else Severity.INFO
+    ctx.report(
+        f"SGLang's {sglang_class} does not read routed experts stored as "
+        + ", ".join(f"`{t}`" for t in sorted(found)) + f" {what}: {how}{reads}"
+        + ("" if deployed else " (info: no consumers declared; declare consumers = [\"sglang\"] to gate on it)"),
+        tensor=summarize(names, limit=3),
+        count=len(names),
+        severity=severity,
+        details={"engine_class": sglang_class, "stored": sorted(found), "refused_layout": refused["source"],
+                 "readable": [lay["names"] for lay in readable], "tensors": names[:200]},
+    )
+
+
+def _facts(model_type: str) -> tuple[str, dict[str, Any]] | None:
+    from weightcheck.patterns import sglang_routed_experts
+
+    return sglang_routed_experts(model_type)
