@@ -244,16 +244,22 @@ def ignore_regex_overreach(ctx: LintContext) -> None:
             continue
         hits = sorted(m for m in qa.regex_matches(entry) if overreach(entry[3:], m))
         if hits:
-            layers = sorted({qa.inventory.modules[m].layer for m in hits} - {None})
-            where = f"layers {ids_pattern(layers)}: " if layers else ""
-            ctx.report(
-                f"ignore entry {entry!r} also captures {len(hits)} module(s) whose names only extend the "
-                f"intended one ({where}{summarize(hits, limit=3)})",
-                file=CONFIG_FILE,
-                tensor=entry,
-                count=len(hits),
-                details={"entry": entry, "examples": hits[:20]},
-            )
+            _report_overreach(ctx, qa, entry, hits, "")
+
+
+def _report_overreach(ctx: LintContext, qa: QuantAnalysis, entry: str, hits: list[str], how_read: str) -> None:
+    """One WC305 finding: `entry` reaches `hits`, modules whose names only extend the intended one."""
+    assert qa.inventory is not None
+    layers = sorted({qa.inventory.modules[m].layer for m in hits} - {None})
+    where = f"layers {ids_pattern(layers)}: " if layers else ""
+    ctx.report(
+        f"ignore entry {entry!r} also captures {len(hits)} module(s) whose names only extend the intended "
+        f"one{how_read} ({where}{summarize(hits, limit=3)})",
+        file=CONFIG_FILE,
+        tensor=entry,
+        count=len(hits),
+        details={"entry": entry, "examples": hits[:20]},
+    )
 
 
 # Readers for which a plain entry is a prefix or a substring of the module name, so that `model.layers.1` also
@@ -283,17 +289,7 @@ def _plain_overreach(ctx: LintContext, qa: QuantAnalysis) -> None:
                         break
                     at = module.find(entry, at + 1)
     for entry, (mods, who) in found.items():
-        hits = sorted(mods)
-        layers = sorted({qa.inventory.modules[m].layer for m in hits} - {None})
-        where = f"layers {ids_pattern(layers)}: " if layers else ""
-        ctx.report(
-            f"ignore entry {entry!r} also captures {len(hits)} module(s) whose names only extend the intended "
-            f"one, as {', '.join(sorted(who))} read it ({where}{summarize(hits, limit=3)})",
-            file=CONFIG_FILE,
-            tensor=entry,
-            count=len(hits),
-            details={"entry": entry, "examples": hits[:20]},
-        )
+        _report_overreach(ctx, qa, entry, sorted(mods), f", as {', '.join(sorted(who))} read it")
 
 
 def _engine_view(qa: QuantAnalysis) -> list[Consumer]:
