@@ -310,16 +310,21 @@ def diff(path_a: str | os.PathLike[str], path_b: str | os.PathLike[str], options
     view_a = load_logical(a_path)
     view_b = load_logical(b_path)
     try:
-        for label, view in (("reference", view_a), ("candidate", view_b)):
-            if not view.order:
-                result.nothing_checked = True
-                result.notes.append(f"{label} {view.path}: no tensors to compare")
-        if result.nothing_checked:
+        if nothing_to_compare(result, (("reference", view_a), ("candidate", view_b))):
             return result
         return _run(view_a, view_b, opts, result)
     finally:
         view_a.close()
         view_b.close()
+
+
+def nothing_to_compare(result: Result, views: tuple[tuple[str, LogicalCheckpoint], ...]) -> bool:
+    """Marks `result` nothing-checked, with a note per labelled view that holds no tensor; True if any."""
+    for label, view in views:
+        if not view.order:
+            result.nothing_checked = True
+            result.notes.append(f"{label} {view.path}: no tensors to compare")
+    return result.nothing_checked
 
 
 @dataclass

@@ -191,10 +191,27 @@ def run_chunks(
     strategies: list[Any],
     *,
     max_retries: int = MAX_RETRIES,
-    advance: Callable[[int], None] | None = None,
+    progress: Any | None = None,
 ) -> tuple[list[Any], list[str | None], RunStats]:
     """Submit every chunk, collect results as they finish (streaming progress), resubmit failures. Returns
-    per-chunk results (None for a chunk that failed every attempt), per-chunk final errors, and stats."""
+    per-chunk results (None for a chunk that failed every attempt), per-chunk final errors, and stats.
+    `progress` (`advance(nbytes, label)`, `close()`) is advanced per finished chunk and closed at the end."""
+    try:
+        return _run_chunks(ray, fn, chunks, args_of, strategies, max_retries, progress)
+    finally:
+        if progress is not None:
+            progress.close()
+
+
+def _run_chunks(
+    ray: Any,
+    fn: Callable[..., Any],
+    chunks: list[Chunk],
+    args_of: Callable[[Chunk], tuple[Any, ...]],
+    strategies: list[Any],
+    max_retries: int,
+    progress: Any | None,
+) -> tuple[list[Any], list[str | None], RunStats]:
     started = time.perf_counter()
     remote = ray.remote(max_retries=0, num_cpus=1)(fn)
     stats = RunStats(tasks=len(chunks))
@@ -222,15 +239,15 @@ def run_chunks(
                 else:
                     errors[i] = f"Ray task failed {attempts[i]} time(s): {why}"
                     stats.failed.append(f"chunk {i} ({why})")
-                    if advance is not None:
-                        advance(chunks[i].nbytes)
+                    if progress is not None:
+                        progress.advance(chunks[i].nbytes, "")
                 continue
             results[i] = value
             stats.bytes += meta.get("bytes", 0)
             stats.nodes.add(meta["node"])
             stats.task_seconds += meta["seconds"]
-            if advance is not None:
-                advance(chunks[i].nbytes)
+            if progress is not None:
+                progress.advance(chunks[i].nbytes, "")
     stats.wall_seconds = time.perf_counter() - started
     global LAST_STATS
     LAST_STATS = stats
@@ -304,14 +321,7 @@ def _ray_content_scan(ray: Any, ctx: LintContext, names: list[str], algorithms: 
     def args_of(chunk: Chunk) -> tuple[Any, ...]:
         return (root, chunk.files[0][1], names[chunk.start : chunk.stop], algorithms, hook)
 
-    try:
-        results, errors, stats = run_chunks(
-            ray, _scan_task, chunks, args_of, strategies,
-            advance=(lambda n: progress.advance(n, "")) if progress else None,
-        )  # fmt: skip
-    finally:
-        if progress is not None:
-            progress.close()
+    results, errors, stats = run_chunks(ray, _scan_task, chunks, args_of, strategies, progress=progress)
     out: list[TensorScan] = []
     for chunk, value, error in zip(chunks, results, errors, strict=True):
         if value is not None:
@@ -366,15 +376,11 @@ def ray_diff(path_a: Path, path_b: Path, opts: DiffOptions, result: Result) -> R
 
 
 def _ray_diff(ray: Any, path_a: Path, path_b: Path, opts: DiffOptions, result: Result) -> Result:
-    from weightcheck.diff import _Outcome, finish_diff, load_logical, plan_diff
+    from weightcheck.diff import _Outcome, finish_diff, load_logical, nothing_to_compare, plan_diff
 
     view_a, view_b = load_logical(path_a), load_logical(path_b)
     try:
-        for label, view in (("A", view_a), ("B", view_b)):
-            if not view.order:
-                result.nothing_checked = True
-                result.notes.append(f"checkpoint {label} {view.path}: no tensors to compare")
-        if result.nothing_checked:
+        if nothing_to_compare(result, (("checkpoint A", view_a), ("checkpoint B", view_b))):
             return result
         plan = plan_diff(view_a, view_b, opts)
         root_a = str(path_a if path_a.is_dir() else path_a.parent)
@@ -401,14 +407,7 @@ def _ray_diff(ray: Any, path_a: Path, path_b: Path, opts: DiffOptions, result: R
         def args_of(chunk: Chunk) -> tuple[Any, ...]:
             return (str(path_a), str(path_b), opts, chunk.start, chunk.stop, hook, chunk.files)
 
-        try:
-            results, errors, stats = run_chunks(
-                ray, _diff_task, chunks, args_of, strategies,
-                advance=(lambda n: progress.advance(n, "")) if progress else None,
-            )  # fmt: skip
-        finally:
-            if progress is not None:
-                progress.close()
+        results, errors, stats = run_chunks(ray, _diff_task, chunks, args_of, strategies, progress=progress)
         outcomes: list[_Outcome] = []
         for chunk, value, error in zip(chunks, results, errors, strict=True):
             if value is not None:
