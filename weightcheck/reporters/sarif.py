@@ -132,9 +132,7 @@ def region(path: Path, finding: Finding, cache: dict[Path, list[str] | None]) ->
     lines = cache[path]
     if not lines:
         return {"startLine": 1}
-    tokens = [
-        _concrete(x) for x in (finding.location.tensor, finding.location.module) if x and not x.startswith("(")
-    ]
+    tokens = [_concrete(x) for x in (finding.location.tensor, finding.location.module) if x and not x.startswith("(")]
     # Then the key a fix would touch: the ignore list for quantization rules, total_size for WC205.
     tokens += _FALLBACK_KEYS.get(finding.code, _FALLBACK_KEYS.get(finding.code[:3], []))
     for token in tokens:
@@ -162,6 +160,15 @@ def _message(finding: Finding) -> dict[str, str]:
     return out
 
 
+def physical_location(path: Path, finding: Finding, cache: dict[Path, list[str] | None]) -> tuple[str, dict[str, Any]]:
+    """The artifact URI of `path` and the SARIF physicalLocation of `finding` in it."""
+    uri, base = artifact_uri(path)
+    artifact: dict[str, Any] = {"uri": uri}
+    if base:
+        artifact["uriBaseId"] = base
+    return uri, {"artifactLocation": artifact, "region": region(path, finding, cache)}
+
+
 def _result(result: Result, finding: Finding, index: dict[str, int], cache: dict[Path, list[str] | None]) -> dict:
     entry: dict[str, Any] = {
         "ruleId": finding.code,
@@ -182,11 +189,7 @@ def _result(result: Result, finding: Finding, index: dict[str, int], cache: dict
     location: dict[str, Any] = {}
     uri = ""
     if path is not None:
-        uri, base = artifact_uri(path)
-        artifact: dict[str, Any] = {"uri": uri}
-        if base:
-            artifact["uriBaseId"] = base
-        location["physicalLocation"] = {"artifactLocation": artifact, "region": region(path, finding, cache)}
+        uri, location["physicalLocation"] = physical_location(path, finding, cache)
     if logical:
         location["logicalLocations"] = logical
     if location:
@@ -198,11 +201,7 @@ def _result(result: Result, finding: Finding, index: dict[str, int], cache: dict
         rel_path = artifact_path(result, rel) if isinstance(rel, Finding) else None
         rel_loc: dict[str, Any] = {"id": i + 1, "message": {"text": getattr(rel, "message", str(rel))}}
         if rel_path is not None:
-            rel_uri, rel_base = artifact_uri(rel_path)
-            art: dict[str, Any] = {"uri": rel_uri}
-            if rel_base:
-                art["uriBaseId"] = rel_base
-            rel_loc["physicalLocation"] = {"artifactLocation": art, "region": region(rel_path, rel, cache)}
+            _, rel_loc["physicalLocation"] = physical_location(rel_path, rel, cache)
         rel_locations.append(rel_loc)
     if rel_locations:
         entry["relatedLocations"] = rel_locations
