@@ -259,7 +259,7 @@ def cli() -> None:
 
 
 @cli.command()
-@click.argument("targets", nargs=-1, required=True, type=click.Path(path_type=Path))
+@click.argument("targets", nargs=-1, type=click.Path(path_type=Path))
 @click.option("--pattern", default=None, help="Architecture pattern name or TOML file (default: detected).")
 @click.option("--content", is_flag=True, help="Also read tensor data: NaN/Inf, zeros, bad scales, tied weights.")
 @click.option(
@@ -289,6 +289,9 @@ def cli() -> None:
               help="With --content: run the data checks as Ray tasks (local, or the cluster at ADDRESS).")  # fmt: skip
 @output_options
 @_lint_fix_options
+@click.option("--pre-commit", "pre_commit", is_flag=True, expose_value=False, callback=_to_meta,
+              help="As a pre-commit hook: also lint the folders of shard/index files the commit deletes (pre-commit "
+              "never passes deleted files); with no checkpoint file changed, exit 0.")  # fmt: skip
 def lint(
     targets: tuple[Path, ...],
     pattern: str | None,
@@ -320,6 +323,10 @@ def lint(
     from weightcheck.patterns import PatternError
     from weightcheck.progress import choose_mode
 
+    if _meta("pre_commit"):
+        targets = _pre_commit_targets(targets)
+    if not targets:
+        raise click.UsageError("Missing argument 'TARGETS...'.")
     settings = resolve_settings(
         targets[0], config_path, command="lint", select=select, ignore=ignore, fail_on=fail_on, fmt=fmt
     )
@@ -329,12 +336,15 @@ def lint(
         raise click.UsageError("--hash and --against-manifest take one target")
     if content:
         require("lint --content", "content", ("torch", "numpy"))
+    validator = validate_with or settings.validate_with
+    if validator == "compressed-tensors":  # asked for by name: never fall back to the mirror in silence
+        require("lint --validate-with compressed-tensors", "quant", ("compressed_tensors",))
     if ray_address is not None and not content:
         raise click.UsageError("--ray needs --content (header-only lint reads kilobytes: nothing to distribute)")
     check_ray(ray_address)
     options = {
         "pattern": pattern or settings.pattern,
-        "validate_with": validate_with or settings.validate_with,
+        "validate_with": validator,
         "content": content,
         "hash_out": hash_out,
         "against_manifest": against_manifest,
@@ -356,6 +366,23 @@ def lint(
     except PatternError as exc:
         raise click.UsageError(str(exc)) from None
     finish(result, settings, output, exit_zero=exit_zero, color=color, verbose=verbose, debug=debug)
+
+
+def _pre_commit_targets(passed: tuple[Path, ...]) -> tuple[Path, ...]:
+    """`--pre-commit`: the passed files plus the folders of deleted shards/indexes; none at all is a hook run
+    on a commit that changes no checkpoint file, which pre-commit itself reports as skipped (exit 0)."""
+    from weightcheck.precommit import GitUnavailable, hook_targets
+
+    try:
+        targets, notes = hook_targets(list(passed))
+    except GitUnavailable as exc:
+        raise click.UsageError(f"--pre-commit: {exc}") from None
+    for note in notes:
+        click.echo(f"weightcheck: {note}", err=True)
+    if not targets:
+        click.echo("weightcheck: no checkpoint file changed: nothing for this hook to check", err=True)
+        sys.exit(0)
+    return tuple(targets)
 
 
 def _fix(target: Path, result: Result, output: Any, relint: Callable[[], Result]) -> Result:

@@ -9,7 +9,7 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
-from weightcheck.checkpoint import load_checkpoint
+from weightcheck.checkpoint import CONFIG_NAME, load_checkpoint
 from weightcheck.findings import Result, internal_error
 from weightcheck.rules import LintContext, Rule, all_rules, matches_selector, run_rules
 
@@ -59,16 +59,13 @@ def lint_many(
     Targets that resolve to the same checkpoint folder are linted once. Finding files become paths relative
     to the working directory (`Result.root` is ""). The run checked nothing if any target checked nothing:
     a typo'd path among good ones must not turn the gate green."""
-    paths = [Path(t) for t in targets]
-    if len(paths) == 1:
-        return lint(paths[0], select=select, ignore=ignore, options=options)
-    merged = Result(target=" ".join(str(p) for p in paths), command="lint", root="")
-    seen: set[str] = set()
+    given = [Path(t) for t in targets]
+    if len(given) == 1:
+        return lint(given[0], select=select, ignore=ignore, options=options)
+    paths, covered = checkpoint_targets(given)
+    merged = Result(target=" ".join(str(p) for p in given), command="lint", root="")
+    merged.notes.extend(f"{part}: linted with the whole checkpoint {whole}" for part, whole in covered)
     for path in paths:
-        key = str(_checkpoint_root(path))
-        if key in seen:
-            continue
-        seen.add(key)
         one = lint(path, select=select, ignore=ignore, options=options)
         root = Path(one.root) if one.root is not None else _checkpoint_root(path)
         for finding in one.findings:
@@ -80,8 +77,57 @@ def lint_many(
         for key_, value in one.checked.items():
             merged.checked[key_] = merged.checked.get(key_, 0) + value
         merged.nothing_checked = merged.nothing_checked or one.nothing_checked
-    merged.checked["targets"] = len(seen)
+    merged.checked["targets"] = len(paths)
     return merged
+
+
+def checkpoint_targets(paths: Iterable[Path]) -> tuple[list[Path], list[tuple[Path, Path]]]:
+    """Resolve targets to the checkpoints they name before linting, so that one checkpoint is linted once and
+    whole: `config.json` plus the index (or a shard, or the folder) of the same folder is that folder, not a
+    config-only lint that happens to run first and hides the rest. What pre-commit and the Action pass.
+
+    Returns the targets to lint, in first-seen order, and (target, checkpoint) for each target that a whole
+    checkpoint lint covers. A folder, an index file, or a shard named by its folder's index names the whole
+    folder; a lone .safetensors file covers the config.json beside it (its lint reads that config); a
+    config.json alone stays config-only. Paths that do not exist (typos, Hub repo ids) pass through."""
+    wholes: dict[Path, Path] = {}  # resolved folder -> the folder as given
+    files: dict[Path, list[Path]] = {}  # resolved folder -> lone .safetensors files in it
+    for path in paths:
+        if not path.exists():
+            continue
+        folder = _whole_folder(path)
+        if folder is not None:
+            wholes.setdefault(folder.resolve(), folder)
+        elif path.suffix == ".safetensors":
+            files.setdefault(path.parent.resolve(), []).append(path)
+    out: dict[Path | str, Path] = {}
+    covered: list[tuple[Path, Path]] = []
+    for path in paths:
+        if not path.exists():
+            out.setdefault(str(path), path)
+            continue
+        home = path.resolve() if path.is_dir() else path.parent.resolve()
+        whole = wholes.get(home)
+        if whole is not None:
+            if path != whole and path.resolve() != whole.resolve():
+                covered.append((path, whole))
+            out.setdefault(home, whole)
+        elif path.name == CONFIG_NAME and files.get(home):
+            covered.append((path, files[home][0]))
+        else:
+            out.setdefault(path.resolve(), path)
+    return list(out.values()), covered
+
+
+def _whole_folder(path: Path) -> Path | None:
+    """The checkpoint folder a target names whole (a folder, its index, one of its indexed shards), else None."""
+    if path.is_dir():
+        return path
+    if path.name.endswith(INDEX_SUFFIX):
+        return path.parent
+    if path.suffix == ".safetensors" and _indexed_elsewhere(path):
+        return path.parent
+    return None
 
 
 def _checkpoint_root(path: Path) -> Path:

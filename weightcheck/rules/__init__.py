@@ -59,7 +59,8 @@ class Rule:
     good: str
     check: Callable[[LintContext], None] | None = None
     # What the rule needs: "tensors" (shard headers/index), "config", or "data" (reads tensor bytes: runs
-    # only under `lint --content`). Config-only lint skips "tensors" rules.
+    # only under `lint --content`), "index" (the index file itself) or "files" (which files are there).
+    # Config-only lint skips "tensors" rules.
     needs: frozenset[str] = frozenset({"tensors"})
     # Rules fired by other commands (diff/verify) are registered for docs and SARIF but not run by lint.
     command: str = "lint"

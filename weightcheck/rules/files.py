@@ -96,6 +96,7 @@ def shard_offsets_invalid(ctx: LintContext) -> None:
     fix="Replace the file with the regular shard it should be, or remove it; a symlink must stay inside the "
     "checkpoint directory.",
     implies={"WC105": "subjects", "WC106": "subjects", "WC108": "subjects"},
+    needs=("files",),  # a refused side file (hf_quant_config.json...) is a finding in config-only mode too
 )
 def file_refused(ctx: LintContext) -> None:
     """weightcheck never opens a file that resolves outside the checkpoint directory or that is not a regular

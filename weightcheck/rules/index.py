@@ -279,6 +279,9 @@ def index_path_escapes(ctx: LintContext) -> None:
     fix="Rewrite the index from the shards (transformers' save_pretrained writes it; `weightcheck lint --fix` "
     "mends total_size and missing entries once the file parses).",
     implies={"WC105": "all", "WC106": "all", "WC201": "all", "WC202": "all", "WC203": "all", "WC205": "all"},
+    # Reads the index file only: it runs in config-only mode too, where an index that names no shards
+    # (refused symlink, corrupt JSON, empty weight_map) left a folder holding just config.json.
+    needs=("index",),
 )
 def index_invalid(ctx: LintContext) -> None:
     """transformers reads `index["metadata"]` unconditionally (KeyError when absent) and takes the shard list

@@ -1,0 +1,199 @@
+"""A newcomer's first hour (issue #19): no silent pass. Each test is a gate that was green on a broken
+checkpoint: several targets naming one checkpoint, an index that cannot be read, the pre-commit hook on a
+deleted shard, a validator asked for by name that is not installed, a local typo sent to the Hub."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import yaml
+from conftest import shards
+
+from weightcheck.lint import lint_many
+
+REPO = Path(__file__).resolve().parents[1]
+SAMPLE_CT = REPO / "sample_configs" / "glm-4.5-air-w4a16-recommended" / "config.json"
+
+
+def wc(*args: str, cwd: Path | None = None, env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
+    environ = {**os.environ, "PYTHONPATH": str(REPO), **(env or {})}
+    return subprocess.run(
+        [sys.executable, "-m", "weightcheck", *args], capture_output=True, text=True, cwd=cwd, env=environ,
+        timeout=300,
+    )  # fmt: skip
+
+
+@pytest.fixture
+def lost_shard(make_ckpt) -> Path:
+    """A real sharded llama checkpoint with its second shard deleted (WC201 when linted whole)."""
+    path = make_ckpt("llama")
+    shards(path)[1].unlink()
+    return path
+
+
+# ---- item 1: targets are resolved to checkpoints first, each linted once and whole --------------------
+@pytest.mark.parametrize(
+    "names",
+    [
+        ("config.json", "model.safetensors.index.json"),
+        ("model.safetensors.index.json", "config.json"),
+        ("config.json", "."),
+        ("config.json", "model-00001-of-00014.safetensors"),
+    ],
+)
+def test_config_plus_index_folder_or_shard_lints_the_checkpoint_whole(lost_shard: Path, names) -> None:
+    targets = [lost_shard / n if n != "." else lost_shard for n in names]
+    result = lint_many(targets)
+    assert "WC201" in {f.code for f in result.findings}, result.notes
+    assert result.checked["targets"] == 1 and result.checked["shards"] == len(shards(lost_shard))
+    assert result.exit_code() == 1
+    proc = wc("lint", *map(str, targets))
+    assert proc.returncode == 1 and "WC201" in proc.stdout, proc.stdout + proc.stderr
+
+
+def test_targets_of_different_checkpoints_are_each_linted(make_ckpt, lost_shard: Path) -> None:
+    good = make_ckpt("qwen3_tied")
+    result = lint_many([good / "config.json", lost_shard / "config.json", lost_shard])
+    assert result.checked["targets"] == 2
+    lost = [f for f in result.findings if f.code == "WC201"]
+    assert lost and all(f.location.file.startswith(str(lost_shard)) for f in lost)
+    assert not [f for f in result.findings if f.location.file.startswith(str(good))]
+
+
+def test_a_lone_config_json_stays_config_only(lost_shard: Path) -> None:
+    """What the weightcheck-config hook passes: config-only, as documented (it does not read shards)."""
+    result = lint_many([lost_shard / "config.json"])
+    assert not result.findings and result.checked["shards"] == 0
+
+
+# ---- item 2: an index that cannot be read is a finding, never a config-only pass ----------------------
+def test_index_symlinked_out_of_the_folder_is_a_finding(make_ckpt, tmp_path: Path) -> None:
+    source = make_ckpt("llama")
+    outside = tmp_path / "elsewhere.json"
+    shutil.copy(source / "model.safetensors.index.json", outside)
+    folder = tmp_path / "ck"
+    folder.mkdir()
+    shutil.copy(source / "config.json", folder / "config.json")
+    (folder / "model.safetensors.index.json").symlink_to(outside)
+    proc = wc("lint", str(folder), "--format", "json")
+    doc = json.loads(proc.stdout)
+    assert proc.returncode == 1, proc.stdout
+    found = [f for f in doc["findings"] if f["code"] == "WC207"]
+    assert found and "refused to open" in found[0]["message"]
+
+
+def test_an_index_with_an_empty_weight_map_beside_a_config_is_not_clean(make_ckpt, tmp_path: Path) -> None:
+    source = make_ckpt("llama")
+    folder = tmp_path / "ck"
+    folder.mkdir()
+    shutil.copy(source / "config.json", folder / "config.json")
+    (folder / "model.safetensors.index.json").write_text('{"metadata": {}, "weight_map": {}}')  # malformed on purpose
+    proc = wc("lint", str(folder))
+    assert proc.returncode == 1 and "WC207" in proc.stdout, proc.stdout
+
+
+# ---- item 3: the checkpoint hook runs on shard changes, deletions included ----------------------------
+def _hooks() -> dict[str, dict]:
+    return {h["id"]: h for h in yaml.safe_load((REPO / ".pre-commit-hooks.yaml").read_text())}
+
+
+def _pre_commit(repo: Path, *args: str) -> subprocess.CompletedProcess[str]:
+    """Real pre-commit running the shipped weightcheck-checkpoint hook as declared (files, always_run, entry),
+    from a `repo: local` copy whose only change is the interpreter (`language: system`, no network)."""
+    hook = dict(_hooks()["weightcheck-checkpoint"])
+    assert hook["entry"].startswith("weightcheck ")
+    hook["entry"] = f"{sys.executable} -m {hook['entry']}"
+    hook["language"] = "system"
+    (repo / ".pre-commit-config.yaml").write_text(yaml.safe_dump({"repos": [{"repo": "local", "hooks": [hook]}]}))
+    env = {**os.environ, "PYTHONPATH": str(REPO), "PRE_COMMIT_HOME": str(repo.parent / "pc-home")}
+    return subprocess.run(
+        [sys.executable, "-m", "pre_commit", "run", *args, "-v"], cwd=repo, capture_output=True, text=True,
+        env=env, timeout=600,
+    )  # fmt: skip
+
+
+def _git(repo: Path, *args: str) -> None:
+    subprocess.run(["git", "-c", "user.email=ci@example.invalid", "-c", "user.name=ci", *args], cwd=repo, check=True,
+                   capture_output=True)  # fmt: skip
+
+
+@pytest.fixture
+def model_repo(make_ckpt, tmp_path: Path) -> Path:
+    pytest.importorskip("pre_commit")
+    if shutil.which("git") is None:
+        pytest.skip("pre-commit needs git")
+    repo = tmp_path / "model-repo"
+    repo.mkdir()
+    shutil.copytree(make_ckpt("llama"), repo / "ck")
+    (repo / "README.md").write_text("a model\n")
+    _git(repo, "init", "-q")
+    _git(repo, "add", "-A")
+    _git(repo, "commit", "-qm", "model")
+    return repo
+
+
+def test_pre_commit_hook_runs_when_a_shard_is_deleted(model_repo: Path) -> None:
+    _git(model_repo, "rm", "-q", "ck/model-00002-of-00014.safetensors")
+    proc = _pre_commit(model_repo)
+    out = proc.stdout + proc.stderr
+    assert proc.returncode == 1, out
+    assert "WC201" in out and "Skipped" not in out
+
+
+def test_pre_commit_hook_runs_when_a_shard_is_truncated(model_repo: Path) -> None:
+    shard = model_repo / "ck" / "model-00003-of-00014.safetensors"
+    shard.write_bytes(shard.read_bytes()[:100])
+    _git(model_repo, "add", "-A")
+    proc = _pre_commit(model_repo)
+    out = proc.stdout + proc.stderr
+    assert proc.returncode == 1, out
+    assert "WC10" in out and "model-00003-of-00014.safetensors" in out
+
+
+def test_pre_commit_hook_passes_a_commit_that_touches_no_checkpoint_file(model_repo: Path) -> None:
+    (model_repo / "README.md").write_text("a better model\n")
+    _git(model_repo, "add", "-A")
+    proc = _pre_commit(model_repo)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert "no checkpoint file changed" in proc.stdout + proc.stderr
+
+
+def test_pre_commit_hook_on_a_clean_checkpoint_change_passes(model_repo: Path) -> None:
+    index = model_repo / "ck" / "model.safetensors.index.json"
+    index.write_text(json.dumps(json.loads(index.read_text()), indent=4))  # same content, new formatting
+    _git(model_repo, "add", "-A")
+    proc = _pre_commit(model_repo)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+
+
+# ---- item 4: a validator asked for by name that is not installed is exit 2, one line -----------------
+@pytest.mark.parametrize("where", ["cli", "config"])
+def test_validate_with_compressed_tensors_missing_is_exit_2(tmp_path: Path, monkeypatch, capsys, where) -> None:
+    from weightcheck.cli import main
+
+    monkeypatch.setitem(sys.modules, "compressed_tensors", None)  # import fails, find_spec says absent
+    monkeypatch.chdir(tmp_path)
+    args = ["weightcheck", "lint", str(SAMPLE_CT)]
+    if where == "cli":
+        args += ["--validate-with", "compressed-tensors"]
+    else:
+        (tmp_path / "weightcheck.toml").write_text('validate-with = "compressed-tensors"\n')
+        args += ["--config", str(tmp_path / "weightcheck.toml")]
+    monkeypatch.setattr(sys, "argv", args)
+    with pytest.raises(SystemExit) as exit_:
+        main()
+    err = capsys.readouterr().err
+    assert exit_.value.code == 2, err
+    assert "compressed_tensors" in err and "weightcheck[quant]" in err and len(err.strip().splitlines()) == 1
+
+
+def test_validate_with_compressed_tensors_installed_runs() -> None:
+    pytest.importorskip("compressed_tensors")
+    proc = wc("lint", str(SAMPLE_CT), "--validate-with", "compressed-tensors")
+    assert proc.returncode in (0, 1) and "Traceback" not in proc.stderr, proc.stderr
