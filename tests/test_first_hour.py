@@ -197,3 +197,63 @@ def test_validate_with_compressed_tensors_installed_runs() -> None:
     pytest.importorskip("compressed_tensors")
     proc = wc("lint", str(SAMPLE_CT), "--validate-with", "compressed-tensors")
     assert proc.returncode in (0, 1) and "Traceback" not in proc.stderr, proc.stderr
+
+
+# ---- item 6: a local-looking typo never leaves the machine; a Hub lookup says both were tried ---------
+@pytest.fixture
+def hub(monkeypatch: pytest.MonkeyPatch, tmp_path: Path):
+    pytest.importorskip("huggingface_hub")
+    from hubserver import HubServer
+
+    server = HubServer().start()
+    monkeypatch.setenv("HF_ENDPOINT", server.url)
+    monkeypatch.setenv("HF_HUB_CACHE", str(tmp_path / "hf-cache"))
+    monkeypatch.delenv("HF_HUB_OFFLINE", raising=False)
+    monkeypatch.delenv("HF_TOKEN", raising=False)
+    try:
+        yield server
+    finally:
+        server.stop()
+
+
+@pytest.mark.parametrize("spec", ["ck/nope", "ck/nope@main", "typo/config.json", "typo/model.safetensors"])
+def test_a_local_looking_typo_says_no_such_file_and_asks_no_hub(hub, make_ckpt, tmp_path, monkeypatch, spec) -> None:
+    from weightcheck.lint import lint
+
+    hub.add("ck/nope", make_ckpt("llama"))  # the same spelling on the Hub must not be what gets linted
+    work = tmp_path / "work"
+    (work / "ck").mkdir(parents=True)
+    monkeypatch.chdir(work)
+    result = lint(spec)
+    assert result.nothing_checked and not result.findings
+    assert any("no such file or directory" in n and "a local path" in n for n in result.notes), result.notes
+    assert hub.requests == []
+
+
+def test_a_repo_id_with_no_local_candidate_goes_to_the_hub_and_says_both_were_tried(hub, tmp_path, monkeypatch):
+    from weightcheck.lint import lint
+
+    monkeypatch.chdir(tmp_path)
+    result = lint("acme/absent")
+    assert result.nothing_checked
+    note = " ".join(result.notes)
+    assert "no such local file or directory" in note and "hf://acme/absent" in note, note
+    assert hub.requests
+
+
+def test_hf_uri_is_always_the_hub_even_when_a_local_folder_shares_the_first_name(hub, make_ckpt, tmp_path, monkeypatch):
+    from weightcheck.lint import lint
+
+    hub.add("ck/model", make_ckpt("llama"))
+    (tmp_path / "ck").mkdir()
+    monkeypatch.chdir(tmp_path)
+    result = lint("hf://ck/model")
+    assert not result.nothing_checked and result.checked["shards"] > 0 and result.exit_code() == 0
+    assert lint("ck/model").nothing_checked  # the bare spelling is the local folder's typo
+
+
+def test_cli_typo_message(tmp_path: Path) -> None:
+    (tmp_path / "ck").mkdir()
+    proc = wc("lint", "ck/nope", cwd=tmp_path, env={"HF_ENDPOINT": "http://127.0.0.1:9"})
+    assert proc.returncode == 3
+    assert "no such file or directory" in proc.stdout + proc.stderr and "cannot list" not in proc.stdout

@@ -316,7 +316,13 @@ def lint(
 ) -> None:
     """Lint checkpoints: a directory, a .safetensors file, a config.json (config-only), an index file (its
     folder), or org/name[@rev] in the local Hugging Face cache. Several targets (as pre-commit passes them)
-    give one report. Header-only unless --content is given."""
+    give one report; targets naming the same checkpoint lint it once, whole. Header-only unless --content is
+    given.
+
+    \b
+    Local path or Hub repo: an existing path is local; hf://org/name is the Hub. A missing org/name is a
+    local typo (no Hub request) when it starts with ./ ../ / or ~, its first component exists here, or it
+    ends in .json/.safetensors/.jsonl/.toml; otherwise the HF cache, then the Hub, are tried."""
     from weightcheck.collapse import full_lists
     from weightcheck.deps import require
     from weightcheck.lint import lint_many

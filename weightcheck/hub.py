@@ -65,7 +65,7 @@ def parse_target(spec: str, revision: str | None = None) -> HubTarget | None:
     spec = re.sub(r"^hf:/+", "hf://", str(spec))
     m = _HF_URI.match(spec)
     if m is None:
-        if Path(spec).exists():
+        if Path(spec).exists() or local_looking(spec):
             return None
         m = _REPO_ID.match(spec)
         if m is None:
@@ -75,6 +75,35 @@ def parse_target(spec: str, revision: str | None = None) -> HubTarget | None:
     if any(p in ("..", ".") for p in parts):
         return None
     return HubTarget(m.group("repo"), m.group("rev") or revision, "/".join(parts))
+
+
+# File extensions of what weightcheck reads locally: `ck/config.json` is a path, never the repo "ck/config.json".
+LOCAL_EXTENSIONS = (".json", ".safetensors", ".jsonl", ".toml")
+
+
+def local_looking(spec: str) -> str | None:
+    """Why `spec` is a local path even though it does not exist (a typo must say "no such file or directory",
+    not leave the machine as a Hub request), or None when it may be a Hub repo id.
+
+    Local-looking: it starts with `./`, `../`, `/` or `~` (or is `.`/`..`); it holds a backslash; its first
+    component exists here (`ck/nope` while `ck/` exists); or it ends in a file extension weightcheck reads
+    (.json, .safetensors, .jsonl, .toml). Only `hf://...` is always a repo."""
+    if spec.startswith("hf:/"):
+        return None
+    if spec in (".", ".."):
+        return f"it is {spec}"
+    for prefix in ("./", "../", "/", "~"):
+        if spec.startswith(prefix):
+            return f"it starts with {prefix}"
+    if "\\" in spec:
+        return "it holds a backslash"
+    first = spec.split("/", 1)[0]
+    if "/" in spec and first and os.path.lexists(first):
+        return f"{first!r} exists here"
+    name = spec.split("@", 1)[0]
+    if name.lower().endswith(LOCAL_EXTENSIONS):
+        return f"it ends in {Path(name).suffix}"
+    return None
 
 
 def _endpoint() -> str | None:
@@ -337,6 +366,20 @@ def resolve(spec: str | os.PathLike[str], *, needs_data: bool, download_ok: bool
     target = parse_target(text, revision)
     if target is None:
         return Resolved(path=Path(text))
+    if not re.match(r"^hf:/", text):
+        # Not `hf://`: the spec was also a local candidate, and none exists. Every message says both were tried.
+        try:
+            return _resolve_repo(text, target, needs_data=needs_data, download_ok=download_ok, what=what)
+        except HubError as exc:
+            raise HubError(
+                f"{text}: no such local file or directory, and as the Hub repo {target.uri}: "
+                f"{str(exc).removeprefix(f'{text}: ').removeprefix(f'{target.uri}: ')}"
+            ) from None
+    return _resolve_repo(text, target, needs_data=needs_data, download_ok=download_ok, what=what)
+
+
+def _resolve_repo(text: str, target: HubTarget, *, needs_data: bool, download_ok: bool, what: str) -> Resolved:
+    """`resolve` for a spec that names a Hub repo."""
     cached = cached_snapshot(target)
     if cached is not None and snapshot_complete(cached):
         return Resolved(path=cached, note=f"{text}: using the cached snapshot {cached}")

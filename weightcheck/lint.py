@@ -178,12 +178,12 @@ def _lint(path: Path, select: Iterable[str], ignore: Iterable[str], options: dic
         result.notes.append(resolved.note)
     if resolved.source is None and not resolved.path.exists():  # type: ignore[union-attr]
         result.nothing_checked = True
-        from weightcheck.deps import installed
+        from weightcheck.hub import local_looking
 
-        hint = "" if installed("huggingface_hub") else "; Hub repo ids need: pip install 'weightcheck[hub]'"
-        result.notes.append(
-            f"{path}: no such file or directory (nor a repo id in the local Hugging Face cache){hint}"
-        )
+        why_local = local_looking(str(path))
+        # A typo'd local path is never sent to the Hub, and the user hears why it was taken as local.
+        why = f" (a local path: {why_local}; hf://{path} would name a Hub repo)" if why_local else ""
+        result.notes.append(f"{path}: no such file or directory{why}")
         return result
     if resolved.path is not None:
         path = resolved.path

@@ -24,9 +24,11 @@ class GitUnavailable(Exception):
 def deleted_files(cwd: Path | None = None) -> list[str]:
     """Files deleted by the change being checked: the staged diff, or FROM..TO when pre-commit runs on a
     range (`pre-commit run --from-ref A --to-ref B` exports PRE_COMMIT_FROM_REF / PRE_COMMIT_TO_REF)."""
-    span = [os.environ["PRE_COMMIT_FROM_REF"] + "..." + os.environ["PRE_COMMIT_TO_REF"]] if (
-        os.environ.get("PRE_COMMIT_FROM_REF") and os.environ.get("PRE_COMMIT_TO_REF")
-    ) else ["--cached"]
+    span = (
+        [os.environ["PRE_COMMIT_FROM_REF"] + "..." + os.environ["PRE_COMMIT_TO_REF"]]
+        if (os.environ.get("PRE_COMMIT_FROM_REF") and os.environ.get("PRE_COMMIT_TO_REF"))
+        else ["--cached"]
+    )
     try:
         proc = subprocess.run(
             ["git", "diff", *span, "--name-only", "--no-renames", "--diff-filter=D", "-z"],
