@@ -11,8 +11,8 @@ FIX_TEXTS: dict[str, str] = {
     "download is the usual cause",
     "WC102": "re-export the shard with the safetensors library; never hand-edit a header",
     "WC103": "re-export the shard with the safetensors library (its writer lays out offsets from dtype × shape)",
-    "WC105": "add the shard's tensors to the index (`weightcheck lint --fix` when they belong to the model), or "
-    "delete the stray file",
+    "WC105": "add the shard's tensors to the index by hand when they belong to the model, or delete the stray "
+    "file (which one is right is not mechanical: `lint --fix` leaves it)",
     "WC106": "restore the missing shard files, or remove the files of the other export",
     "WC107": "write a complete config.json (save_pretrained writes one) with model_type, architectures and "
     "num_hidden_layers",

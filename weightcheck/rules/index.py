@@ -60,8 +60,8 @@ def indexed_shard_missing(ctx: LintContext) -> None:
     summary="An index entry points at a shard that does not contain that tensor (a ghost entry).",
     bad='"mtp.fc.weight": "model-00012-of-00012.safetensors"   (the shard has no mtp.fc.weight)',
     good="Each weight_map key is present in the header of the shard it names.",
-    fix="Re-export the tensor into the shard; if it lives in another shard, point the index entry there "
-    "(`weightcheck lint --fix` does that).",
+    fix="Re-export the tensor into the shard, or point the index entry at the shard that holds it "
+    "(`weightcheck lint --fix` repoints an entry whose tensor sits in exactly one other shard).",
     implies=LOST_TENSOR_FOLLOW_ONS,
 )
 def indexed_key_not_in_shard(ctx: LintContext) -> None:
@@ -89,10 +89,20 @@ def indexed_key_not_in_shard(ctx: LintContext) -> None:
             tensor=summarize(keys, limit=3),
             count=len(keys),
             details={"tensors": sorted(keys)[:1000], "found_in": list(elsewhere)},
-            fix=f"point the entries at {elsewhere[0]} (`weightcheck lint --fix` does it)"
-            if len(elsewhere) == 1
-            else "",
+            fix=_ghost_fix(shard, elsewhere),
         )
+
+
+def _ghost_fix(shard: str, elsewhere: tuple[str, ...]) -> str:
+    """What to do about ghost entries: only a tensor held by exactly one other shard is mechanical (--fix)."""
+    if len(elsewhere) == 1:
+        return f"point the entries at {elsewhere[0]} (`weightcheck lint --fix` does it)"
+    if elsewhere:
+        return "keep one copy of each tensor (see WC204) and point its entry at that shard; --fix cannot choose one"
+    return (
+        f"re-export the lost tensor(s) into {shard}; if the model must not have them, delete their weight_map "
+        "entries by hand (a lost tensor is not a mechanical fix: `lint --fix` leaves it alone)"
+    )
 
 
 @rule(
@@ -290,7 +300,9 @@ def index_invalid(ctx: LintContext) -> None:
     if doc is None:
         return
     if doc.error:
-        ctx.report(f"{INDEX_NAME}: {doc.error}", file=INDEX_NAME)
+        refused = doc.error.startswith("refused to open: ")
+        fix = f"replace {INDEX_NAME} by a regular file inside the checkpoint folder (a copy of what it points at)"
+        ctx.report(f"{INDEX_NAME}: {doc.error}", file=INDEX_NAME, fix=fix if refused else "")
         return
     data = doc.data
     if not isinstance(data, dict):

@@ -3,11 +3,12 @@
 from __future__ import annotations
 
 import json
+import re
 from collections import defaultdict
 
 from weightcheck.collapse import ids_pattern, summarize
 from weightcheck.findings import Severity
-from weightcheck.fixes import covering_entries
+from weightcheck.fixes import covering_entries, ignore_entries
 from weightcheck.quant.analysis import PARAM_SUFFIXES, QuantAnalysis, analyze_checkpoint, is_class_entry, regex_error
 from weightcheck.quant.config import WeightScheme, packed_width, validate_ct
 from weightcheck.quant.inventory import ModuleInfo
@@ -208,17 +209,35 @@ def ignore_entry_is_parameter(ctx: LintContext) -> None:
     for entry in qa.spec.ignore:
         if regex_error(entry) or not _looks_like_param(qa, entry):
             continue
-        module_form = entry
-        if entry.startswith("re:") and entry.endswith(r"\..*"):
-            module_form = entry[: -len(r"\..*")] + r"($|\..*)"
-        elif not entry.startswith("re:"):
-            module_form = entry.rsplit(".", 1)[0]
+        forms = _module_forms(qa, entry)
+        use = " + ".join(repr(f) for f in forms)
         ctx.report(
             f"ignore entry {entry!r} names parameters: engines matching modules ignore nothing with it "
-            f"(only parameter-level online quantizers honour it); use {module_form!r}",
+            f"(only parameter-level online quantizers honour it); use {use}",
             file=CONFIG_FILE,
             tensor=entry,
+            fix=f"replace {entry!r} by {use} in the ignore list (matched by module- and parameter-name readers)",
+            details={"entry": entry, "replace_by": forms},
         )
+
+
+def _module_forms(qa: QuantAnalysis, entry: str) -> list[str]:
+    """The entries that name the modules whose parameters `entry` matches, for module- and parameter-name
+    readers alike. Derived from what the entry matches, so the suggestion always differs from it (a
+    `re:.*mlp.gate.weight$` entry has no `\\..*` tail to rewrite) and is checked to match those modules."""
+    if entry.startswith("re:") and entry.endswith(r"\..*"):
+        form = entry[: -len(r"\..*")] + r"($|\..*)"  # keep the user's own spelling when it converts as is
+        assert qa.inventory is not None
+        try:
+            pattern = re.compile(form[3:])
+        except re.error:  # `re:(a\..*)` loses its closing paren: derive the form instead
+            pattern = None
+        if pattern is not None and any(pattern.match(module) for module in qa.inventory.modules):
+            return [form]
+    if not entry.startswith("re:"):
+        return [entry.rsplit(".", 1)[0]]
+    modules = sorted({param.rsplit(".", 1)[0] for param in qa.regex_matches(entry, "param")})
+    return [form for form in ignore_entries(modules) if form != entry] or [entry]
 
 
 @rule(
