@@ -53,7 +53,8 @@ def _lost(path: Path) -> None:
 def _misplaced(path: Path) -> None:
     index = read_index(path)
     moved = "model.layers.0.mlp.up_proj.weight"
-    index["weight_map"][moved] = next(s for s in sorted(set(index["weight_map"].values())) if s != index["weight_map"][moved])
+    real = index["weight_map"][moved]
+    index["weight_map"][moved] = next(s for s in sorted(set(index["weight_map"].values())) if s != real)
     write_index(path, index)
 
 
