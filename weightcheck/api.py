@@ -31,10 +31,16 @@ ConfigArg = PathLike | bool | None
 
 
 def _settings(
-    target: Path | None, config: ConfigArg, command: str, select: Iterable[str] | None, ignore: Iterable[str] | None
+    target: Path | None,
+    config: ConfigArg,
+    command: str,
+    select: Iterable[str] | None,
+    ignore: Iterable[str] | None,
+    fail_on: str | Severity | None = None,
+    consumers: Iterable[str] | None = None,
 ) -> Settings:
     from weightcheck.rules import check_selectors
-    from weightcheck.settings import Settings, load_settings
+    from weightcheck.settings import Settings, SettingsError, check_consumers, load_settings
 
     if config is False:
         settings = Settings()
@@ -45,14 +51,39 @@ def _settings(
         settings.select = [select] if isinstance(select, str) else list(select)
     if ignore is not None:
         settings.ignore = [*settings.ignore, *([ignore] if isinstance(ignore, str) else list(ignore))]
+    if fail_on is not None:
+        settings.fail_on = fail_on.label if isinstance(fail_on, Severity) else fail_on
+    if consumers is not None:
+        try:
+            settings.consumers = check_consumers([consumers] if isinstance(consumers, str) else list(consumers))
+        except SettingsError as exc:
+            raise ValueError(str(exc)) from None
     Severity.parse(settings.fail_on)  # a bad config value is an error here too
     check_selectors(settings.select, settings.ignore, command=command)
     return settings
 
 
-def _noted(result: Result, settings: Settings) -> Result:
+def _noted(
+    result: Result, settings: Settings, baseline: PathLike | None = None, write_baseline: PathLike | None = None
+) -> Result:
+    """What the CLI's `finish` does besides rendering: fix texts, the settings note, the run's fail-on
+    threshold, and the baseline (`baseline=` hides known findings; `write_baseline=` records them)."""
+    from weightcheck.triage import BaselineError, apply_baseline, fill_fix_texts, read_baseline
+    from weightcheck.triage import write_baseline as record_baseline
+
+    fill_fix_texts(result.findings)
     if settings.not_applied:
         result.notes.append(settings.not_applied_note())
+    result.fail_on = Severity.parse(settings.fail_on)
+    known = baseline if baseline is not None else settings.baseline
+    if write_baseline is not None:
+        record_baseline(result, Path(write_baseline))
+        result.notes.append(f"{len(result.findings)} finding(s) written to the baseline {write_baseline}")
+    elif known:
+        try:
+            apply_baseline(result, read_baseline(Path(known)))
+        except BaselineError as exc:
+            raise ValueError(str(exc)) from None
     return result
 
 
@@ -67,31 +98,75 @@ def lint(
     against_manifest: PathLike | None = None,
     progress: bool = False,
     config: ConfigArg = None,
+    fail_on: str | Severity | None = None,
+    consumers: Iterable[str] | None = None,
+    baseline: PathLike | None = None,
+    write_baseline: PathLike | None = None,
+    validate_with: str | None = None,
+    revision: str | None = None,
+    download: bool = False,
+    ray: str | None = None,
+    fix: bool = False,
+    fix_diff: bool = False,
 ) -> Result:
     """`weightcheck lint TARGET...`: a checkpoint folder, a .safetensors file, a config.json, an index file,
-    or several of them (one Result). Header-only unless `content=True` (needs `weightcheck[content]`)."""
+    or several of them (one Result). Header-only unless `content=True` (needs `weightcheck[content]`).
+
+    `fix=True` writes the mechanical JSON fixes and lints again; with `fix_diff=True` nothing is written and
+    the planned edits are returned as unified diffs in `result.notes` (prefixed "fix --diff:")."""
     from weightcheck.lint import lint_many
     from weightcheck.progress import choose_mode
 
     targets = [Path(target)] if isinstance(target, (str, os.PathLike)) else [Path(t) for t in target]
     if not targets:
         raise ValueError("lint needs at least one target")
-    settings = _settings(targets[0], config, "lint", select, ignore)
+    settings = _settings(targets[0], config, "lint", select, ignore, fail_on, consumers)
     if (hash_out or against_manifest) and not content:
         raise ValueError("hash_out and against_manifest need content=True")
-    if content:
-        from weightcheck.deps import require
+    if ray is not None and not content:
+        raise ValueError("ray needs content=True (header-only lint reads kilobytes: nothing to distribute)")
+    if fix_diff and not fix:
+        raise ValueError("fix_diff needs fix=True")
+    if (fix or fix_diff) and len(targets) != 1:
+        raise ValueError("fix takes one checkpoint at a time")
+    validator = validate_with or settings.validate_with
+    if validator not in (None, "mirror", "compressed-tensors"):
+        raise ValueError(f"validate_with must be mirror or compressed-tensors, not {validator!r}")
+    from weightcheck.deps import require
 
+    if content:
         require("lint(content=True)", "content", ("torch", "numpy"))
+    if validator == "compressed-tensors":
+        require("lint(validate_with='compressed-tensors')", "quant", ("compressed_tensors",))
+    if ray is not None:
+        from weightcheck.distributed import require_ray
+
+        require_ray()
     options: dict[str, Any] = {
         "pattern": pattern or settings.pattern,
+        "validate_with": validator,
         "content": content,
         "hash_out": Path(hash_out) if hash_out else None,
         "against_manifest": Path(against_manifest) if against_manifest else None,
         "progress": choose_mode(None) if progress else None,
+        "revision": revision,
+        "download": download,
+        "ray": ray,
+        "per_tensor_ignores": settings.per_tensor_ignores,
         "consumers": settings.consumers,  # `consumers = [...]` reaches the rules as on the CLI
     }
-    return _noted(lint_many(targets, select=settings.select, ignore=settings.ignore, options=options), settings)
+
+    def run() -> Result:
+        return lint_many(targets, select=settings.select, ignore=settings.ignore, options=options)
+
+    result = run()
+    if fix:
+        from weightcheck.fixes import fix_checkpoint
+
+        result, edits = fix_checkpoint(targets[0], result, run, write=not fix_diff)
+        if fix_diff:
+            result.notes.extend(f"fix --diff:\n{edit.diff()}" for edit in edits or [])
+    return _noted(result, settings, baseline, write_baseline)
 
 
 def diff(
@@ -105,6 +180,12 @@ def diff(
     ignore: Iterable[str] | None = None,
     progress: bool = False,
     config: ConfigArg = None,
+    fail_on: str | Severity | None = None,
+    consumers: Iterable[str] | None = None,
+    baseline: PathLike | None = None,
+    write_baseline: PathLike | None = None,
+    download: bool = False,
+    ray: str | None = None,
 ) -> Result:
     """`weightcheck diff REFERENCE CANDIDATE`: tensor by tensor (needs `weightcheck[content]`). `maps` are
     map files or inline `a.* -> b.*` rules, `policy` a policy file, `allow_skip` globs or `re:` patterns."""
@@ -112,9 +193,14 @@ def diff(
     from weightcheck.diff import DiffOptions, load_name_map
     from weightcheck.diff import diff as run_diff
     from weightcheck.progress import choose_mode
+    from weightcheck.skiplist import check_entries
 
     ref, cand = Path(reference), Path(candidate)
-    settings = _settings(ref, config, "diff", select, ignore)
+    settings = _settings(ref, config, "diff", select, ignore, fail_on, consumers)
+    if ray is not None:
+        from weightcheck.distributed import require_ray
+
+        require_ray()
     if ref.exists() and cand.exists():
         from weightcheck.deps import require
 
@@ -123,12 +209,14 @@ def diff(
     options = DiffOptions(
         maps=[rule for spec in (*settings.map, *maps) for rule in load_name_map(spec, base_dir)],
         policy_rules=load_policy(Path(policy)) if policy else [],
-        allow_skip=[*settings.allow_skip, *allow_skip],
+        allow_skip=check_entries([*settings.allow_skip, *allow_skip]),
         select=settings.select,
         ignore=settings.ignore,
         progress=choose_mode(None) if progress else False,
+        download=download,
+        ray=ray,
     )
-    return _noted(run_diff(ref, cand, options), settings)
+    return _noted(run_diff(ref, cand, options), settings, baseline, write_baseline)
 
 
 def verify(
@@ -142,13 +230,45 @@ def verify(
     select: Iterable[str] | None = None,
     ignore: Iterable[str] | None = None,
     config: ConfigArg = None,
+    fail_on: str | Severity | None = None,
+    consumers: Iterable[str] | None = None,
+    baseline: PathLike | None = None,
+    write_baseline: PathLike | None = None,
+    download: bool = False,
+    trainer_pp: int | None = None,
+    trainer_vp: int | None = None,
+    trainer_first_stage_layers: int | None = None,
+    trainer_last_stage_layers: int | None = None,
+    trainer_layout: str | None = None,
+    trainer_ep: int | None = None,
+    wait: float = 0.0,
+    expect_records: int | None = None,
 ) -> Result:
     """`weightcheck verify RECORDS --against REF`: the tap's sync records against a checkpoint or trainer
-    manifests. `sync` is a sync number or "latest"; `trainer` a `weightcheck.verify.TrainerLayout`."""
+    manifests. `sync` is a sync number or "latest"; `trainer` a `weightcheck.verify.TrainerLayout`, or its
+    fields as the CLI's `trainer_pp=`... keywords. `skip` entries are globs or `re:` regexes (as allow-skip).
+    `expect_records=N` waits up to `wait` seconds for N rank records, then reports WC734 if fewer came."""
+    import time
+
+    from weightcheck.skiplist import check_entries
+    from weightcheck.verify import TrainerLayout, count_records
     from weightcheck.verify import verify as run_verify
 
     root = Path(records)
-    settings = _settings(root, config, "verify", select, ignore)
+    settings = _settings(root, config, "verify", select, ignore, fail_on, consumers)
+    fields = {
+        "pp_size": trainer_pp,
+        "vp_size": trainer_vp,
+        "first_stage_layers": trainer_first_stage_layers,
+        "last_stage_layers": trainer_last_stage_layers,
+        "layout": trainer_layout,
+        "ep_size": trainer_ep,
+    }
+    if any(v is not None for v in fields.values()):
+        if trainer is not None:
+            raise ValueError("pass trainer= or the trainer_* keywords, not both")
+        trainer = TrainerLayout(**fields)
+    skip_entries = check_entries([*settings.allow_skip, *skip])
     if against is None or isinstance(against, (str, os.PathLike)):
         from weightcheck.deps import require_verify_deps
 
@@ -161,6 +281,23 @@ def verify(
         weight_version=weight_version,
         sync=sync,
         trainer=trainer,
-        skip=[*settings.allow_skip, *skip],
+        skip=skip_entries,
+        download=download,
     )
-    return _noted(result, settings)
+    if expect_records is not None:
+        deadline = time.monotonic() + max(0.0, wait)
+        while count_records(root, weight_version) < expect_records and time.monotonic() < deadline:
+            time.sleep(0.2)
+        found = count_records(root, weight_version)
+        if found < expect_records:
+            from weightcheck.findings import Finding
+
+            result.findings.append(
+                Finding(
+                    code="WC734",
+                    name="sync-ranks-incomplete",
+                    severity=Severity.ERROR,
+                    message=f"only {found} of {expect_records} rank records arrived within {wait:g}s",
+                )
+            )
+    return _noted(result, settings, baseline, write_baseline)

@@ -394,31 +394,16 @@ def _pre_commit_targets(passed: tuple[Path, ...]) -> tuple[Path, ...]:
 def _fix(target: Path, result: Result, output: Any, relint: Callable[[], Result]) -> Result:
     """`lint --fix [--diff]`: plan the JSON edits the findings call for; print them (--diff, then exit 1
     when there are any) or write them and lint again, so the report shows what is left."""
-    from weightcheck.fixes import apply_fixes, plan_fixes
-    from weightcheck.hub import cached_snapshot, parse_target
+    from weightcheck.fixes import fix_checkpoint
 
     if not _meta("fix"):
         raise click.UsageError("--diff needs --fix")
-    hub_target = None if target.exists() else parse_target(str(target))
-    # A remote repo is never edited; a cached snapshot is (its JSON files, inside the snapshot folder).
-    root = target if hub_target is None else cached_snapshot(hub_target)
-    if root is None or result.nothing_checked:
-        return result
-    root = root if root.is_dir() else root.parent
-    edits, _ = plan_fixes(root, result)
-    if _meta("fix_diff"):
+    result, edits = fix_checkpoint(target, result, relint, write=not _meta("fix_diff"))
+    if _meta("fix_diff") and edits is not None:
         for edit in edits:
             output.write(edit.diff())
         output.flush()
         sys.exit(1 if edits else 0)
-    done, refused = apply_fixes(root, edits)
-    if done:
-        result = relint()
-        result.notes[:0] = [f"fixed: {what}" for what in done]
-    from weightcheck.triage import fill_fix_texts
-
-    fill_fix_texts(refused)
-    result.findings.extend(refused)
     return result
 
 

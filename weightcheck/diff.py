@@ -158,11 +158,11 @@ def map_name(name: str, rules: Iterable[NameMapRule]) -> str:
 
 
 def skip_allowed(name: str, patterns: Iterable[str]) -> str | None:
-    """The first `--allow-skip` pattern (glob with `*`, or `re:` regex) matching the whole name."""
-    for pattern in patterns:
-        if _glob_regex(pattern, capture=False).fullmatch(name):
-            return pattern
-    return None
+    """The first `--allow-skip` pattern (glob, or `re:` regex) matching the whole name: the syntax verify's
+    `--skip` shares (weightcheck.skiplist)."""
+    from weightcheck.skiplist import first_match
+
+    return first_match(name, patterns)
 
 
 # ---- logical view of a checkpoint ---------------------------------------------------------------

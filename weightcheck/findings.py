@@ -133,6 +133,9 @@ class Result:
     # The folder finding files are relative to: the checkpoint folder (lint), "" for paths relative to the
     # working directory (several targets), None when the reporter should use `target`.
     root: str | None = None
+    # The lowest severity that fails this run (the API's `fail_on=` or the settings file's `fail-on`):
+    # `exit_code()` without an argument uses it, so a Result judges itself as the CLI would.
+    fail_on: Severity = Severity.ERROR
 
     def counts(self) -> dict[str, int]:
         out = {s.label: 0 for s in sorted(Severity, reverse=True)}
@@ -145,14 +148,18 @@ class Result:
         """False when the run checked nothing or weightcheck itself failed (WC000): not a verdict either way."""
         return not self.nothing_checked and not any(f.code == INTERNAL_ERROR_CODE for f in self.findings)
 
-    def exit_code(self, fail_on: Severity = Severity.ERROR, exit_zero: bool = False) -> int:
+    def exit_code(self, fail_on: Severity | str | None = None, exit_zero: bool = False) -> int:
+        """0 clean, 1 findings at/above `fail_on` (a Severity or "error"/"warning"/"info"; default: the
+        run's own), 2 internal error, 3 nothing checked (whatever `exit_zero` says)."""
+        threshold = self.fail_on if fail_on is None else fail_on
+        threshold = Severity.parse(threshold) if isinstance(threshold, str) else threshold
         if any(f.code == INTERNAL_ERROR_CODE for f in self.findings):
             return EXIT_ERROR
         if self.nothing_checked:
             return EXIT_NOTHING_CHECKED
         if exit_zero:
             return EXIT_CLEAN
-        if any(f.severity >= fail_on for f in self.findings):
+        if any(f.severity >= threshold for f in self.findings):
             return EXIT_FINDINGS
         return EXIT_CLEAN
 

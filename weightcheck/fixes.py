@@ -17,7 +17,7 @@ import json
 import os
 import re
 import tempfile
-from collections.abc import Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -239,3 +239,31 @@ def apply_fixes(root: Path, edits: list[FileEdit]) -> tuple[list[str], list[Find
             raise
         done.extend(edit.what)
     return done, refused
+
+
+def fix_checkpoint(
+    target: Path, result: Result, relint: Callable[[], Result], *, write: bool = True
+) -> tuple[Result, list[FileEdit] | None]:
+    """`lint --fix` for the CLI and the API alike: plan the JSON edits `result`'s findings call for; with
+    `write`, apply them and lint again (`relint`), so the result shows what is left. Returns the result
+    and the planned edits (`write=False`: `--fix --diff`, nothing written, `result` unchanged); None when
+    nothing could be planned (a remote repo, or a run that checked nothing)."""
+    from weightcheck.hub import cached_snapshot, parse_target
+    from weightcheck.triage import fill_fix_texts
+
+    hub_target = None if target.exists() else parse_target(str(target))
+    # A remote repo is never edited; a cached snapshot is (its JSON files, inside the snapshot folder).
+    root = target if hub_target is None else cached_snapshot(hub_target)
+    if root is None or result.nothing_checked:
+        return result, None
+    root = root if root.is_dir() else root.parent
+    edits, _ = plan_fixes(root, result)
+    if not write:
+        return result, edits
+    done, refused = apply_fixes(root, edits)
+    if done:
+        result = relint()
+        result.notes[:0] = [f"fixed: {what}" for what in done]
+    fill_fix_texts(refused)
+    result.findings.extend(refused)
+    return result, edits

@@ -22,7 +22,6 @@ entry point a training loop calls right after a push: it raises `WeightSyncError
 
 from __future__ import annotations
 
-import fnmatch
 import os
 import re
 import time
@@ -37,6 +36,7 @@ from weightcheck.collapse import format_ranges, summarize
 from weightcheck.digest import SHA256, ManifestError, TensorDigest
 from weightcheck.findings import EXIT_FINDINGS, Finding, Location, Result, Severity
 from weightcheck.rules import all_rules, matches_selector
+from weightcheck.skiplist import first_match
 from weightcheck.structure import EXPERT_COUNT_KEYS, QUANT_COMPANIONS, parse_index
 from weightcheck.tap.records import (
     CallEntry,
@@ -513,7 +513,7 @@ class _SyncChecker:
         return self.ref.in_algorithm(digest.algorithm)
 
     def _skipped(self, name: str) -> bool:
-        return any(fnmatch.fnmatchcase(name, pattern) for pattern in self.skip)
+        return first_match(name, self.skip) is not None  # glob or `re:`, as diff reads allow-skip
 
     def _add(self, code: str, message: str, **kw: Any) -> None:
         details = kw.pop("details", None) or {}

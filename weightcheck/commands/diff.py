@@ -67,6 +67,7 @@ def diff(
     from weightcheck.diff import DiffOptions, NameMapError, internal_error, load_name_map
     from weightcheck.diff import diff as run_diff
     from weightcheck.progress import choose_mode
+    from weightcheck.skiplist import check_entries
 
     check_ray(ray_address)
     settings = resolve_settings(
@@ -76,14 +77,15 @@ def diff(
     try:
         name_maps = [rule for spec in (*settings.map, *maps) for rule in load_name_map(spec, base_dir)]
         policy_rules = load_policy(policy_path) if policy_path else []
-    except (NameMapError, PolicyError) as exc:
+        skip_entries = check_entries([*settings.allow_skip, *allow_skip])
+    except (NameMapError, PolicyError, ValueError) as exc:
         raise click.UsageError(str(exc)) from None
     if reference.exists() and candidate.exists():  # a missing path is exit 3 below, not a dependency error
         require("diff", "content", ("torch", "numpy"))
     options = DiffOptions(
         maps=name_maps,
         policy_rules=policy_rules,
-        allow_skip=[*settings.allow_skip, *allow_skip],
+        allow_skip=skip_entries,
         select=settings.select,
         ignore=settings.ignore,
         progress=choose_mode(progress),

@@ -42,7 +42,8 @@ def _sync_choice(value: str | None) -> int | str | None:
 @click.option("--trainer-last-stage-layers", type=int, default=None, help="Layers on the trainer's last stage.")
 @click.option("--trainer-layout", default=None, help="Megatron pipeline_model_parallel_layout string.")
 @click.option("--trainer-ep", type=int, default=None, help="Trainer expert-parallel size (names the EP rank).")
-@click.option("--skip", multiple=True, help="Tensor/parameter names (glob) to leave out of every check. Repeatable.")
+@click.option("--skip", multiple=True, help="Tensor/parameter names (glob, or `re:REGEX`; whole name, as allow-skip) "
+              "to leave out of every check. Repeatable.")  # fmt: skip
 @click.option("--wait", type=float, default=0.0, help="Seconds to wait for --expect-records records to land.")
 @click.option("--expect-records", type=int, default=None, help="Rank records the selected sync must have.")
 @click.option("--download", is_flag=True, help="An --against repo id not fully cached is downloaded into the HF cache.")
@@ -88,6 +89,12 @@ def verify(
         records, config_path, command="verify", select=select, ignore=ignore, fail_on=fail_on, fmt=fmt
     )
     require_verify_deps(records, against)
+    from weightcheck.skiplist import check_entries
+
+    try:
+        skip_entries = check_entries([*settings.allow_skip, *skip])
+    except ValueError as exc:
+        raise click.UsageError(str(exc)) from None
     sync = _sync_choice(sync_choice)
     trainer = TrainerLayout(
         pp_size=trainer_pp,
@@ -111,7 +118,7 @@ def verify(
                 weight_version=weight_version,
                 sync=sync,
                 trainer=trainer,
-                skip=[*settings.allow_skip, *skip],
+                skip=skip_entries,
                 download=download,
             )
         if expect_records is not None:
