@@ -257,3 +257,20 @@ def test_cli_typo_message(tmp_path: Path) -> None:
     proc = wc("lint", "ck/nope", cwd=tmp_path, env={"HF_ENDPOINT": "http://127.0.0.1:9"})
     assert proc.returncode == 3
     assert "no such file or directory" in proc.stdout + proc.stderr and "cannot list" not in proc.stdout
+
+
+def test_several_shards_and_the_index_of_one_folder_are_one_checkpoint(lost_shard: Path) -> None:
+    """What pre-commit passes after a re-export: every changed shard and the index, file by file."""
+    result = lint_many([*shards(lost_shard)[:3], lost_shard / "model.safetensors.index.json"])
+    assert result.checked["targets"] == 1 and result.checked["shards"] == len(shards(lost_shard))
+    assert "WC201" in {f.code for f in result.findings}
+
+
+def test_a_stray_file_beside_an_index_lints_the_folder_with_it(lost_shard: Path) -> None:
+    import torch
+    from safetensors.torch import save_file
+
+    save_file({"model.extra.weight": torch.zeros(2, 2)}, str(lost_shard / "extra.safetensors"), {"format": "pt"})
+    result = lint_many([lost_shard / "config.json", lost_shard / "extra.safetensors"])
+    assert result.checked["targets"] == 1
+    assert {"WC105", "WC201"} <= {f.code for f in result.findings}

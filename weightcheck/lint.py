@@ -9,7 +9,7 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
-from weightcheck.checkpoint import CONFIG_NAME, load_checkpoint
+from weightcheck.checkpoint import CONFIG_NAME, INDEX_NAME, load_checkpoint
 from weightcheck.findings import Result, internal_error
 from weightcheck.rules import LintContext, Rule, all_rules, matches_selector, run_rules
 
@@ -125,8 +125,8 @@ def _whole_folder(path: Path) -> Path | None:
         return path
     if path.name.endswith(INDEX_SUFFIX):
         return path.parent
-    if path.suffix == ".safetensors" and _indexed_elsewhere(path):
-        return path.parent
+    if path.suffix == ".safetensors" and (_indexed_elsewhere(path) or (path.parent / INDEX_NAME).exists()):
+        return path.parent  # a shard, or a stray file beside an index (WC105): the folder is the checkpoint
     return None
 
 
@@ -144,7 +144,7 @@ INDEX_SUFFIX = ".safetensors.index.json"
 
 def _indexed_elsewhere(path: Path) -> bool:
     """True when an index beside `path` lists it among other shards (then a one-file lint would be partial)."""
-    from weightcheck.checkpoint import INDEX_NAME, _read_json, json_limit
+    from weightcheck.checkpoint import _read_json, json_limit
 
     index = path.parent / INDEX_NAME
     if not index.is_file():
