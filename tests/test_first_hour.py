@@ -274,3 +274,22 @@ def test_a_stray_file_beside_an_index_lints_the_folder_with_it(lost_shard: Path)
     result = lint_many([lost_shard / "config.json", lost_shard / "extra.safetensors"])
     assert result.checked["targets"] == 1
     assert {"WC105", "WC201"} <= {f.code for f in result.findings}
+
+
+def test_a_refused_side_file_in_a_config_only_folder_is_a_finding(make_ckpt, tmp_path: Path) -> None:
+    source = make_ckpt("llama")
+    folder = tmp_path / "ck"
+    folder.mkdir()
+    shutil.copy(source / "config.json", folder / "config.json")
+    (folder / "hf_quant_config.json").symlink_to(source / "generation_config.json")  # out of the folder
+    result = lint_many([folder])
+    refused = [f for f in result.findings if f.code == "WC104"]
+    assert refused and refused[0].location.file == "hf_quant_config.json" and result.exit_code() == 1
+
+
+def test_a_refused_config_says_to_replace_the_link(make_ckpt, tmp_path: Path) -> None:
+    folder = tmp_path / "ck"
+    folder.mkdir()
+    (folder / "config.json").symlink_to(make_ckpt("llama") / "config.json")
+    [finding] = [f for f in lint_many([folder]).findings if f.code == "WC107"]
+    assert "refused to open" in finding.message and "regular file" in finding.fix

@@ -221,7 +221,9 @@ def config_invalid(ctx: LintContext) -> None:
         ctx.report("config.json is missing", file="config.json")
         return
     if cfg.error:
-        ctx.report(f"config.json: {cfg.error}", file="config.json")
+        refused = cfg.error.startswith("refused to open: ")
+        fix = "replace config.json by a regular file inside the checkpoint folder (a copy of what it points at)"
+        ctx.report(f"config.json: {cfg.error}", file="config.json", fix=fix if refused else "")
         return
     if not isinstance(cfg.data, dict):
         ctx.report("config.json is not a JSON object", file="config.json")
