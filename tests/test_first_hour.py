@@ -293,3 +293,11 @@ def test_a_refused_config_says_to_replace_the_link(make_ckpt, tmp_path: Path) ->
     (folder / "config.json").symlink_to(make_ckpt("llama") / "config.json")
     [finding] = [f for f in lint_many([folder]).findings if f.code == "WC107"]
     assert "refused to open" in finding.message and "regular file" in finding.fix
+
+
+def test_api_validate_with_compressed_tensors_missing_raises(monkeypatch) -> None:
+    import weightcheck
+
+    monkeypatch.setitem(sys.modules, "compressed_tensors", None)
+    with pytest.raises(weightcheck.MissingDependency, match="weightcheck\\[quant\\]"):
+        weightcheck.lint(SAMPLE_CT, config=False, validate_with="compressed-tensors")
