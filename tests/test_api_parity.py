@@ -87,6 +87,7 @@ def test_lint_keywords_fail_on_consumers_revision_validate_with(ghost: Path, mak
     cfg = json.loads((quant / "config.json").read_text())
     cfg["quantization_config"]["ignore"] = ["lm_head"]  # routers not ignored: WC309 for vLLM and others
     (quant / "config.json").write_text(json.dumps(cfg))
+
     def routers(result: weightcheck.Result) -> list:
         return [f for f in result.findings if f.code == "WC309" and f.details.get("kind") == "router"]
 
