@@ -56,8 +56,15 @@ def instrument_updater(
             setattr(updater, attr, _observed_send(method, observe, whole))
 
     if not found:  # an older release: the module-level converter is the only place every tensor passes
-        _wrap_module_converter(updater, monitor, state)
-        log.info("weightcheck: %s updater %s has no known send method; observing convert_to_hf", framework, updater)
+        if _wrap_module_converter(updater, monitor, state):
+            log.info("weightcheck: %s updater %s: no known send method; observing convert_to_hf", framework, updater)
+        else:
+            log.warning(
+                "weightcheck: %s updater %s has neither a known send method nor a module convert_to_hf: its sends "
+                "cannot be observed",
+                framework,
+                type(updater).__name__,
+            )
 
     update_weights = updater.update_weights
 
@@ -95,11 +102,11 @@ def _whole_model_rank(updater: Any, monitor: SyncMonitor) -> bool:
     return monitor.checker or bool(getattr(updater, "_expert_transfer_plan", None))
 
 
-def _wrap_module_converter(updater: Any, monitor: SyncMonitor, state: dict[str, bool]) -> None:
+def _wrap_module_converter(updater: Any, monitor: SyncMonitor, state: dict[str, bool]) -> bool:
     module = sys.modules[type(updater).__module__]
     convert_to_hf = getattr(module, "convert_to_hf", None)
     if convert_to_hf is None:
-        return
+        return False
 
     @functools.wraps(convert_to_hf)
     def observed_convert_to_hf(*args: Any, **kwargs: Any) -> Any:
@@ -112,6 +119,7 @@ def _wrap_module_converter(updater: Any, monitor: SyncMonitor, state: dict[str, 
         return converted
 
     module.convert_to_hf = observed_convert_to_hf
+    return True
 
 
 __all__ = ["instrument_updater"]
