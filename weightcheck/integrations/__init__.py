@@ -12,9 +12,11 @@ monitor itself (an unwritable folder...) is logged once and the sync goes on; a 
 its report. Only `strict=True` (`WEIGHTCHECK_SYNC_STRICT=1`) raises: `WeightSyncError` for a wrong sync, the
 original exception for a monitor failure.
 
-Framework adapters: `weightcheck.integrations.verl` (`ServerAdapter.update_weights`),
-`weightcheck.integrations.miles` (`WeightTransferProtocol.send_bucket`), `weightcheck.integrations.slime`
-(`convert_to_hf` inside the `UpdateWeightFrom*` classes). docs/live-verify.md shows the lines to add.
+Framework adapters: `weightcheck.integrations.verl` (`BaseRollout.update_weights`),
+`weightcheck.integrations.miles` and `weightcheck.integrations.slime` (the send method of each
+`UpdateWeightFrom*` class). Ranks, layer and expert counts are read from the trainer, rank 0 checks, and a
+sync no rank observed is said once ("not observed"), never called wrong. docs/live-verify.md shows the
+lines to add.
 
 Environment (read by `SyncMonitor.from_env`):
 
