@@ -107,11 +107,10 @@ def _model_config(model: Any) -> Any:
 
 
 def _plain(value: Any) -> int | str | None:
+    # Only plain values: megatron-core's parsed layout object has no string form `verify` is sure to read.
     if value is None or isinstance(value, bool):
         return None
-    if isinstance(value, (int, str)):
-        return value
-    return str(value) if value.__class__.__name__ == "PipelineParallelLayerLayout" else None
+    return value if isinstance(value, (int, str)) else None
 
 
 def megatron_model_facts(model: Any = None, args: Any = None) -> dict[str, Any]:
