@@ -22,6 +22,7 @@ entry point a training loop calls right after a push: it raises `WeightSyncError
 
 from __future__ import annotations
 
+import contextlib
 import os
 import re
 import time
@@ -145,6 +146,9 @@ class Reference:
                 index[value].append(name)
             self._by_digest = dict(index)
         return self._by_digest.get(digest, [])
+
+
+_TRANSPOSED_TEXT = "sent transposed: it equals the reference transposed (square, so its shape could not show it)"
 
 
 def _layer_id(name: str) -> int | None:
@@ -274,8 +278,13 @@ def load_manifest_reference(path: Path) -> Reference:
     relabelled: dict[str, str] = {}
     for part in parts:
         rename = _part_relabelling(part.digests, part.trainer, trainer, num_layers, num_experts)
-        for name, digest in part.digests.items():
-            true_name = rename.get(name, name)
+        # A name sent twice by one part (a gathered stream, or two virtual stages of one rank, where one
+        # sender forgot its offset): the earlier digest keeps the name, the later one is relabelled.
+        resent, earlier = _duplicate_relabelling(part, trainer, num_layers, num_experts, rename)
+        rename.update(resent)
+        items = [(n, d, False) for n, d in earlier.items()] + [(n, d, True) for n, d in part.digests.items()]
+        for name, digest, latest in items:
+            true_name = rename.get(name, name) if latest else name
             if true_name != name:
                 relabelled[true_name] = name
             previous = digests.get(true_name)
@@ -326,7 +335,10 @@ def _part_relabelling(
 
     rename: dict[str, str] = {}
     pp_rank, pp_size = part.get("pp_rank"), trainer.get("pp_size")
-    if pp_rank and pp_size and pp_size > 1 and num_layers and not trainer.get("vp_size"):
+    vp_size = trainer.get("vp_size")
+    if pp_rank is not None and pp_size and pp_size > 1 and num_layers and vp_size and vp_size > 1:
+        rename.update(_vpp_part_relabelling(digests, pp_rank, trainer, num_layers))
+    elif pp_rank and pp_size and pp_size > 1 and num_layers and not vp_size:
         try:
             pipe = MegatronPipeline(
                 num_layers,
@@ -355,6 +367,114 @@ def _part_relabelling(
                 if eid is not None:
                     rename[name] = _with_expert(base, eid + own.start)
     return rename
+
+
+def _own_layers(part: Mapping[str, Any], trainer: Mapping[str, Any], num_layers: int) -> set[int] | None:
+    """Global layer ids the part's pipeline rank builds (every virtual stage), None when not known."""
+    from weightcheck.layout import MegatronPipeline
+
+    pp_rank, pp_size = part.get("pp_rank"), trainer.get("pp_size")
+    if pp_rank is None or not pp_size or pp_size <= 1:
+        return None
+    try:
+        pipe = MegatronPipeline(
+            num_layers,
+            pp_size,
+            trainer.get("vp_size"),
+            trainer.get("first_stage_layers"),
+            trainer.get("last_stage_layers"),
+            trainer.get("layout"),
+        )
+        return {lid for key, ids in pipe.stage_layers().items() if key[0] == pp_rank for lid in ids}
+    except ValueError:
+        return None
+
+
+def _vpp_part_relabelling(
+    digests: Mapping[str, TensorDigest], pp_rank: int, trainer: Mapping[str, Any], num_layers: int
+) -> dict[str, str]:
+    """A part of a rank that builds several virtual stages: ids outside the rank's layers, while exactly
+    one of its virtual stages sent nothing of its own, are that stage's ids without its offset."""
+    from weightcheck.layout import MegatronPipeline, infer_pp_offset_bug
+
+    try:
+        pipe = MegatronPipeline(
+            num_layers,
+            trainer["pp_size"],
+            trainer.get("vp_size"),
+            trainer.get("first_stage_layers"),
+            trainer.get("last_stage_layers"),
+            trainer.get("layout"),
+        )
+        stages = {key: ids for key, ids in pipe.stage_layers().items() if key[0] == pp_rank}
+    except ValueError:
+        return {}
+    observed = {lid for name in digests if (lid := _layer_id(name)) is not None}
+    own = {lid for ids in stages.values() for lid in ids}
+    extra = observed - own
+    silent = [key for key, ids in stages.items() if ids and not set(ids) & observed]
+    if not extra or len(silent) != 1:
+        return {}
+    bug = infer_pp_offset_bug(extra, pipe.stage_layers(), stage=silent[0])
+    if bug is None:
+        return {}
+    return {
+        name: _with_layer(name, lid + bug.shift)
+        for name in digests
+        if (lid := _layer_id(name)) is not None and lid in extra
+    }
+
+
+def _constant_shift(sent: set[int], missing: set[int]) -> int | None:
+    if not sent or len(sent) != len(missing):
+        return None
+    a, b = sorted(sent), sorted(missing)
+    shift = b[0] - a[0]
+    return shift if shift and all(x + shift == y for x, y in zip(a, b, strict=True)) else None
+
+
+def _duplicate_relabelling(
+    part: Any,
+    trainer: Mapping[str, Any],
+    num_layers: int | None,
+    num_experts: int | None,
+    rename: Mapping[str, str],
+) -> tuple[dict[str, str], dict[str, TensorDigest]]:
+    """Names one part sent twice, when shifting their ids by one constant lands exactly on the ids the part
+    should hold and lacks: (later digest's name → true name, name → earlier digest). A stream gathered from
+    every rank (or a rank's virtual stages in order) sends rank 0's tensors first, so the later copy is the
+    one whose sender forgot its offset."""
+    first: dict[str, TensorDigest] = {}
+    counts: dict[str, int] = {}
+    for name, digest in part.duplicates:
+        counts[name] = counts.get(name, 0) + 1
+        first.setdefault(name, digest)
+    twice = {name for name, n in counts.items() if n == 1 and name in part.digests and name not in rename}
+    if not twice:
+        return {}, {}
+    names = set(part.digests)
+    out: dict[str, str] = {}
+    if num_layers:
+        own = _own_layers(part.trainer, trainer, num_layers)
+        expected = own if own is not None else set(range(num_layers))
+        present = {lid for name in names if (lid := _layer_id(name)) is not None}
+        sent = {lid for name in twice if (lid := _layer_id(name)) is not None}
+        shift = _constant_shift(sent, expected - present)
+        if shift is not None:
+            for name in twice:
+                lid = _layer_id(name)
+                if lid is not None and _with_layer(name, lid + shift) not in names:
+                    out[name] = _with_layer(name, lid + shift)
+    if num_experts and not out:
+        present_e = {eid for name in names if (eid := _expert_id(name)) is not None}
+        sent_e = {eid for name in twice if (eid := _expert_id(name)) is not None}
+        shift = _constant_shift(sent_e, set(range(num_experts)) - present_e)
+        if shift is not None:
+            for name in twice:
+                eid = _expert_id(name)
+                if eid is not None and _with_expert(name, eid + shift) not in names:
+                    out[name] = _with_expert(name, eid + shift)
+    return out, {name: first[name] for name in out}
 
 
 def load_reference(
@@ -726,6 +846,12 @@ class _SyncChecker:
         uncertain: list[str] = []
         unobserved: list[str] = []  # may have gone into a parameter whose writes the tap could not observe
         untracked = {id(r): _untracked_keys(r) for r in records}
+        # The tensor each raising call was handing to a loader when it raised: its last consumed tensor.
+        last_of_call: dict[tuple[int, int], int] = {}
+        for record in records:
+            for entry in record.tensors:
+                key = (id(record), entry.call)
+                last_of_call[key] = max(last_of_call.get(key, entry.seq), entry.seq)
         for name, items in occurrences.items():
             if name in split or self._skipped(name):
                 continue
@@ -746,6 +872,22 @@ class _SyncChecker:
             call_of = [calls.get((id(record), entry.call), no_call) for record, entry in items]
             warned = [msg for call in call_of for msg in call.engine_warnings if name in msg]
             untraced = any(call.unattributed_writes for call in call_of)
+            raised = [
+                (call, last_of_call.get((id(record), entry.call)) == entry.seq)
+                for (record, entry), call in zip(items, call_of, strict=True)
+                if call.error
+            ]
+            if raised and not beyond:
+                # Sent, and the engine raised (WC739): not a name the engine has no parameter for.
+                call, on_it = next(((c, last) for c, last in raised if last), raised[0])
+                error = str(call.error)[:160]
+                what = (
+                    "the engine raised while loading it"
+                    if on_it
+                    else "sent in a call that raised before it was written"
+                )
+                dropped[f"{what} (load_weights call {call.call}: {error}; see WC739)"].append(name)
+                continue
             if beyond:
                 reason = f"layer id beyond the model's {num_layers} layers"
             elif _FUSED_EXPERT_NAME.search(name):
@@ -928,7 +1070,24 @@ class _SyncChecker:
         missing = sorted(expected - sent)
         explained = [n for n in missing if n in shifted_true]
         unexplained = [n for n in missing if n not in shifted_true]
-        if unexplained:
+        raised = [(record, call) for record in self.view.records for call in record.calls if call.error]
+        if unexplained and raised:
+            # The tap sees only what the engine consumed: after a call raised, the rest of its request was sent
+            # and never consumed, which is not "never sent".
+            record, call = raised[0]
+            where = f"load_weights call {call.call} raised on {record.rank_label()} (WC739)"
+            if ref.kind == "manifest":
+                text = f"sent by the trainer (its manifest lists them) but never consumed by the engine: {where}"
+            else:
+                text = f"never received by the engine: {where}; sent after the tensor it raised on, or never sent"
+            self._add(
+                "WC722",
+                f"{summarize(unexplained)} {text}",
+                tensor=summarize(unexplained, limit=1),
+                count=len(unexplained),
+                details={"names": unexplained, "after_engine_error": True},
+            )
+        elif unexplained:
             self._add(
                 "WC722",
                 f"{summarize(unexplained)} never sent in this sync",
@@ -1019,14 +1178,34 @@ class _SyncChecker:
             return values
         if digest.dtype != want.dtype:
             return "dtype", f"sent as {digest.dtype}, reference {want.dtype} (bytes cannot match)"
+        if self._transposed_reference(name, digest):
+            return "transposed", _TRANSPOSED_TEXT
         return "bytes", f"bytes differ from the reference ({digest.algorithm})"
+
+    def _transposed_reference(self, name: str, digest: TensorDigest) -> bool:
+        """A square matrix sent transposed keeps its shape and dtype, so only its bytes differ: with the
+        checkpoint's data at hand, its transposed digest says whether that is what happened."""
+        store = self.ref.store if self.ref is not None else None
+        if store is None or len(digest.shape) != 2 or digest.shape[0] != digest.shape[1] or digest.shape[0] < 2:
+            return False
+        try:
+            from weightcheck.digest import digest_tensor
+
+            transposed = digest_tensor(store.get(name).t().contiguous(), digest.algorithm)
+        except Exception:  # unreadable or undigestable: "bytes differ" stays the answer
+            return False
+        finally:
+            with contextlib.suppress(Exception):
+                store.release(name)
+        return transposed == digest
 
     def _compare_values(self, name: str, entry: TensorEntry) -> tuple[str, str] | None:
         """With kept tensors and a checkpoint reference: numeric comparison through weightcheck.compare."""
         if self.ref is None or self.ref.store is None or entry.tensor_key is None or entry.tensors_path is None:
             return None
         try:
-            from weightcheck.compare.engine import compare_pair
+            from weightcheck.compare.classify import classify
+            from weightcheck.compare.engine import TRANSPOSED, compare_pair
             from weightcheck.compare.operands import PlainOperand
             from weightcheck.compare.policy import PolicyRule
             from weightcheck.tensors import TensorStore
@@ -1035,13 +1214,17 @@ class _SyncChecker:
                 a = PlainOperand(self.ref.store, name)
                 b = PlainOperand(sent_store, entry.tensor_key, name=name)
                 # One ULP of each side's format: a faithful rounding of the reference passes, nothing else.
-                verdict = compare_pair(a, b, PolicyRule(pattern="", tier="ulp"))
+                rule = PolicyRule(pattern="", tier="ulp")
+                verdict = compare_pair(a, b, rule)
+                klass = None if verdict.passed else classify(a, b, verdict, rule).klass
                 a.release()
                 b.release()
         except Exception:  # unreadable kept tensors: fall back to the digest-only classification
             return None
         if verdict.passed:
             return "within-rounding", f"differs only within rounding ({verdict.message})"
+        if klass == TRANSPOSED:  # diff's classifier, on the kept tensor
+            return "transposed", _TRANSPOSED_TEXT
         return "values", f"values differ: {verdict.message}"
 
     # -- shifts --------------------------------------------------------------------------------------------
@@ -1130,6 +1313,7 @@ class _SyncChecker:
         trainer = self.trainer
         pipe: MegatronPipeline | None = None
         how = "from the trainer layout"
+        assumed = 0  # stages of an assumed even split (no layout known)
         if num_layers:
             try:
                 if trainer.pp_size:
@@ -1142,7 +1326,8 @@ class _SyncChecker:
                         trainer.layout,
                     )
                 elif sent_ids == list(range(len(true_ids))) and num_layers % len(true_ids) == 0 and len(true_ids) > 0:
-                    pipe = MegatronPipeline(num_layers, num_layers // len(true_ids))
+                    assumed = num_layers // len(true_ids)
+                    pipe = MegatronPipeline(num_layers, assumed)
                     how = (
                         f"assuming an even split over {num_layers // len(true_ids)} stages; pass --trainer-pp to be "
                         "exact"
@@ -1158,6 +1343,14 @@ class _SyncChecker:
                 key = owners.pop()
                 bug = infer_pp_offset_bug(sent_ids, pipe.stage_layers(), stage=key)
                 label = f"pp_rank {key[0]}" + (f" vp_stage {key[1]}" if pipe.num_vp_stages > 1 else "")
+                if assumed > 3 and any(assumed % vp == 0 for vp in range(2, assumed // 2 + 1)) and not origins:
+                    # As many stages could be fewer ranks with virtual stages (pp 2 × vp 2 for 4): naming
+                    # `pp_rank 3` could name a rank the run does not have, so name the stage by its layers.
+                    label = f"the stage holding layers {format_ranges(true_ids)}"
+                    how = (
+                        f"{label} is pp_rank {key[0]} of an even split into {assumed} stages, or a virtual stage of "
+                        "fewer ranks; pass --trainer-pp and --trainer-vp to name it"
+                    )
                 if len(origins) == 1:
                     how = f"the manifest part of {next(iter(origins))}"
                 return label, how, bug

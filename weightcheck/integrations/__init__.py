@@ -12,9 +12,11 @@ monitor itself (an unwritable folder...) is logged once and the sync goes on; a 
 its report. Only `strict=True` (`WEIGHTCHECK_SYNC_STRICT=1`) raises: `WeightSyncError` for a wrong sync, the
 original exception for a monitor failure.
 
-Framework adapters: `weightcheck.integrations.verl` (`ServerAdapter.update_weights`),
-`weightcheck.integrations.miles` (`WeightTransferProtocol.send_bucket`), `weightcheck.integrations.slime`
-(`convert_to_hf` inside the `UpdateWeightFrom*` classes). docs/live-verify.md shows the lines to add.
+Framework adapters: `weightcheck.integrations.verl` (`BaseRollout.update_weights`),
+`weightcheck.integrations.miles` and `weightcheck.integrations.slime` (the send method of each
+`UpdateWeightFrom*` class). Ranks, layer and expert counts are read from the trainer, rank 0 checks, and a
+sync no rank observed is said once ("not observed"), never called wrong. docs/live-verify.md shows the
+lines to add.
 
 Environment (read by `SyncMonitor.from_env`):
 
@@ -53,9 +55,9 @@ def _truthy(value: str | None) -> bool:
     return (value or "").strip().lower() in ("1", "true", "yes", "on")
 
 
-def megatron_ranks() -> dict[str, int]:
-    """This process's PP/EP ranks and sizes from megatron-core's parallel state (zeros and ones without it)."""
-    out = {"pp_rank": 0, "pp_size": 1, "ep_rank": 0, "ep_size": 1}
+def megatron_ranks() -> dict[str, int | None]:
+    """This process's PP/VP/EP ranks and sizes from megatron-core's parallel state (one rank without it)."""
+    out: dict[str, int | None] = {"pp_rank": 0, "pp_size": 1, "ep_rank": 0, "ep_size": 1}
     try:
         from megatron.core import parallel_state as mpu
     except Exception:  # megatron-core absent or broken: a single-rank trainer as far as we can tell
@@ -67,9 +69,93 @@ def megatron_ranks() -> dict[str, int]:
         out["pp_size"] = mpu.get_pipeline_model_parallel_world_size()
         out["ep_rank"] = mpu.get_expert_model_parallel_rank()
         out["ep_size"] = mpu.get_expert_model_parallel_world_size()
+        vp_size = mpu.get_virtual_pipeline_model_parallel_world_size()
+        if vp_size and vp_size > 1:
+            out["vp_size"] = vp_size
     except Exception as exc:  # never let rank discovery break a sync
         log.warning("weightcheck: cannot read megatron parallel state (%s); assuming one rank", exc)
     return out
+
+
+# (TransformerConfig attribute, Megatron argument) for each trainer fact a manifest part carries: the
+# counts are what lets `verify` relabel a part sent without its stage's offset (one WC725 instead of a
+# WC721 per tensor), the uneven-split fields what places each stage's layers.
+_MODEL_FACTS = {
+    "num_layers": ("num_layers", "num_layers"),
+    "num_experts": ("num_moe_experts", "num_experts"),
+    "first_stage_layers": ("num_layers_in_first_pipeline_stage", "decoder_first_pipeline_num_layers"),
+    "last_stage_layers": ("num_layers_in_last_pipeline_stage", "decoder_last_pipeline_num_layers"),
+    "layout": ("pipeline_model_parallel_layout", "pipeline_model_parallel_layout"),
+}
+
+
+def _model_config(model: Any) -> Any:
+    """megatron-core's TransformerConfig of a model, a list of VPP chunks, or a wrapped one (DDP,
+    Float16Module: `.module` chains), or None."""
+    seen = 0
+    candidates = list(model) if isinstance(model, (list, tuple)) else [model]
+    while candidates and seen < 16:
+        node = candidates.pop(0)
+        seen += 1
+        config = getattr(node, "config", None)
+        if config is not None and isinstance(getattr(config, "num_layers", None), int):
+            return config
+        inner = getattr(node, "module", None)
+        if inner is not None:
+            candidates.append(inner)
+    return None
+
+
+def _plain(value: Any) -> int | str | None:
+    # Only plain values: megatron-core's parsed layout object has no string form `verify` is sure to read.
+    if value is None or isinstance(value, bool):
+        return None
+    return value if isinstance(value, (int, str)) else None
+
+
+def megatron_model_facts(model: Any = None, args: Any = None) -> dict[str, Any]:
+    """Layer and expert counts (and an uneven split) of the trainer: from the model's megatron-core config,
+    else the Megatron arguments `args`, else `megatron.training.get_args()` when Megatron-LM is initialised.
+    Only the facts found are returned."""
+    sources: list[tuple[Any, int]] = []
+    config = _model_config(model) if model is not None else None
+    if config is not None:
+        sources.append((config, 0))
+    if args is not None:
+        sources.append((args, 1))
+    if not sources:
+        try:
+            from megatron.training.global_vars import get_args
+
+            sources.append((get_args(), 1))
+        except Exception:  # Megatron-LM absent (megatron-core alone) or its arguments not parsed
+            pass
+    out: dict[str, Any] = {}
+    for key, names in _MODEL_FACTS.items():
+        for source, which in sources:
+            value = _plain(getattr(source, names[which], None))
+            if value is not None:
+                out[key] = value
+                break
+    return out
+
+
+def _dist_rank() -> tuple[int, int]:
+    """(rank, world size) of torch.distributed's default group, (0, 1) when it is not initialised."""
+    try:
+        import torch.distributed as dist
+
+        if dist.is_available() and dist.is_initialized():
+            return dist.get_rank(), dist.get_world_size()
+    except Exception:  # torch absent: one process
+        pass
+    return 0, 1
+
+
+def _dist_barrier() -> None:
+    import torch.distributed as dist
+
+    dist.barrier()
 
 
 @dataclass
@@ -83,8 +169,15 @@ class SyncMonitor:
     pp_size: int = 1
     ep_rank: int = 0
     ep_size: int = 1
+    vp_size: int | None = None
     num_layers: int | None = None
     num_experts: int | None = None
+    first_stage_layers: int | None = None
+    last_stage_layers: int | None = None
+    layout: str | None = None
+    # the stream is the whole model, gathered over PP and EP (verl, slime's and miles' colocated path): its
+    # part names no sending rank, and no local ids in it are relabelled
+    whole_model: bool = False
     check: bool = True
     checker: bool = True  # this rank runs the check (one rank per trainer is enough)
     check_every: int = 1
@@ -98,11 +191,16 @@ class SyncMonitor:
     _version: str | None = field(default=None, repr=False)
     _syncs: int = field(default=0, repr=False)
     _broken: bool = field(default=False, repr=False)
+    _sent: int = field(default=0, repr=False)  # tensors this rank digested in the current sync
+    _unobserved_said: bool = field(default=False, repr=False)
 
     @classmethod
     def from_env(cls, environ: Mapping[str, str] | None = None, **overrides: Any) -> SyncMonitor | None:
         """A monitor configured from the environment (module docstring), or None when not enabled.
-        Ranks come from megatron-core's parallel state when it is initialised; `overrides` win."""
+        Ranks come from megatron-core's parallel state when it is initialised, layer and expert counts from
+        Megatron-LM's arguments when they are parsed (the adapters also read them from the model they
+        wrap). With torch.distributed initialised, rank 0 checks and every rank waits for the others'
+        parts first; `overrides` win."""
         env = os.environ if environ is None else environ
         if not _truthy(env.get("WEIGHTCHECK_SYNC_CHECK")):
             return None
@@ -121,8 +219,20 @@ class SyncMonitor:
             timeout_s=float(env.get("WEIGHTCHECK_WAIT_S") or 30.0),
         )
         values.update(megatron_ranks())
+        values.update(megatron_model_facts())
+        rank, world = _dist_rank()
+        values["checker"] = rank == 0
+        if world > 1:
+            values["barrier"] = _dist_barrier
         values.update(overrides)
         return cls(**values)
+
+    def learn(self, model: Any = None, args: Any = None) -> None:
+        """Fill the layer and expert counts (and an uneven split) not set yet from the trainer's model
+        (megatron-core config) or its Megatron arguments."""
+        for key, value in megatron_model_facts(model, args).items():
+            if getattr(self, key) is None:
+                setattr(self, key, value)
 
     # ---- the send side ---------------------------------------------------------------------------------
 
@@ -133,18 +243,23 @@ class SyncMonitor:
         self._version = None if weight_version is None else str(weight_version)
         self._broken = False
         self._writer = None
+        self._sent = 0
         try:
             path = manifest_part_path(self.manifests, self._version, pp_rank=self.pp_rank, ep_rank=self.ep_rank)
             self._writer = ManifestWriter(
                 path,
                 weight_version=self._version,
                 step=step,
-                pp_rank=self.pp_rank,
+                pp_rank=None if self.whole_model else self.pp_rank,
                 pp_size=self.pp_size,
-                ep_rank=self.ep_rank,
+                ep_rank=None if self.whole_model else self.ep_rank,
                 ep_size=self.ep_size,
+                vp_size=self.vp_size,
                 num_layers=self.num_layers,
                 num_experts=self.num_experts,
+                first_stage_layers=self.first_stage_layers,
+                last_stage_layers=self.last_stage_layers,
+                layout=self.layout,
             )
         except Exception as exc:
             self._failed("open the manifest part", exc)
@@ -153,6 +268,7 @@ class SyncMonitor:
         """Digest one tensor being sent (before the sender may reuse its buffer)."""
         if self._writer is None or self._broken:
             return
+        self._sent += 1
         try:
             self._writer.add(name, tensor)
         except Exception as exc:
@@ -202,7 +318,27 @@ class SyncMonitor:
             return None
         version = self._version
         against = self.reference if index == 0 and self.reference is not None else self._manifest_folder()
-        layout = TrainerLayout(pp_size=self.pp_size or None, ep_size=self.ep_size or None)
+        if against != self.reference and not self._parts_written(against):
+            # The adapter saw none of the tensors sent (a send path it does not wrap): the engines' records
+            # have nothing to be compared with. Say so once; calling the sync wrong would be a false error.
+            if not self._unobserved_said:
+                self._unobserved_said = True
+                log.warning(
+                    "weightcheck: weight sync %s not observed: no trainer rank wrote a manifest part under %s "
+                    "(the adapter saw no tensor being sent), so syncs are not checked against the trainer; "
+                    "see docs/live-verify.md for the send points each adapter wraps",
+                    version,
+                    against,
+                )
+            return None
+        layout = TrainerLayout(
+            pp_size=self.pp_size or None,
+            vp_size=self.vp_size,
+            first_stage_layers=self.first_stage_layers,
+            last_stage_layers=self.last_stage_layers,
+            layout=self.layout,
+            ep_size=self.ep_size or None,
+        )
         try:
             result = check_weight_update_equal(
                 self.records,
@@ -224,6 +360,13 @@ class SyncMonitor:
         self.results.append((str(version), result))
         log.info("weightcheck: weight sync %s verified against %s", version, against)
         return result
+
+    @staticmethod
+    def _parts_written(folder: Path) -> bool:
+        try:
+            return any(folder.glob("*.json"))
+        except OSError:
+            return False
 
     def _manifest_folder(self) -> Path:
         from weightcheck.manifest import manifest_part_path

@@ -1,20 +1,24 @@
-"""miles: the manifest at `WeightTransferProtocol.send_bucket`, the check after the engines resumed.
+"""miles: the manifest from the tensors each `UpdateWeightFrom*` sends, the check after `update_weights()`.
 
-Written against radixark/miles `miles/backends/training_utils/weight_update/protocol.py` (not installable
-here; tested with a stand-in of the same signatures): every transport (CUDA IPC, broadcast, disk delta, P2P)
-is a `WeightTransferProtocol` driven as `begin_sync(weight_version, iter_buckets) -> bool`, then
-`send_bucket(bucket)` on sender ranks, `after_base_weights()`, `finalize(weight_version)`, and
-`after_engines_resumed()` once the engines applied every bucket. `send_bucket` is the one place that sees
-every HF-named tensor of every transport.
+Written against radixark/miles at 31f1ca96 (`miles/backends/megatron_utils/update_weight/`; not installable
+here, tested with stand-ins of the same module layout). As in slime, `update_weights()` bumps
+`self.weight_version` first and every HF tensor passes through one instance method:
+
+* `UpdateWeightFromTensor._send_base_params(hf_named_tensors)`: colocated engines; every rank gathers and
+  converts the whole model, so the checker rank writes the part.
+* `UpdateWeightFromDistributed._update_weight_implementation(converted_named_tensors, pbar)` (broadcast) and
+  `UpdateWeightP2P._update_weight_implementation(...)`: the source rank of each pipeline stage sends its
+  stage, and writes its part.
 
     from weightcheck.integrations import SyncMonitor
     from weightcheck.integrations.miles import instrument
 
-    protocol = instrument(get_weight_transfer_protocol(args), SyncMonitor.from_env())
+    actor.weight_updater = instrument(actor.weight_updater, SyncMonitor.from_env())
 
-With `monitor=None` (not enabled) the protocol is returned untouched. Ranks whose `is_sender` is False write
-no part. Transports whose buckets are not full tensors (disk delta) are digested as sent, so their parts
-describe the deltas, not the weights: do not enable the check for them.
+An object with the earlier `WeightTransferProtocol` shape (`begin_sync` → `send_bucket`* →
+`after_base_weights` → `finalize` → `after_engines_resumed`) is instrumented at `send_bucket`. With
+`monitor=None` the object is returned untouched. LoRA adapter pushes (`_send_lora_params`) and disk deltas
+are not observed: they are not the model's weights.
 """
 
 from __future__ import annotations
@@ -22,14 +26,30 @@ from __future__ import annotations
 from typing import Any
 
 from weightcheck.integrations import SyncMonitor
+from weightcheck.integrations._updater import instrument_updater
 
 __all__ = ["instrument"]
 
+SOURCE_COMMIT = "31f1ca961a94cb860cec3b2dea34ec332bfa8f76"
 
-def instrument(protocol: Any, monitor: SyncMonitor | None) -> Any:
-    """Wrap one `WeightTransferProtocol` instance (its methods, not its class) and return it."""
+
+def instrument(updater: Any, monitor: SyncMonitor | None) -> Any:
+    """Wrap one `UpdateWeightFrom*` instance (or a protocol object) and return it."""
     if monitor is None:
-        return protocol
+        return updater
+    if callable(getattr(updater, "send_bucket", None)) and callable(getattr(updater, "begin_sync", None)):
+        return _instrument_protocol(updater, monitor)
+    return instrument_updater(
+        updater,
+        monitor,
+        send_points=("_update_weight_implementation",),
+        whole_model_points=("_send_base_params",),
+        framework="miles",
+    )
+
+
+def _instrument_protocol(protocol: Any, monitor: SyncMonitor) -> Any:
+    """The `WeightTransferProtocol` shape: wrap its methods (not its class)."""
     begin_sync = protocol.begin_sync
     send_bucket = protocol.send_bucket
     finalize = protocol.finalize

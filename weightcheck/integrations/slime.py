@@ -1,65 +1,50 @@
-"""slime: the manifest from `convert_to_hf` inside the update-weight classes, the check after `update_weights()`.
+"""slime: the manifest from the tensors each `UpdateWeightFrom*` sends, the check after `update_weights()`.
 
-Written against THUDM/slime `slime/backends/megatron_utils/update_weight/update_weight_from_tensor.py` and
-`update_weight_from_distributed.py` (not installable here; tested with a stand-in of the same signatures).
-Both `UpdateWeightFromTensor` and `UpdateWeightFromDistributed` build every HF tensor they send with their
-module's `convert_to_hf(args, model_name, name, param, quantization_config)` (Megatron → HF names, TP/EP
-gathered, online quantization applied) on the ranks that send, and `update_weights()` increments
-`self.weight_version` first and returns once the engines have the weights.
+Written against THUDM/slime at 624b824a (`slime/backends/megatron_utils/update_weight/`; not installable
+here, tested with stand-ins of the same module layout). `update_weights()` bumps `self.weight_version`
+first and returns once the engines have the weights; every HF tensor it sends passes through one instance
+method, the send point the adapter wraps:
+
+* `UpdateWeightFromTensor._send_hf_params(hf_named_tensors)`: the chunks of `HfWeightIteratorDirect`
+  (`hf_weight_iterator_direct.py`, which converts with the `convert_to_hf` of its own module) and the
+  routed expert batches. Every rank gathers and converts the whole model (PP and EP broadcast, TP
+  all-gather), so one rank's part describes the stream: the checker rank writes it (every rank when experts
+  are routed rank by rank).
+* `UpdateWeightFromDistributed._update_bucket_weights_from_distributed(converted_named_tensors, ...)`: the
+  source rank of each pipeline stage broadcasts its stage (experts gathered over EP), so each writes the
+  part of its stage.
 
     from weightcheck.integrations import SyncMonitor
     from weightcheck.integrations.slime import instrument
 
     actor.weight_updater = instrument(actor.weight_updater, SyncMonitor.from_env())
 
-With `monitor=None` the updater is returned untouched. Ranks that convert nothing write no part. Delta
-transfer (`--update-weight-mode delta`) sends deltas of the tensors `convert_to_hf` returns: the parts then
-describe full tensors the engines never received whole, so leave the check off there.
+Layer and expert counts come from the updater's model (megatron-core config) or its `args`; ranks from
+megatron-core's parallel state; rank 0 checks after a barrier. With `monitor=None` the updater is returned
+untouched. Older releases without these methods are observed through their module's `convert_to_hf`.
+Delta transfer (`--update-weight-mode delta`) sends deltas: leave the check off there.
 """
 
 from __future__ import annotations
 
-import functools
-import sys
 from typing import Any
 
 from weightcheck.integrations import SyncMonitor
+from weightcheck.integrations._updater import instrument_updater
 
 __all__ = ["instrument"]
 
+SOURCE_COMMIT = "624b824a898ab0ec1fcb4d373004c7f3852bf515"
+
 
 def instrument(updater: Any, monitor: SyncMonitor | None) -> Any:
-    """Wrap one `UpdateWeightFrom*` instance and its module's `convert_to_hf`; return the updater."""
+    """Wrap one `UpdateWeightFrom*` instance's send method and `update_weights`; return the updater."""
     if monitor is None:
         return updater
-    module = sys.modules[type(updater).__module__]
-    convert_to_hf = module.convert_to_hf
-    state = {"syncing": False}
-
-    @functools.wraps(convert_to_hf)
-    def observed_convert_to_hf(*args: Any, **kwargs: Any) -> Any:
-        converted = convert_to_hf(*args, **kwargs)
-        if state["syncing"]:
-            if not monitor.active:  # the first tensor of this rank: update_weights() already bumped the version
-                monitor.begin(updater.weight_version)
-            for name, tensor in converted:
-                monitor.add(name, tensor)
-        return converted
-
-    update_weights = updater.update_weights
-
-    @functools.wraps(update_weights)
-    def observed_update_weights(*args: Any, **kwargs: Any) -> Any:
-        state["syncing"] = True
-        try:
-            out = update_weights(*args, **kwargs)
-        finally:
-            state["syncing"] = False
-        monitor.end(write_empty=False)
-        monitor.set_version(updater.weight_version)
-        monitor.after_sync()
-        return out
-
-    module.convert_to_hf = observed_convert_to_hf
-    updater.update_weights = observed_update_weights
-    return updater
+    return instrument_updater(
+        updater,
+        monitor,
+        send_points=("_update_bucket_weights_from_distributed",),
+        whole_model_points=("_send_hf_params",),
+        framework="slime",
+    )

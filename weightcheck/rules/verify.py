@@ -70,7 +70,9 @@ _verify_rule(
     """
     A tensor the trainer should have pushed never arrived: the engine keeps its old (or, after
     `release_memory_occupation`, garbage) value. When the missing names are the true names of a shifted
-    stage or expert group, the message points at WC725/WC726.
+    stage or expert group, the message points at WC725/WC726. The tap sees what the engine consumed: after
+    a `load_weights` call raised (WC739), the rest of its request was sent but never consumed, and the
+    message says so instead of "never sent".
     """,
     "reference: model.layers.3.mlp.down_proj.weight; sync: (absent)",
     "every reference tensor is sent once per sync",
@@ -130,8 +132,10 @@ _verify_rule(
     Severity.ERROR,
     "A sent tensor differs from the reference (dtype, shape, bytes or values).",
     """
-    Classified when possible: another tensor's data, dtype or shape changed, bytes differ; with
-    `WEIGHTCHECK_TAP_TENSORS=1` and a checkpoint reference the values are compared too (max abs, rel-L2).
+    Classified when possible: another tensor's data, dtype or shape changed, sent transposed (a square
+    matrix keeps its shape: named when the checkpoint's transposed tensor has the sent digest, or diff's
+    classifier says so on a kept tensor), bytes differ; with `WEIGHTCHECK_TAP_TENSORS=1` and a checkpoint
+    reference the values are compared too (max abs, rel-L2).
     """,
     "sync: q_proj.weight sha256 3f2a…; reference: 9c1d…",
     "digests equal on both sides",
@@ -178,6 +182,7 @@ _verify_rule(
     SGLang drops names it cannot place, often silently (Qwen3-MoE and GLM4-MoE never log it): a quantized
     router (`mlp.gate.weight_packed`) for an unquantized router, transformers-5 fused expert names, a layer id
     beyond the model. Names skipped because another rank owns them (pipeline stage, expert) are not reported.
+    A tensor the engine raised on (WC739) is reported as such, not as a name the engine has no parameter for.
     """,
     "sync: model.layers.0.mlp.gate.weight_packed → no parameter written",
     "sync: model.layers.0.mlp.gate.weight → mlp.gate.weight written",
