@@ -799,3 +799,107 @@ def ignore_class_name(ctx: LintContext) -> None:
         if is_class_entry(entry) and entry != "Linear":
             ctx.report(f"ignore entry {entry!r} is a class name: vLLM and SGLang ignore it", file=CONFIG_FILE,
                        tensor=entry)  # fmt: skip
+
+
+def _model_types(ctx: LintContext) -> list[str]:
+    """The config's model_type(s): the top level's, then its text config's (a VLM's language model)."""
+    found = [ctx.ckpt.config_data.get("model_type"), ctx.ckpt.text_config().get("model_type")]
+    return list(dict.fromkeys(t for t in found if isinstance(t, str)))
+
+
+def _producer_targets(qa: QuantAnalysis, module: ModuleInfo, linear_leaves: dict[str, str]) -> str | None:
+    """The target through which compressed-tensors (llm-compressor) quantizes `module`, else None. `Linear`
+    matches every nn.Linear and subclass (it walks the MRO): the pattern's linear modules, and router-kind
+    modules transformers builds as a Linear (generated/producer/transformers_linear.json). Other class
+    targets are not modelled: no claim."""
+    assert qa.spec is not None
+    leaf = module.name.rsplit(".", 1)[-1]
+    for target in qa.spec.targets:
+        if target == "Linear":
+            if module.kind == "linear" or (module.kind in ("router", "other") and leaf in linear_leaves):
+                return target
+        elif not is_class_entry(target) and get_consumer("ct").matches(module.name, [target]):
+            return target
+    return None
+
+
+@rule(
+    "WC320",
+    "engine-unquantized-targeted",
+    Severity.ERROR,
+    summary="The producer's targets quantize a module an engine builds without the quant config (no ignore entry).",
+    bad='Qwen3-Next, targets ["Linear"], "ignore": ["lm_head", "re:.*mlp.gate$"]   (mlp.shared_expert_gate '
+    "is an nn.Linear: llm-compressor packs it; SGLang and vLLM build it with quant_config=None)",
+    good='"ignore": ["lm_head", "re:.*mlp.gate$", "re:.*mlp.shared_expert_gate$"]',
+    needs=("config",),
+)
+def engine_unquantized_targeted(ctx: LintContext) -> None:
+    """SGLang and vLLM build some modules with `quant_config=None` whatever the checkpoint says: routers
+    (Llama-4's `feed_forward.router`, gpt-oss's `mlp.router`), shared-expert gates (Qwen2-MoE, Qwen3-Next,
+    Qwen3.5-MoE `mlp.shared_expert_gate`), and per engine others (SGLang 0.5.23's OLMo attention). For
+    those modules the ignore list means nothing to the engine, but it is what stops the producer: a
+    compressed-tensors config whose `Linear` target covers such a module (it is an `nn.Linear` subclass in
+    transformers) and whose ignore list leaves it out describes a checkpoint that stores it as
+    `weight_packed`/`weight_scale`, which the engine has no parameter for (SGLang skips the names and routes
+    on an uninitialized gate; vLLM raises KeyError or loads garbage). Facts per architecture are read from
+    the engines' model sources (patterns/generated/sglang/ and vllm/, `unquantized`), for generated and
+    hand-written architectures alike. Config-only: the error stands on the targets and ignore list; with
+    tensors, on a module of kind `linear` actually stored quantized (stored routers are WC308's)."""
+    qa = _quantized(ctx)
+    if qa is None or qa.inventory is None or qa.spec is None or qa.spec.method != "compressed-tensors":
+        return
+    from weightcheck.patterns import ENGINE_SOURCES, engine_unquantized_leaves, producer_linear_leaves
+
+    deployed = qa.deployed
+    engines = [e for e in ENGINE_SOURCES
+               if deployed is None or any(d == e or d.split("-")[0] == e for d in deployed)]  # fmt: skip
+    types = _model_types(ctx)
+    leaves: dict[str, dict[str, str]] = {}
+    linear_leaves: dict[str, str] = {}
+    for engine in engines:
+        model_type = next((t for t in types if engine_unquantized_leaves(engine, t)), None)
+        if model_type is not None:
+            leaves[engine] = engine_unquantized_leaves(engine, model_type)
+            linear_leaves = linear_leaves or producer_linear_leaves(model_type)
+    if not leaves:
+        return
+    ct = get_consumer("ct")
+    groups: dict[tuple[str, tuple[str, ...], str], list[str]] = defaultdict(list)
+    for module in qa.inventory.modules.values():
+        leaf = module.name.rsplit(".", 1)[-1]
+        hit = tuple(e for e in leaves if leaf in leaves[e])
+        if not hit or module.kind in ("embedding", "norm", "experts") or module.name.endswith("lm_head"):
+            continue
+        if qa.inventory.from_config_only:
+            if module.expected is not None and module.expected.spec.optional:
+                continue  # may not exist at all (MTP copies, switched-off sub-modules)
+            target = _producer_targets(qa, module, linear_leaves)
+            if target is None or qa.is_ignored(ct, module):
+                continue
+        elif not module.quantized or module.kind in NON_LINEAR:
+            continue  # stored unquantized: loadable; a stored quantized router is WC308's finding
+        else:
+            target = "stored quantized"
+        groups[(leaf, hit, target)].append(module.name)
+    for (leaf, hit, target), names in sorted(groups.items()):
+        where = " and ".join(f"{'SGLang' if e == 'sglang' else 'vLLM'} (`{leaves[e][leaf]}`)" for e in hit)
+        how = (f"the producer's target {target!r} quantizes them and the ignore list does not cover them"
+               if target != "stored quantized" else "they are stored quantized")  # fmt: skip
+        add = covering_entries(names, ["ct"])
+        ctx.report(
+            f"{len(names)} module(s) built unquantized (quant_config=None) by {where}, but {how}: the engine has "
+            f"no parameter for their quantized weights: {summarize(names)}",
+            file=CONFIG_FILE,
+            tensor=summarize(names, limit=3),
+            count=len(names),
+            details={
+                "engines": list(hit),
+                "modules": names[:200],
+                "target": target,
+                "add_ignore": add,
+                "ignore_source": qa.spec.source,
+                "ignore_field": qa.spec.ignore_field,
+            },
+            fix=f"add {', '.join(json.dumps(e) for e in add)} to {qa.spec.source} {qa.spec.ignore_field!r} and "
+            "re-run the quantizer, so the module is stored unquantized as the engines build it",
+        )
