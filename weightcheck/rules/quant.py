@@ -865,7 +865,7 @@ def engine_unquantized_targeted(ctx: LintContext) -> None:
         return
     ct = get_consumer("ct")
     groups: dict[tuple[str, tuple[str, ...], str], list[str]] = defaultdict(list)
-    for module in qa.inventory.modules.values():
+    for module in sorted(qa.inventory.modules.values(), key=lambda m: m.name):
         leaf = module.name.rsplit(".", 1)[-1]
         hit = tuple(e for e in leaves if leaf in leaves[e])
         if not hit or module.kind in ("embedding", "norm", "experts") or module.name.endswith("lm_head"):
@@ -880,9 +880,10 @@ def engine_unquantized_targeted(ctx: LintContext) -> None:
             continue  # stored unquantized: loadable; a stored quantized router is WC308's finding
         else:
             target = "stored quantized"
-        groups[(leaf, hit, target)].append(module.name)
-    for (leaf, hit, target), names in sorted(groups.items()):
-        where = " and ".join(f"{'SGLang' if e == 'sglang' else 'vLLM'} (`{leaves[e][leaf]}`)" for e in hit)
+        # one finding per engine attribute: SGLang's OLMo `qkv_proj` covers q_proj, k_proj and v_proj
+        attrs = tuple(f"{'SGLang' if e == 'sglang' else 'vLLM'} (`{leaves[e][leaf]}`)" for e in hit)
+        groups[(" and ".join(attrs), hit, target)].append(module.name)
+    for (where, hit, target), names in sorted(groups.items()):
         how = (f"the producer's target {target!r} quantizes them and the ignore list does not cover them"
                if target != "stored quantized" else "they are stored quantized")  # fmt: skip
         add = covering_entries(names, ["ct"])
@@ -896,7 +897,9 @@ def engine_unquantized_targeted(ctx: LintContext) -> None:
                 "engines": list(hit),
                 "modules": names[:200],
                 "target": target,
-                "add_ignore": add,
+                # `lint --fix` adds these only where the config is all there is: stored packed weights need
+                # re-quantizing, and an ignore entry alone would make them WC306's contradiction
+                "add_ignore": add if target != "stored quantized" else [],
                 "ignore_source": qa.spec.source,
                 "ignore_field": qa.spec.ignore_field,
             },

@@ -1,0 +1,166 @@
+"""WC320: a compressed-tensors config whose targets quantize a module that SGLang or vLLM builds without the
+quant config (`quant_config=None`), read from the engines' model sources (patterns/generated/sglang/ and
+vllm/, SGLang 0.5.23 and vLLM 0.33.0), for generated and hand-written architectures alike.
+
+Configs: transformers' own config class of each architecture (tiny dimensions) with the quantization block
+written by compressed-tensors' own `QuantizationConfig` (what llm-compressor serializes), the W4A16 preset on
+`Linear`. Bad: the ignore list leaves the engine-unquantized module out (llm-compressor's default
+`ignore=["lm_head"]`); good: the same list with it in, as llm-compressor's own examples write it.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+from helpers import by_code, run
+
+from weightcheck.findings import Severity
+
+# model_type -> (architecture, the engine-unquantized modules' leaf, the engines that build it so, the
+# entries a clean list adds). Each leaf/engine pair is what the engines' sources say (checked below).
+CASES: dict[str, tuple[str, tuple[str, ...], tuple[str, ...], list[str]]] = {
+    "qwen2_moe": ("Qwen2MoeForCausalLM", ("shared_expert_gate",), ("sglang", "vllm"),
+                  ["re:.*mlp.gate$", "re:.*mlp.shared_expert_gate$"]),
+    "qwen3_next": ("Qwen3NextForCausalLM", ("shared_expert_gate",), ("sglang", "vllm"),
+                   ["re:.*mlp.gate$", "re:.*mlp.shared_expert_gate$"]),
+    "qwen3_5_moe": ("Qwen3_5MoeForConditionalGeneration", ("shared_expert_gate",), ("sglang", "vllm"),
+                    ["re:.*mlp.gate$", "re:.*mlp.shared_expert_gate$", "re:.*visual.*"]),
+    "llama4_text": ("Llama4ForCausalLM", ("router",), ("sglang", "vllm"), ["re:.*router$"]),
+    "llama4": ("Llama4ForConditionalGeneration", ("router",), ("sglang", "vllm"),
+               ["re:.*router$", "re:.*vision_model.*", "re:.*multi_modal_projector.*"]),
+    "jamba": ("JambaForCausalLM", ("router",), ("vllm",), ["re:.*router$"]),
+    "olmo": ("OlmoForCausalLM", ("q_proj", "k_proj", "v_proj", "o_proj"), ("sglang",), ["re:.*self_attn\\..*"]),
+}  # fmt: skip
+
+
+def quant_block(ignore: list[str], targets: list[str] | None = None) -> dict:
+    from compressed_tensors.quantization import QuantizationConfig, QuantizationStatus, preset_name_to_scheme
+
+    scheme = preset_name_to_scheme("W4A16", targets or ["Linear"])
+    config = QuantizationConfig(config_groups={"group_0": scheme}, ignore=ignore, format="pack-quantized",
+                                quantization_status=QuantizationStatus.COMPRESSED)  # fmt: skip
+    return json.loads(json.dumps(config.model_dump(), default=str))
+
+
+def write_config(path: Path, model_type: str, ignore: list[str], targets: list[str] | None = None) -> Path:
+    from weightcheck.arch.tiny import tiny_config
+
+    cfg = json.loads(tiny_config(model_type, "D").to_json_string())
+    cfg["architectures"] = [CASES[model_type][0]] if model_type in CASES else cfg.get("architectures")
+    cfg["quantization_config"] = quant_block(ignore, targets)
+    path.mkdir(parents=True, exist_ok=True)
+    (path / "config.json").write_text(json.dumps(cfg))
+    return path
+
+
+def expected_modules(path: Path, leaves: tuple[str, ...]) -> list[str]:
+    """The modules with these leaves that the architecture's pattern expands to for the config."""
+    from weightcheck.checkpoint import load_checkpoint
+    from weightcheck.quant.analysis import analyze_checkpoint
+
+    qa = analyze_checkpoint(load_checkpoint(path))
+    assert qa.inventory is not None
+    return sorted(m for m in qa.inventory.modules if m.rsplit(".", 1)[-1] in leaves)
+
+
+@pytest.mark.parametrize("model_type", sorted(CASES))
+def test_engine_unquantized_module_left_out_of_ignore_is_an_error(tmp_path: Path, model_type: str) -> None:
+    _, leaves, engines, _ = CASES[model_type]
+    path = write_config(tmp_path / "bad", model_type, ["lm_head"])
+    result = run(path)
+    findings = by_code(result, "WC320")
+    assert findings, [f"{f.code} {f.message}" for f in result.findings]
+    assert all(f.severity == Severity.ERROR for f in findings)
+    reported = sorted(m for f in findings for m in f.details["modules"])
+    assert reported == expected_modules(path, leaves) and reported
+    assert {e for f in findings for e in f.details["engines"]} == set(engines)
+    assert result.exit_code() == 1
+
+
+@pytest.mark.parametrize("model_type", sorted(CASES))
+def test_clean_ignore_list_gets_no_error(tmp_path: Path, model_type: str) -> None:
+    extra = CASES[model_type][3]
+    result = run(write_config(tmp_path / "good", model_type, ["lm_head", *extra]))
+    assert not by_code(result, "WC320")
+    assert [f"{f.code} {f.message}" for f in result.findings if f.severity >= Severity.ERROR] == []
+
+
+def test_fix_entry_clears_the_error(tmp_path: Path) -> None:
+    """The entries the finding proposes are enough: added to the list, the error is gone."""
+    [finding] = by_code(run(write_config(tmp_path / "a", "qwen3_next", ["lm_head", "re:.*mlp.gate$"])), "WC320")
+    fixed = write_config(tmp_path / "b", "qwen3_next", ["lm_head", "re:.*mlp.gate$", *finding.details["add_ignore"]])
+    assert not by_code(run(fixed), "WC320")
+
+
+def test_router_not_a_linear_in_transformers_is_not_targeted_by_linear(tmp_path: Path) -> None:
+    """Mixtral's router is built unquantized by both engines, but transformers builds it as a TopK-router
+    nn.Module, not an nn.Linear: a `Linear` target leaves it alone, so leaving it out is no error; a target
+    that names it by regex does quantize it."""
+    from weightcheck.patterns import engine_unquantized_leaves, producer_linear_leaves
+
+    assert "gate" in engine_unquantized_leaves("sglang", "mixtral")
+    assert "gate" not in producer_linear_leaves("mixtral")
+    assert not by_code(run(write_config(tmp_path / "a", "mixtral", ["lm_head"])), "WC320")
+    named = run(write_config(tmp_path / "b", "mixtral", ["lm_head"], ["Linear", "re:.*block_sparse_moe.gate$"]))
+    [finding] = by_code(named, "WC320")
+    assert all(m.endswith("block_sparse_moe.gate") for m in finding.details["modules"])
+
+
+def test_declared_consumers_limit_the_engines(tmp_path: Path) -> None:
+    """OLMo's attention is unquantized only in SGLang 0.5.23: a team that deploys to vLLM alone is not told."""
+    from weightcheck.lint import lint_many
+
+    path = write_config(tmp_path / "a", "olmo", ["lm_head"])
+    assert by_code(lint_many([path], options={"consumers": ["sglang"]}), "WC320")
+    assert not by_code(lint_many([path], options={"consumers": ["vllm"]}), "WC320")
+
+
+def test_facts_come_from_the_engine_sources() -> None:
+    """The leaves above are what the generated engine facts say (so a stale case list fails here), with the
+    source file each was read from."""
+    from weightcheck.patterns import engine_source_facts, engine_unquantized_leaves
+
+    for model_type, (_arch, leaves, engines, _) in CASES.items():
+        for engine in ("sglang", "vllm"):
+            facts = engine_source_facts(engine, model_type)
+            found = {leaf for leaf in leaves if leaf in engine_unquantized_leaves(engine, model_type)}
+            assert found == (set(leaves) if engine in engines else set()), (model_type, engine)
+            if engine in engines:
+                assert facts["module"].endswith(".py") and facts.get(f"{engine}_class")
+    assert engine_source_facts("sglang", "qwen3_next")["sglang"] == "0.5.23"
+    assert engine_source_facts("vllm", "qwen3_next")["vllm"] == "0.33.0"
+    # every fused group, not only q/k/v and gate/up
+    assert engine_source_facts("sglang", "qwen3_next")["fused"]["in_proj_qkvz"] == ["in_proj_qkv", "in_proj_z"]
+    # how the engine renames checkpoint (and ignore-list) names before matching
+    mapper = engine_source_facts("sglang", "qwen2_5_vl")["weights_mapper"]
+    assert mapper["orig_to_new_prefix"]["model.language_model."] == "language_model.model."
+
+
+def test_untrusted_model_type_is_never_a_path() -> None:
+    from weightcheck.patterns import engine_source_facts
+
+    assert engine_source_facts("sglang", "../index") == {}
+    assert engine_source_facts("vllm", "qwen3_next/../../x") == {}
+    assert engine_source_facts("../sglang", "qwen3_next") == {}
+
+
+def test_published_configs_have_no_engine_unquantized_error(tmp_path: Path) -> None:
+    """Every real published config of tests/data/published_quant_configs.json (as that suite writes it)."""
+    import test_published_quant_configs as published
+
+    for i, entry in enumerate(published.DATA):
+        (tmp_path / str(i)).mkdir()
+        assert not by_code(run(published._write(tmp_path / str(i), entry)), "WC320"), entry["source"]
+
+
+def test_lint_fix_adds_the_entry_and_lint_is_then_clean(tmp_path: Path) -> None:
+    import subprocess
+    import sys
+
+    path = write_config(tmp_path / "a", "llama4_text", ["lm_head"])
+    fix = subprocess.run([sys.executable, "-m", "weightcheck", "lint", str(path), "--fix"],
+                         capture_output=True, text=True, timeout=120)  # fmt: skip
+    assert "router" in json.loads((path / "config.json").read_text())["quantization_config"]["ignore"][-1], fix.stdout
+    assert not by_code(run(path), "WC320")
