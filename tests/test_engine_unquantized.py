@@ -164,3 +164,47 @@ def test_lint_fix_adds_the_entry_and_lint_is_then_clean(tmp_path: Path) -> None:
                          capture_output=True, text=True, timeout=120)  # fmt: skip
     assert "router" in json.loads((path / "config.json").read_text())["quantization_config"]["ignore"][-1], fix.stdout
     assert not by_code(run(path), "WC320")
+
+
+# ---- the generated engine facts are current -----------------------------------------------------------
+
+
+def test_producer_linear_facts_are_current() -> None:
+    """generated/producer/transformers_linear.json regenerated from the installed (pinned) transformers."""
+    from weightcheck.arch.engine_sources import generate_producer_linear
+    from weightcheck.arch.generate import GENERATED_DIR
+
+    for name, text in generate_producer_linear(GENERATED_DIR / "index.json").items():
+        assert (GENERATED_DIR / name).read_text() == text, "stale: run scripts/generate_patterns.py --engine-sources"
+
+
+def test_every_generated_model_type_has_engine_facts() -> None:
+    """One file per architecture per engine, each from the pinned engine version; the vLLM class named is the
+    one vLLM's registry maps one of the type's architectures to."""
+    from weightcheck.arch.generate import GENERATED_DIR
+    from weightcheck.patterns import engine_source_facts, generated_model_types
+
+    types = generated_model_types()
+    for engine, version in (("sglang", "0.5.23"), ("vllm", "0.33.0")):
+        assert {p.stem for p in (GENERATED_DIR / engine).glob("*.json")} == set(types)
+        for t in types:
+            assert engine_source_facts(engine, t)[engine] == version, (engine, t)
+    served = [t for t in types if engine_source_facts("vllm", t).get("vllm_class")]
+    assert len(served) >= 50
+
+
+def test_vllm_facts_are_current() -> None:
+    """Regenerated from vLLM 0.33.0's sources when they are at hand (WEIGHTCHECK_VLLM_SRC: an unzipped
+    `pip download vllm==0.33.0 --no-deps` wheel; vLLM is never installed). CI has no copy: the always-run
+    tests above check the files' shape, this one their content where the sources are."""
+    import os
+
+    from weightcheck.arch.engine_sources import generate_vllm
+    from weightcheck.arch.generate import GENERATED_DIR
+
+    src = os.environ.get("WEIGHTCHECK_VLLM_SRC")
+    if not src:
+        pytest.skip("WEIGHTCHECK_VLLM_SRC not set (an unzipped vllm 0.33.0 wheel)")
+    files = generate_vllm(Path(src) / "vllm" / "model_executor" / "models", "0.33.0", GENERATED_DIR / "index.json")
+    stale = [name for name, text in files.items() if (GENERATED_DIR / name).read_text() != text]
+    assert stale == [], "stale: run scripts/generate_patterns.py --engine-sources --vllm-src DIR"
