@@ -208,3 +208,41 @@ def test_vllm_facts_are_current() -> None:
     files = generate_vllm(Path(src) / "vllm" / "model_executor" / "models", "0.33.0", GENERATED_DIR / "index.json")
     stale = [name for name, text in files.items() if (GENERATED_DIR / name).read_text() != text]
     assert stale == [], "stale: run scripts/generate_patterns.py --engine-sources --vllm-src DIR"
+
+
+# ---- with tensors: a checkpoint llm-compressor really wrote --------------------------------------------
+
+
+def _olmo_w4a16(root: Path, ignore: list[str]) -> Path:
+    """A tiny OLMo (transformers save_pretrained) quantized by llm-compressor oneshot, W4A16 on Linear."""
+    import torch
+    from llmcompressor import oneshot
+    from llmcompressor.modifiers.quantization import QuantizationModifier
+    from transformers import AutoModelForCausalLM, OlmoConfig
+
+    base, out = root / "base", root / "w4a16"
+    if not base.exists():
+        torch.manual_seed(0)
+        cfg = OlmoConfig(vocab_size=256, hidden_size=256, intermediate_size=512, num_hidden_layers=2,
+                         num_attention_heads=4, num_key_value_heads=4, tie_word_embeddings=False)  # fmt: skip
+        AutoModelForCausalLM.from_config(cfg, dtype=torch.bfloat16).save_pretrained(base)
+    model = AutoModelForCausalLM.from_pretrained(base, dtype=torch.bfloat16)
+    oneshot(model=model, recipe=QuantizationModifier(targets="Linear", scheme="W4A16", ignore=ignore))
+    model.save_pretrained(out, save_compressed=True)
+    (out / "recipe.yaml").unlink(missing_ok=True)
+    return out
+
+
+def test_checkpoint_with_engine_unquantized_modules_stored_packed(tmp_path: Path) -> None:
+    """SGLang 0.5.23 builds OLMo's attention without the quant config: llm-compressor's default ignore list
+    packs it, and the checkpoint's attention cannot load there. With attention ignored it is clean."""
+    bad = _olmo_w4a16(tmp_path / "bad", ["lm_head"])
+    findings = by_code(run(bad), "WC320")
+    assert findings and all(f.details["target"] == "stored quantized" for f in findings)
+    assert {m.rsplit(".", 1)[-1] for f in findings for m in f.details["modules"]} == {"q_proj", "k_proj", "v_proj",
+                                                                                      "o_proj"}  # fmt: skip
+    assert all(f.details["add_ignore"] == [] for f in findings)  # re-quantize: no ignore entry fixes packed data
+    good = _olmo_w4a16(tmp_path / "good", ["lm_head", "re:.*self_attn\\..*"])
+    result = run(good)
+    assert not by_code(result, "WC320")
+    assert [f"{f.code} {f.message}" for f in result.findings if f.severity >= Severity.ERROR] == []
