@@ -31,6 +31,7 @@ CASES: dict[str, tuple[str, tuple[str, ...], tuple[str, ...], list[str]]] = {
     "llama4": ("Llama4ForConditionalGeneration", ("router",), ("sglang", "vllm"),
                ["re:.*router$", "re:.*vision_model.*", "re:.*multi_modal_projector.*"]),
     "jamba": ("JambaForCausalLM", ("router",), ("vllm",), ["re:.*router$"]),
+    "hunyuan_v1_moe": ("HunYuanMoEV1ForCausalLM", ("wg",), ("sglang",), ["re:.*mlp.gate.wg$"]),
     "olmo": ("OlmoForCausalLM", ("q_proj", "k_proj", "v_proj", "o_proj"), ("sglang",), ["re:.*self_attn\\..*"]),
 }  # fmt: skip
 
@@ -121,11 +122,15 @@ def test_facts_come_from_the_engine_sources() -> None:
     """The leaves above are what the generated engine facts say (so a stale case list fails here), with the
     source file each was read from."""
     from weightcheck.patterns import engine_source_facts, engine_unquantized_leaves
+    from weightcheck.rules.quant import _engine_attr
 
     for model_type, (_arch, leaves, engines, _) in CASES.items():
         for engine in ("sglang", "vllm"):
             facts = engine_source_facts(engine, model_type)
-            found = {leaf for leaf in leaves if leaf in engine_unquantized_leaves(engine, model_type)}
+            unquantized = engine_unquantized_leaves(engine, model_type)
+            renames = (facts.get("load_weights") or {}).get("renames") or []
+            # by the module's own name, or as the engine's load_weights renames it (Hunyuan's `mlp.gate.wg`)
+            found = {leaf for leaf in leaves if _engine_attr(f"model.layers.0.mlp.gate.{leaf}", unquantized, renames)}
             assert found == (set(leaves) if engine in engines else set()), (model_type, engine)
             if engine in engines:
                 assert facts["module"].endswith(".py") and facts.get(f"{engine}_class")

@@ -830,6 +830,22 @@ def _producer_targets(qa: QuantAnalysis, module: ModuleInfo, linear_leaves: dict
     return None
 
 
+def _engine_attr(name: str, unquantized: dict[str, str], renames: list[str]) -> str | None:
+    """The engine attribute (built unquantized) that module `name` loads into, or None: by the name's last
+    component, or by it after the engine's own `load_weights` rewrites (SGLang's Hunyuan drops `wg.`, so
+    `mlp.gate.wg` loads into its unquantized `mlp.gate`)."""
+    leaf = name.rsplit(".", 1)[-1]
+    if leaf in unquantized:
+        return unquantized[leaf]
+    full = name + "."
+    for rename in renames:
+        old, _, new = rename.partition(" -> ")
+        if old and old in full:
+            full = full.replace(old, new)
+    renamed = full.rstrip(".").rsplit(".", 1)[-1]
+    return unquantized.get(renamed) if renamed != leaf else None
+
+
 @rule(
     "WC320",
     "engine-unquantized-targeted",
@@ -855,26 +871,34 @@ def engine_unquantized_targeted(ctx: LintContext) -> None:
     qa = _quantized(ctx)
     if qa is None or qa.inventory is None or qa.spec is None or qa.spec.method != "compressed-tensors":
         return
-    from weightcheck.patterns import ENGINE_SOURCES, engine_unquantized_leaves, producer_linear_leaves
+    from weightcheck.patterns import (
+        ENGINE_SOURCES,
+        engine_source_facts,
+        engine_unquantized_leaves,
+        producer_linear_leaves,
+    )
 
     deployed = qa.deployed
     engines = [e for e in ENGINE_SOURCES
                if deployed is None or any(d == e or d.split("-")[0] == e for d in deployed)]  # fmt: skip
     types = _model_types(ctx)
     leaves: dict[str, dict[str, str]] = {}
+    renames: dict[str, list[str]] = {}
     linear_leaves: dict[str, str] = {}
     for engine in engines:
         model_type = next((t for t in types if engine_unquantized_leaves(engine, t)), None)
         if model_type is not None:
             leaves[engine] = engine_unquantized_leaves(engine, model_type)
+            rewrites = engine_source_facts(engine, model_type).get("load_weights") or {}
+            renames[engine] = [r for r in rewrites.get("renames") or [] if isinstance(r, str)]
             linear_leaves = linear_leaves or producer_linear_leaves(model_type)
     if not leaves:
         return
     ct = get_consumer("ct")
     groups: dict[tuple[str, tuple[str, ...], str], list[str]] = defaultdict(list)
     for module in sorted(qa.inventory.modules.values(), key=lambda m: m.name):
-        leaf = module.name.rsplit(".", 1)[-1]
-        hit = tuple(e for e in leaves if leaf in leaves[e])
+        engine_attr = {e: a for e in leaves if (a := _engine_attr(module.name, leaves[e], renames[e])) is not None}
+        hit = tuple(engine_attr)
         if not hit or module.kind in ("embedding", "norm", "experts") or module.name.endswith("lm_head"):
             continue
         if qa.inventory.from_config_only:
@@ -888,7 +912,7 @@ def engine_unquantized_targeted(ctx: LintContext) -> None:
         else:
             target = "stored quantized"
         # one finding per engine attribute: SGLang's OLMo `qkv_proj` covers q_proj, k_proj and v_proj
-        attrs = tuple(f"{'SGLang' if e == 'sglang' else 'vLLM'} (`{leaves[e][leaf]}`)" for e in hit)
+        attrs = tuple(f"{'SGLang' if e == 'sglang' else 'vLLM'} (`{engine_attr[e]}`)" for e in hit)
         groups[(" and ".join(attrs), hit, target)].append(module.name)
     for (where, hit, target), names in sorted(groups.items()):
         how = (f"the producer's target {target!r} quantizes them and the ignore list does not cover them"
