@@ -87,9 +87,18 @@ def _wheel_version(unzipped: Path, dist: str) -> str:
 
 
 def engine_source_files(vllm_src: Path | None, sglang_src: Path | None, index: Path) -> dict[str, str]:
+    import json
+    from importlib.metadata import version as installed
+
     from weightcheck.arch.engine_sources import generate_producer_linear, generate_sglang_sources, generate_vllm
 
-    files = generate_producer_linear(index)
+    files: dict[str, str] = {}
+    pinned = json.loads(index.read_text()).get("transformers")
+    if installed("transformers") == pinned:  # the producer file follows the patterns' transformers
+        files.update(generate_producer_linear(index))
+    else:
+        print(f"producer/transformers_linear.json not regenerated: transformers {installed('transformers')} is "
+              f"installed, the patterns are from {pinned}", file=sys.stderr)  # fmt: skip
     if vllm_src is not None:
         version = _wheel_version(vllm_src, "vllm")
         files.update(generate_vllm(vllm_src / "vllm" / "model_executor" / "models", version, index))
