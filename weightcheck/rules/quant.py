@@ -863,11 +863,11 @@ def engine_unquantized_targeted(ctx: LintContext) -> None:
     those modules the ignore list means nothing to the engine, but it is what stops the producer: a
     compressed-tensors config whose `Linear` target covers such a module (it is an `nn.Linear` subclass in
     transformers) and whose ignore list leaves it out describes a checkpoint that stores it as
-    `weight_packed`/`weight_scale`, which the engine has no parameter for (SGLang skips the names and routes
-    on an uninitialized gate; vLLM raises KeyError or loads garbage). Facts per architecture are read from
-    the engines' model sources (patterns/generated/sglang/ and vllm/, `unquantized`), for generated and
-    hand-written architectures alike. Config-only: the error stands on the targets and ignore list; with
-    tensors, on a module of kind `linear` actually stored quantized (stored routers are WC308's)."""
+    `weight_packed`/`weight_scale`, which the engine has no parameter for (SGLang raises KeyError or skips the
+    names and routes on an uninitialized gate; vLLM raises KeyError or loads garbage). Facts per architecture are
+    read from the engines' model sources (patterns/generated/sglang/ and vllm/, `unquantized`), for generated and
+    hand-written architectures alike. Config-only: the error stands on the targets and ignore list; with tensors,
+    on a module of kind `linear` actually stored quantized (stored routers are WC308's)."""
     qa = _quantized(ctx)
     if qa is None or qa.inventory is None or qa.spec is None or qa.spec.method != "compressed-tensors":
         return
