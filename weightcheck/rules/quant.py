@@ -837,7 +837,11 @@ def _engine_attr(name: str, unquantized: dict[str, str], renames: list[str]) -> 
     leaf = name.rsplit(".", 1)[-1]
     if leaf in unquantized:
         return unquantized[leaf]
-    full = name + "."
+    if not renames:
+        return None
+    # only the leaf matters: the rewrites are applied to the name's last components (a rename that reaches
+    # further up, `mtp -> model`, leaves the leaf as it is)
+    full = "." + ".".join(name.rsplit(".", 3)[-3:]) + "."
     for rename in renames:
         old, _, new = rename.partition(" -> ")
         if old and old in full:
@@ -895,17 +899,26 @@ def engine_unquantized_targeted(ctx: LintContext) -> None:
     if not leaves:
         return
     ct = get_consumer("ct")
+    attr_of: dict[str, dict[str, str]] = {}
     groups: dict[tuple[str, tuple[str, ...], str], list[str]] = defaultdict(list)
-    for module in sorted(qa.inventory.modules.values(), key=lambda m: m.name):
-        engine_attr = {e: a for e in leaves if (a := _engine_attr(module.name, leaves[e], renames[e])) is not None}
+    for module in qa.inventory.modules.values():
+        if module.kind in ("embedding", "norm", "experts") or module.name.endswith("lm_head"):
+            continue
+        # one lookup per name tail (all _engine_attr reads): Qwen3-Next-sized configs have ~75k expert modules
+        template = module.name.rsplit(".", 3)[-3:]
+        template = ".".join(template)
+        if template not in attr_of:
+            attr_of[template] = {e: a for e in leaves if (a := _engine_attr(module.name, leaves[e], renames[e]))}
+        engine_attr = attr_of[template]
         hit = tuple(engine_attr)
-        if not hit or module.kind in ("embedding", "norm", "experts") or module.name.endswith("lm_head"):
+        if not hit:
             continue
         if qa.inventory.from_config_only:
             if module.expected is not None and module.expected.spec.optional:
                 continue  # may not exist at all (MTP copies, switched-off sub-modules)
             target = _producer_targets(qa, module, linear_leaves)
-            if target is None or qa.is_ignored(ct, module):
+            # the producer's own matching, on the few modules that get here (no index of every name needed)
+            if target is None or ct.matches(module.name, qa.spec.ignore):
                 continue
         elif not module.quantized or module.kind in NON_LINEAR:
             continue  # stored unquantized: loadable; a stored quantized router is WC308's finding
