@@ -251,3 +251,21 @@ def test_checkpoint_with_engine_unquantized_modules_stored_packed(tmp_path: Path
     result = run(good)
     assert not by_code(result, "WC320")
     assert [f"{f.code} {f.message}" for f in result.findings if f.severity >= Severity.ERROR] == []
+
+
+def test_layer_placement_keys_each_engine_reads() -> None:
+    """Which layers an engine builds follows from the config keys its class reads (`config_reads`): both read
+    DeepSeek's `first_k_dense_replace`/`moe_layer_freq`, Llama-4's `interleave_moe_layer_step`, ERNIE's MoE
+    interval and start/end index; vLLM reads Qwen2-MoE's `mlp_only_layers`/`decoder_sparse_step` and SGLang
+    0.5.23 does not (it builds every Qwen2-MoE layer sparse)."""
+    from weightcheck.patterns import engine_source_facts
+
+    def reads(engine: str, model_type: str) -> set[str]:
+        return set(engine_source_facts(engine, model_type)["config_reads"])
+
+    for engine in ("sglang", "vllm"):
+        assert {"first_k_dense_replace", "moe_layer_freq", "q_lora_rank"} <= reads(engine, "deepseek_v2")
+        assert "interleave_moe_layer_step" in reads(engine, "llama4_text")
+        assert {"moe_layer_interval", "moe_layer_start_index", "moe_layer_end_index"} <= reads(engine, "ernie4_5_moe")
+    assert {"mlp_only_layers", "decoder_sparse_step"} <= reads("vllm", "qwen2_moe")
+    assert not {"mlp_only_layers", "decoder_sparse_step"} & reads("sglang", "qwen2_moe")
