@@ -269,3 +269,24 @@ def test_layer_placement_keys_each_engine_reads() -> None:
         assert {"moe_layer_interval", "moe_layer_start_index", "moe_layer_end_index"} <= reads(engine, "ernie4_5_moe")
     assert {"mlp_only_layers", "decoder_sparse_step"} <= reads("vllm", "qwen2_moe")
     assert not {"mlp_only_layers", "decoder_sparse_step"} & reads("sglang", "qwen2_moe")
+
+
+def test_router_left_out_is_an_engine_error_only_where_the_engine_source_quantizes_it(tmp_path: Path) -> None:
+    """WC309 asks vLLM's source too: vLLM 0.33.0 builds Qwen3-MoE's gate with the quant config (a bf16 router
+    has no home there: error) but Qwen2-MoE's as a GateLinear without it, whatever the hand-written pattern's
+    `quantized_by` says (only the online INT4 quantizer's warning is left)."""
+    from weightcheck.patterns import engine_source_facts
+
+    assert "gate" in engine_source_facts("vllm", "qwen2_moe")["unquantized"]
+    assert "gate" not in engine_source_facts("vllm", "qwen3_moe")["unquantized"] + engine_source_facts(
+        "vllm", "qwen3_moe")["mixed"]  # fmt: skip
+
+    def router_findings(model_type: str) -> list:
+        result = run(write_config(tmp_path / model_type, model_type, ["lm_head", "re:.*shared_expert_gate$"]))
+        return [f for f in by_code(result, "WC309") if f.details["kind"] == "router"]
+
+    [qwen3] = router_findings("qwen3_moe")
+    assert qwen3.severity == Severity.ERROR and "vllm" in qwen3.details["consumers"]
+    assert all(f.severity == Severity.WARNING and "vllm" not in f.details["consumers"]
+               for f in router_findings("qwen2_moe"))  # fmt: skip
+    assert router_findings("qwen2_moe")

@@ -428,6 +428,9 @@ def non_linear_not_ignored(ctx: LintContext) -> None:
     qa = _quantized(ctx)
     if qa is None or qa.inventory is None:
         return
+    from weightcheck.patterns import ENGINE_SOURCES
+
+    unquantized = {e: _engine_leaves(ctx, e) for e in ENGINE_SOURCES}
     groups: dict[tuple[str, tuple[str, ...]], list[str]] = defaultdict(list)
     for module in qa.inventory.modules.values():
         is_head = (
@@ -440,9 +443,13 @@ def non_linear_not_ignored(ctx: LintContext) -> None:
         if qa.inventory.from_config_only and module.expected is not None and module.expected.spec.optional:
             continue  # config-only: optional modules (MTP head copies) may not exist at all
         affected: list[Consumer] = []
+        leaf = module.name.rsplit(".", 1)[-1]
         for consumer in qa.consumers:
             builds_quantized = consumer.quantizes_online or (
                 module.expected is not None and consumer.key in module.expected.spec.quantized_by
+                # the engine's own source says otherwise (vLLM 0.33.0's Qwen2-MoE gate is a GateLinear
+                # without the quant config): a hand-written `quantized_by` does not outvote it
+                and leaf not in unquantized.get(consumer.key.split("-")[0], {})
             )
             if builds_quantized and not qa.is_ignored(consumer, module):
                 affected.append(consumer)
@@ -806,6 +813,17 @@ def ignore_class_name(ctx: LintContext) -> None:
         if is_class_entry(entry) and entry != "Linear":
             ctx.report(f"ignore entry {entry!r} is a class name: vLLM and SGLang ignore it", file=CONFIG_FILE,
                        tensor=entry)  # fmt: skip
+
+
+def _engine_leaves(ctx: LintContext, engine: str) -> dict[str, str]:
+    """`engine_unquantized_leaves` for the config's first model_type the engine has facts for."""
+    from weightcheck.patterns import engine_unquantized_leaves
+
+    for model_type in _model_types(ctx):
+        found = engine_unquantized_leaves(engine, model_type)
+        if found:
+            return found
+    return {}
 
 
 def _model_types(ctx: LintContext) -> list[str]:
