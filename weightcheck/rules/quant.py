@@ -422,7 +422,8 @@ def non_linear_not_ignored(ctx: LintContext) -> None:
     """Who quantizes what is per consumer: the slime/miles online INT4 quantizer packs every 2-D `.weight`
     parameter the ignore list does not match (routers, embeddings, lm_head; miles' online NVFP4 packs experts
     only, so it is not counted here); vLLM builds the
-    Qwen2/3-MoE router as a `ReplicatedLinear` with the quant config. Their quantized names then reach an
+    Qwen3-MoE router as a `GateLinear` with the quant config (a hand-written `quantized_by` yields to the
+    engine sources: vLLM 0.33.0's Qwen2-MoE gate is built without it). Their quantized names then reach an
     engine that drops them (THUDM/slime#1642, #1479). Error when an engine is affected; warning when only
     online RL quantizers are."""
     qa = _quantized(ctx)
