@@ -290,3 +290,10 @@ def test_router_left_out_is_an_engine_error_only_where_the_engine_source_quantiz
     assert all(f.severity == Severity.WARNING and "vllm" not in f.details["consumers"]
                for f in router_findings("qwen2_moe"))  # fmt: skip
     assert router_findings("qwen2_moe")
+
+
+def test_class_name_ignore_entry_is_honoured_as_the_producer_does(tmp_path: Path) -> None:
+    """llm-compressor skips modules whose class an ignore entry names: `Llama4Router` keeps Llama-4's routers
+    unquantized (no WC320); a class entry naming something else does not."""
+    assert not by_code(run(write_config(tmp_path / "a", "llama4_text", ["lm_head", "Llama4Router"])), "WC320")
+    assert by_code(run(write_config(tmp_path / "b", "llama4_text", ["lm_head", "Llama4TextAttention"])), "WC320")

@@ -918,6 +918,7 @@ def engine_unquantized_targeted(ctx: LintContext) -> None:
     if not leaves:
         return
     ct = get_consumer("ct")
+    class_entries = {e for e in qa.spec.ignore if is_class_entry(e)}
     attr_of: dict[str, dict[str, str]] = {}
     groups: dict[tuple[str, tuple[str, ...], str], list[str]] = defaultdict(list)
     for module in qa.inventory.modules.values():
@@ -939,6 +940,11 @@ def engine_unquantized_targeted(ctx: LintContext) -> None:
             # the producer's own matching, on the few modules that get here (no index of every name needed)
             if target is None or ct.matches(module.name, qa.spec.ignore):
                 continue
+            if class_entries:  # llm-compressor also skips modules by class name (`"Llama4Router"`)
+                cls = linear_leaves.get(module.name.rsplit(".", 1)[-1])
+                if cls is None or set(cls.split(" | ")) & class_entries:
+                    continue  # its class is not known here: no claim; or the list names it
+
         elif not module.quantized or module.kind in NON_LINEAR:
             continue  # stored unquantized: loadable; a stored quantized router is WC308's finding
         else:
