@@ -5,6 +5,11 @@
     python scripts/generate_patterns.py --check    # exit 1 when the checked-in data is stale
     python scripts/generate_patterns.py --sglang   # the SGLang half (run in .venv-sglang)
     python scripts/generate_patterns.py llama gpt_oss   # only these model_types (writes them)
+    python scripts/generate_patterns.py --engine-sources --vllm-src DIR [--sglang-src DIR]
+        # engine facts read from sources: generated/vllm/*.json from vLLM's unzipped wheel (DIR holds
+        # vllm/model_executor/models; `pip download vllm==0.33.0 --no-deps` and unzip, vLLM is not
+        # installed), generated/sglang/*.json from the installed SGLang (or --sglang-src, an unzipped
+        # sglang 0.5.23 wheel), and generated/producer/transformers_linear.json from the installed transformers
 """
 
 from __future__ import annotations
@@ -25,8 +30,14 @@ def main() -> int:
     ap.add_argument("--check", action="store_true")
     ap.add_argument("--sglang", action="store_true", help="the SGLang half: sglang.json (needs sglang installed)")
     ap.add_argument("--out", type=Path, default=GENERATED_DIR)
+    ap.add_argument("--engine-sources", action="store_true", help="engine facts from SGLang/vLLM/transformers sources")
+    ap.add_argument("--vllm-src", type=Path, help="an unzipped vLLM wheel (the folder holding vllm/)")
+    ap.add_argument("--sglang-src", type=Path, help="an unzipped SGLang wheel (default: the installed SGLang)")
     args = ap.parse_args()
-    if args.sglang:
+    if args.engine_sources:
+        files = engine_source_files(args.vllm_src, args.sglang_src, GENERATED_DIR / "index.json")
+        args.model_types = ["(engine sources)"]  # no README rewrite
+    elif args.sglang:
         from weightcheck.arch.sglang_facts import generate_sglang
 
         files = generate_sglang()
@@ -64,6 +75,41 @@ def main() -> int:
         return 1
     print(f"{len(files)} files, {len(stale)} {'stale' if args.check else 'written'}")
     return 0
+
+
+def _wheel_version(unzipped: Path, dist: str) -> str:
+    """The version an unzipped wheel's `<dist>-<version>.dist-info` folder names (the sources carry no
+    readable version of their own)."""
+    found = next(unzipped.glob(f"{dist}-*.dist-info"), None)
+    if found is None:
+        raise SystemExit(f"{unzipped}: no {dist}-*.dist-info (unzip the whole wheel, or at least its dist-info)")
+    return found.name[len(dist) + 1 :].removesuffix(".dist-info")
+
+
+def engine_source_files(vllm_src: Path | None, sglang_src: Path | None, index: Path) -> dict[str, str]:
+    import json
+    from importlib.metadata import version as installed
+
+    from weightcheck.arch.engine_sources import generate_producer_linear, generate_sglang_sources, generate_vllm
+
+    files: dict[str, str] = {}
+    pinned = json.loads(index.read_text()).get("transformers")
+    if installed("transformers") == pinned:  # the producer file follows the patterns' transformers
+        files.update(generate_producer_linear(index))
+    else:
+        print(f"producer/transformers_linear.json not regenerated: transformers {installed('transformers')} is "
+              f"installed, the patterns are from {pinned}", file=sys.stderr)  # fmt: skip
+    if vllm_src is not None:
+        version = _wheel_version(vllm_src, "vllm")
+        files.update(generate_vllm(vllm_src / "vllm" / "model_executor" / "models", version, index))
+    if sglang_src is not None:
+        files.update(generate_sglang_sources(sglang_src / "sglang" / "srt" / "models",
+                                             _wheel_version(sglang_src, "sglang"), index))
+    else:
+        from weightcheck.arch.sglang_facts import sglang_source_files
+
+        files.update(sglang_source_files())
+    return files
 
 
 if __name__ == "__main__":

@@ -150,7 +150,7 @@ def plan_fixes(root: Path, result: Result) -> tuple[list[FileEdit], list[Finding
                 for key in f.details.get("tensors", []):
                     edit.data["weight_map"][key] = f.details["found_in"][0]
                 edit.what.append(f"{INDEX_NAME}: entries repointed to {f.details['found_in'][0]}")
-        elif f.code == "WC309" and f.details.get("ignore_source") and f.details.get("add_ignore"):
+        elif f.code in ("WC309", "WC320") and f.details.get("ignore_source") and f.details.get("add_ignore"):
             rel, _, key = f.details["ignore_source"].partition(":")
             edit = plan.load(rel)
             if edit is None:

@@ -14,6 +14,7 @@ from __future__ import annotations
 import ast
 import json
 import operator
+import re
 import sys
 from collections.abc import Iterable
 from dataclasses import dataclass, field
@@ -348,6 +349,60 @@ def sglang_routed_experts(model_type: str) -> tuple[str, dict[str, Any]] | None:
     if not facts.get("sglang_class") or not isinstance(routed, dict) or not isinstance(routed.get("layouts"), list):
         return None
     return str(facts["sglang_class"]), routed
+
+
+ENGINE_SOURCES = ("sglang", "vllm")
+
+
+@cache
+def engine_source_facts(engine: str, model_type: str) -> dict[str, Any]:
+    """What `engine`'s model class for `model_type` builds, read from its sources
+    (patterns/generated/<engine>/<model_type>.json, weightcheck.arch.engine_sources); {} when unknown."""
+    folder = _pattern_dir()
+    if folder is None or engine not in ENGINE_SOURCES or not re.fullmatch(r"[a-z0-9_]+", model_type):
+        return {}  # model_type comes from an untrusted config.json: never a path
+    path = folder / "generated" / engine / f"{model_type}.json"
+    try:
+        doc = json.loads(path.read_text(encoding="utf-8")) if path.is_file() else {}
+    except (OSError, ValueError):
+        return {}
+    return doc if isinstance(doc, dict) else {}
+
+
+def engine_unquantized_leaves(engine: str, model_type: str) -> dict[str, str]:
+    """module name leaf -> the engine attribute it belongs to, for every module `engine` builds without the
+    quant config: the attributes themselves, and the checkpoint shards of an unquantized fused attribute
+    (SGLang's OLMo builds `qkv_proj` without it, so `q_proj`/`k_proj`/`v_proj` are unquantized there)."""
+    facts = engine_source_facts(engine, model_type)
+    attrs = [a for a in facts.get("unquantized") or [] if isinstance(a, str)]
+    out = {a: a for a in attrs}
+    fused = facts.get("fused") if isinstance(facts.get("fused"), dict) else {}
+    for group, shards in fused.items():
+        if isinstance(group, str) and group.rsplit(".", 1)[-1] in attrs and isinstance(shards, list):
+            for shard in shards:
+                if isinstance(shard, str):
+                    out.setdefault(shard.rsplit(".", 1)[-1], group.rsplit(".", 1)[-1])
+    return out
+
+
+@lru_cache(maxsize=1)
+def _producer_linear() -> dict[str, Any]:
+    folder = _pattern_dir()
+    path = folder / "generated" / "producer" / "transformers_linear.json" if folder is not None else None
+    try:
+        doc = json.loads(path.read_text(encoding="utf-8")) if path is not None and path.is_file() else {}
+    except (OSError, ValueError):
+        return {}
+    types = doc.get("model_types") if isinstance(doc, dict) else None
+    return types if isinstance(types, dict) else {}
+
+
+def producer_linear_leaves(model_type: str) -> dict[str, str]:
+    """Router/other-kind module leaves that transformers builds as an `nn.Linear` (subclass) for
+    `model_type`: a compressed-tensors `Linear` target quantizes them (Llama-4's `router`, Qwen3-Next's
+    `shared_expert_gate`)."""
+    found = _producer_linear().get(model_type)
+    return {str(k): str(v) for k, v in found.items()} if isinstance(found, dict) else {}
 
 
 def sglang_registered_model_types() -> list[str]:

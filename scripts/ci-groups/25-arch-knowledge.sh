@@ -3,6 +3,8 @@
 # reinstalled): patterns/generated/sglang.json regenerated from the installed SGLang 0.5.23's model sources
 # must equal the checked-in file, and every SGLang class named there is in SGLang's ModelRegistry. Since the
 # expert-layout probe, regenerating it builds each MoE class on CPU and runs its load_weights (tiny models).
+# patterns/generated/sglang/<model_type>.json (what each class builds unquantized, fuses and renames: WC320)
+# is regenerated from the same sources (ast only, seconds) and must equal the checked-in files too.
 # Measured: 2 min 17 s - 3 min 51 s wall for the 4 tests on the shared 2-core machine (the slower with the
 # main suite running beside it); the registry import and the first SGLang model import dominate, each
 # probed class adds about a second.

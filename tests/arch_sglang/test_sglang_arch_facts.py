@@ -72,3 +72,24 @@ def test_routed_expert_layouts_were_probed_through_load_weights() -> None:
     assert reads("qwen3_vl_moe")["save_pretrained_transposed"] == "all"
     probed = [t for t, f in facts.items() if "layouts" in (f.get("routed_experts") or {})]
     assert len(probed) >= 15
+
+
+def test_sglang_source_facts_are_current() -> None:
+    """patterns/generated/sglang/<model_type>.json (unquantized modules, fused groups, name mappers) regenerated
+    from the installed SGLang's model sources."""
+    from weightcheck.arch.generate import GENERATED_DIR
+    from weightcheck.arch.sglang_facts import sglang_source_files
+
+    files = sglang_source_files()
+    assert len(files) == len(json.loads((GENERATED_DIR / "index.json").read_text())["model_types"])
+    stale = [name for name, text in files.items() if (GENERATED_DIR / name).read_text() != text]
+    assert stale == [], "stale: run scripts/generate_patterns.py --engine-sources (in .venv-sglang)"
+
+
+def test_shared_expert_gates_and_llama4_router_are_unquantized_in_sglang() -> None:
+    """The motivating facts, from SGLang's own sources: ReplicatedLinear(..., quant_config=None)."""
+    from weightcheck.patterns import engine_source_facts
+
+    for model_type in ("qwen2_moe", "qwen3_next", "qwen3_5_moe"):
+        assert "shared_expert_gate" in engine_source_facts("sglang", model_type)["unquantized"], model_type
+    assert "router" in engine_source_facts("sglang", "llama4")["unquantized"]

@@ -144,3 +144,14 @@ def generate_sglang(index_path: Path = GENERATED_DIR / "index.json") -> dict[str
             facts["routed_experts"] = _probe(model_type, doc["family"]["layer_prefix"], hit)
         out["model_types"][model_type] = facts
     return {"sglang.json": dump(out)}
+
+
+def sglang_source_files(index_path: Path = GENERATED_DIR / "index.json") -> dict[str, str]:
+    """patterns/generated/sglang/<model_type>.json from the installed SGLang's model sources (ast only):
+    which modules each class builds unquantized, its fused groups, name mappers and load_weights rewrites
+    (weightcheck.arch.engine_sources)."""
+    from importlib.metadata import version
+
+    from weightcheck.arch.engine_sources import generate_sglang_sources
+
+    return generate_sglang_sources(_models_dir(), version("sglang"), index_path)

@@ -47,6 +47,8 @@ FIX_TEXTS: dict[str, str] = {
     "WC316": "make config.json's ignore and hf_quant_config.json's exclude_modules list the same modules",
     "WC317": "unfuse the 3-D expert tensor into per-expert `weight_packed` before quantizing",
     "WC318": "replace the class name by a module-name regex (e.g. `re:.*mlp$`)",
+    "WC320": "add the module to the ignore list and re-quantize: the engines build it unquantized, so it must be "
+    "stored unquantized (`weightcheck lint --fix` adds the entry)",
     "WC339": "check this method's ignore list and companions by hand (weightcheck cannot model its format yet)",
     # WC4xx expected keys
     "WC401": "re-export the missing layers (a pipeline stage that was never gathered, a shard not written)",

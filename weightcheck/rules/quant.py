@@ -441,12 +441,16 @@ def non_linear_not_ignored(ctx: LintContext) -> None:
     """Who quantizes what is per consumer: the slime/miles online INT4 quantizer packs every 2-D `.weight`
     parameter the ignore list does not match (routers, embeddings, lm_head; miles' online NVFP4 packs experts
     only, so it is not counted here); vLLM builds the
-    Qwen2/3-MoE router as a `ReplicatedLinear` with the quant config. Their quantized names then reach an
+    Qwen3-MoE router as a `GateLinear` with the quant config (a hand-written `quantized_by` yields to the
+    engine sources: vLLM 0.33.0's Qwen2-MoE gate is built without it). Their quantized names then reach an
     engine that drops them (THUDM/slime#1642, #1479). Error when an engine is affected; warning when only
     online RL quantizers are."""
     qa = _quantized(ctx)
     if qa is None or qa.inventory is None:
         return
+    from weightcheck.patterns import ENGINE_SOURCES
+
+    unquantized = {e: _engine_leaves(ctx, e) for e in ENGINE_SOURCES}
     groups: dict[tuple[str, tuple[str, ...]], list[str]] = defaultdict(list)
     for module in qa.inventory.modules.values():
         is_head = (
@@ -459,9 +463,13 @@ def non_linear_not_ignored(ctx: LintContext) -> None:
         if qa.inventory.from_config_only and module.expected is not None and module.expected.spec.optional:
             continue  # config-only: optional modules (MTP head copies) may not exist at all
         affected: list[Consumer] = []
+        leaf = module.name.rsplit(".", 1)[-1]
         for consumer in qa.consumers:
             builds_quantized = consumer.quantizes_online or (
                 module.expected is not None and consumer.key in module.expected.spec.quantized_by
+                # the engine's own source says otherwise (vLLM 0.33.0's Qwen2-MoE gate is a GateLinear
+                # without the quant config): a hand-written `quantized_by` does not outvote it
+                and leaf not in unquantized.get(consumer.key.split("-")[0], {})
             )
             if builds_quantized and not qa.is_ignored(consumer, module):
                 affected.append(consumer)
@@ -582,7 +590,14 @@ def shard_ignore_needs_fused_name(ctx: LintContext) -> None:
     hits: list[str] = []
     modules = qa.inventory.modules
     groups = dict(filter(None, (fused_group_of(m, modules) for m in qa.ignored_modules(sglang))))
+    from weightcheck.patterns import engine_unquantized_leaves
+
+    # a fused module SGLang builds without the quant config (0.5.23's OLMo `qkv_proj`) is unquantized whatever
+    # the list says: its bf16 shards load
+    unquantized = {a for t in _model_types(ctx) for a in engine_unquantized_leaves("sglang", t).values()}
     for fused, shards in sorted(groups.items()):
+        if fused.rsplit(".", 1)[-1] in unquantized:
+            continue
         shard_modules = [modules[s] for s in shards]
         if all(qa.is_ignored(sglang, m) for m in shard_modules) and not any(
             sglang.match(fused, e) for e in qa.spec.ignore
@@ -818,3 +833,164 @@ def ignore_class_name(ctx: LintContext) -> None:
         if is_class_entry(entry) and entry != "Linear":
             ctx.report(f"ignore entry {entry!r} is a class name: vLLM and SGLang ignore it", file=CONFIG_FILE,
                        tensor=entry)  # fmt: skip
+
+
+def _engine_leaves(ctx: LintContext, engine: str) -> dict[str, str]:
+    """`engine_unquantized_leaves` for the config's first model_type the engine has facts for."""
+    from weightcheck.patterns import engine_unquantized_leaves
+
+    for model_type in _model_types(ctx):
+        found = engine_unquantized_leaves(engine, model_type)
+        if found:
+            return found
+    return {}
+
+
+def _model_types(ctx: LintContext) -> list[str]:
+    """The config's model_type(s): the top level's, then its text config's (a VLM's language model)."""
+    found = [ctx.ckpt.config_data.get("model_type"), ctx.ckpt.text_config().get("model_type")]
+    return list(dict.fromkeys(t for t in found if isinstance(t, str)))
+
+
+def _producer_targets(qa: QuantAnalysis, module: ModuleInfo, linear_leaves: dict[str, str]) -> str | None:
+    """The target through which compressed-tensors (llm-compressor) quantizes `module`, else None. `Linear`
+    matches every nn.Linear and subclass (it walks the MRO): the pattern's linear modules, and router-kind
+    modules transformers builds as a Linear (generated/producer/transformers_linear.json). Other class
+    targets are not modelled: no claim."""
+    assert qa.spec is not None
+    leaf = module.name.rsplit(".", 1)[-1]
+    for target in qa.spec.targets:
+        if target == "Linear":
+            if module.kind == "linear" or (module.kind in ("router", "other") and leaf in linear_leaves):
+                return target
+        elif not is_class_entry(target) and get_consumer("ct").matches(module.name, [target]):
+            return target
+    return None
+
+
+def _engine_attr(name: str, unquantized: dict[str, str], renames: list[str]) -> str | None:
+    """The engine attribute (built unquantized) that module `name` loads into, or None: by the name's last
+    component, or by it after the engine's own `load_weights` rewrites (SGLang's Hunyuan drops `wg.`, so
+    `mlp.gate.wg` loads into its unquantized `mlp.gate`)."""
+    leaf = name.rsplit(".", 1)[-1]
+    if leaf in unquantized:
+        return unquantized[leaf]
+    if not renames:
+        return None
+    # only the leaf matters: the rewrites are applied to the name's last components (a rename that reaches
+    # further up, `mtp -> model`, leaves the leaf as it is)
+    full = "." + ".".join(name.rsplit(".", 3)[-3:]) + "."
+    for rename in renames:
+        old, _, new = rename.partition(" -> ")
+        if old and old in full:
+            full = full.replace(old, new)
+    renamed = full.rstrip(".").rsplit(".", 1)[-1]
+    return unquantized.get(renamed) if renamed != leaf else None
+
+
+@rule(
+    "WC320",
+    "engine-unquantized-targeted",
+    Severity.ERROR,
+    summary="The producer's targets quantize a module an engine builds without the quant config (no ignore entry).",
+    bad='Qwen3-Next, targets ["Linear"], "ignore": ["lm_head", "re:.*mlp.gate$"]   (mlp.shared_expert_gate '
+    "is an nn.Linear: llm-compressor packs it; SGLang and vLLM build it with quant_config=None)",
+    good='"ignore": ["lm_head", "re:.*mlp.gate$", "re:.*mlp.shared_expert_gate$"]',
+    needs=("config",),
+)
+def engine_unquantized_targeted(ctx: LintContext) -> None:
+    """SGLang and vLLM build some modules with `quant_config=None` whatever the checkpoint says: routers
+    (Llama-4's `feed_forward.router`, gpt-oss's `mlp.router`), shared-expert gates (Qwen2-MoE, Qwen3-Next,
+    Qwen3.5-MoE `mlp.shared_expert_gate`), and per engine others (SGLang 0.5.23's OLMo attention). For
+    those modules the ignore list means nothing to the engine, but it is what stops the producer: a
+    compressed-tensors config whose `Linear` target covers such a module (it is an `nn.Linear` subclass in
+    transformers) and whose ignore list leaves it out describes a checkpoint that stores it as
+    `weight_packed`/`weight_scale`, which the engine has no parameter for (SGLang raises KeyError or skips the
+    names and routes on an uninitialized gate; vLLM raises KeyError or loads garbage). Facts per architecture are
+    read from the engines' model sources (patterns/generated/sglang/ and vllm/, `unquantized`), for generated and
+    hand-written architectures alike. Config-only: the error stands on the targets and ignore list; with tensors,
+    on a module of kind `linear` actually stored quantized (stored routers are WC308's)."""
+    qa = _quantized(ctx)
+    if qa is None or qa.inventory is None or qa.spec is None or qa.spec.method != "compressed-tensors":
+        return
+    from weightcheck.patterns import (
+        ENGINE_SOURCES,
+        engine_source_facts,
+        engine_unquantized_leaves,
+        producer_linear_leaves,
+    )
+
+    deployed = qa.deployed
+    engines = [e for e in ENGINE_SOURCES
+               if deployed is None or any(d == e or d.split("-")[0] == e for d in deployed)]  # fmt: skip
+    types = _model_types(ctx)
+    leaves: dict[str, dict[str, str]] = {}
+    renames: dict[str, list[str]] = {}
+    linear_leaves: dict[str, str] = {}
+    for engine in engines:
+        model_type = next((t for t in types if engine_unquantized_leaves(engine, t)), None)
+        if model_type is not None:
+            leaves[engine] = engine_unquantized_leaves(engine, model_type)
+            rewrites = engine_source_facts(engine, model_type).get("load_weights") or {}
+            renames[engine] = [r for r in rewrites.get("renames") or [] if isinstance(r, str)]
+            linear_leaves = linear_leaves or producer_linear_leaves(model_type)
+    if not leaves:
+        return
+    ct = get_consumer("ct")
+    class_entries = {e for e in qa.spec.ignore if is_class_entry(e)}
+    attr_of: dict[str, dict[str, str]] = {}
+    groups: dict[tuple[str, tuple[str, ...], str], list[str]] = defaultdict(list)
+    for module in qa.inventory.modules.values():
+        if module.kind in ("embedding", "norm", "experts") or module.name.endswith("lm_head"):
+            continue
+        # one lookup per name tail (all _engine_attr reads): Qwen3-Next-sized configs have ~75k expert modules
+        template = module.name.rsplit(".", 3)[-3:]
+        template = ".".join(template)
+        if template not in attr_of:
+            attr_of[template] = {e: a for e in leaves if (a := _engine_attr(module.name, leaves[e], renames[e]))}
+        engine_attr = attr_of[template]
+        hit = tuple(engine_attr)
+        if not hit:
+            continue
+        if qa.inventory.from_config_only:
+            if module.expected is not None and module.expected.spec.optional:
+                continue  # may not exist at all (MTP copies, switched-off sub-modules)
+            target = _producer_targets(qa, module, linear_leaves)
+            # the producer's own matching, on the few modules that get here (no index of every name needed)
+            if target is None or ct.matches(module.name, qa.spec.ignore):
+                continue
+            if class_entries:  # llm-compressor also skips modules by class name (`"Llama4Router"`)
+                cls = linear_leaves.get(module.name.rsplit(".", 1)[-1])
+                if cls is None or set(cls.split(" | ")) & class_entries:
+                    continue  # its class is not known here: no claim; or the list names it
+
+        elif not module.quantized or module.kind in NON_LINEAR:
+            continue  # stored unquantized: loadable; a stored quantized router is WC308's finding
+        else:
+            target = "stored quantized"
+        # one finding per engine attribute: SGLang's OLMo `qkv_proj` covers q_proj, k_proj and v_proj
+        attrs = tuple(f"{'SGLang' if e == 'sglang' else 'vLLM'} (`{engine_attr[e]}`)" for e in hit)
+        groups[(" and ".join(attrs), hit, target)].append(module.name)
+    for (where, hit, target), names in sorted(groups.items()):
+        how = (f"the producer's target {target!r} quantizes them and the ignore list does not cover them"
+               if target != "stored quantized" else "they are stored quantized")  # fmt: skip
+        add = covering_entries(names, ["ct"])
+        ctx.report(
+            f"{len(names)} module(s) built unquantized (quant_config=None) by {where}, but {how}: the engine has "
+            f"no parameter for their quantized weights: {summarize(names)}",
+            file=CONFIG_FILE,
+            tensor=summarize(names, limit=3),
+            count=len(names),
+            details={
+                "engines": list(hit),
+                "modules": names[:200],
+                "target": target,
+                # `lint --fix` adds these only where the config is all there is: stored packed weights need
+                # re-quantizing, and an ignore entry alone would make them WC306's contradiction
+                "add_ignore": add if target != "stored quantized" else [],
+                "ignore_source": qa.spec.source,
+                "ignore_field": qa.spec.ignore_field,
+            },
+            fix=f"add {', '.join(json.dumps(e) for e in add)} to {qa.spec.source} {qa.spec.ignore_field!r} and "
+            "re-run the quantizer, so the module is stored unquantized as the engines build it",
+        )
