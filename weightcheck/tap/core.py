@@ -648,7 +648,7 @@ class _Call:
         }
         self.sync.entries[seq] = entry
         self.names += 1
-        if not isinstance(tensor, _torch().Tensor):
+        if not isinstance(tensor, _TENSOR or _torch().Tensor):
             entry["error"] = f"not a tensor: {type(tensor).__name__}"
             return
         entry["shape"] = list(tensor.shape)
@@ -658,7 +658,10 @@ class _Call:
             key = str(seq)
             self.sync.kept[key] = tensor.detach().to("cpu", copy=True).contiguous()
             entry["tensor_key"] = key
-        nbytes = _nbytes(tensor)
+        try:
+            nbytes = tensor.nbytes
+        except (RuntimeError, TypeError, NotImplementedError):  # a storage-less subclass: one at a time
+            nbytes = _SMALL_TENSOR_BYTES + 1
         if profile is not None:
             profile.tensors += 1
             profile.bytes += nbytes
@@ -683,14 +686,12 @@ class _Call:
 
         timings: dict[str, float] | None = {} if self.profile is not None else None
         try:
-            described = describe_batch([tensor for _, tensor in batch], self.algorithm, timings)
+            describe_batch([tensor for _, tensor in batch], self.algorithm, timings, into=[e for e, _ in batch])
         except Exception as exc:  # one odd tensor must not cost the others their digest
             _fail("digesting a batch of tensors", exc)
             for entry, tensor in batch:
                 _fill_digest(entry, tensor, self.algorithm, self.profile)
             return
-        for (entry, _), result in zip(batch, described, strict=True):
-            entry.update(result)
         if self.profile is not None and timings:
             self.profile.add_timings(timings)
 
@@ -774,23 +775,17 @@ def _fill_digest(entry: dict[str, Any], tensor: Any, algorithm: str, profile: _P
         profile.add_timings(timings)
 
 
-def _nbytes(tensor: Any) -> int:
-    try:
-        return int(tensor.nbytes)
-    except (RuntimeError, TypeError, AttributeError, NotImplementedError):
-        return 0
-
-
 _TORCH: Any = None
+_TENSOR: Any = None
 
 
 def _torch() -> Any:
     """torch, imported on the first tensor (the tap module itself stays importable without it)."""
-    global _TORCH
+    global _TORCH, _TENSOR
     if _TORCH is None:
         import torch
 
-        _TORCH = torch
+        _TORCH, _TENSOR = torch, torch.Tensor
     return _TORCH
 
 

@@ -62,20 +62,24 @@ _FLOAT_DTYPES = frozenset({"BF16", "F16", "F32", "F64"})
 _IDENTITY_CHECK = re.compile(r"\bis\s+(?:not\s+)?default_weight_loader\b|==\s*default_weight_loader\b")
 
 
-@dataclass
+_NONE: frozenset[Any] = frozenset()  # the sets below until their first element (no allocation per parameter)
+
+
+@dataclass(slots=True)
 class ParamCoverage:
-    """What one parameter received during a sync (accumulated over its load_weights calls)."""
+    """What one parameter received during a sync (accumulated over its load_weights calls). Built for every
+    parameter at every sync: slotted, its sets made on first use (`_add`)."""
 
     dtype: str
     shape: tuple[int, ...]
     tracked: bool
     writes: int = 0
     shards_expected: list[str] | None = None
-    shards_written: set[str] = field(default_factory=set)
+    shards_written: set[str] | frozenset[str] = _NONE
     experts_local: int | None = None
-    experts_written: set[int] = field(default_factory=set)
+    experts_written: set[int] | frozenset[int] = _NONE
     # dtypes of loaded tensors that crossed the FP8/float line on their way into this parameter
-    cast_from: set[str] = field(default_factory=set)
+    cast_from: set[str] | frozenset[str] = _NONE
     # The engine marks it optional (SGLang's `_skip_weight_check`: KV-cache `k_scale`/`v_scale`, which a
     # checkpoint may or may not carry and which default to 1.0): never written is not a finding.
     optional: bool = False
@@ -98,6 +102,14 @@ class ParamCoverage:
         if self.optional:
             line["optional"] = True
         return line
+
+
+def _add(values: set[Any] | frozenset[Any], value: Any) -> set[Any]:
+    """`values` with `value` added: a new set the first time (`_NONE`), else the same set."""
+    if not isinstance(values, set):
+        values = set(values)
+    values.add(value)
+    return values
 
 
 def crosses_quantization(loaded_dtype: str | None, param_dtype: str) -> bool:
@@ -430,8 +442,7 @@ class CallCoverage:
         local_expert: int | None,
         expert_param: bool,
     ) -> None:
-        import torch
-
+        torch = _torch()
         nonlocal_expert = expert_param and local_expert is not None and local_expert < 0
         with self._lock:
             seqs: list[int] = []
@@ -451,15 +462,16 @@ class CallCoverage:
                 label += f":{shard}"
             if expert is not None:
                 label += f":{expert}"
+            entries = self._entries
             for seq in seqs:
                 self._attributed.add(seq)
-                entry = self._entries.get(seq)
+                entry = entries.get(seq)
                 if entry is None:
                     continue
                 if nonlocal_expert:
                     entry["offrank"] = True
                     continue
-                wrote = entry.setdefault("wrote", [])
+                wrote = entry["wrote"] if "wrote" in entry else entry.setdefault("wrote", [])
                 if label not in wrote and len(wrote) < _MAX_WROTE_LABELS:
                     wrote.append(label)
             if nonlocal_expert:
@@ -473,11 +485,11 @@ class CallCoverage:
                 # hands on a float tensor and is not a cast.
                 loaded_dtype = _dtype_name(loaded.dtype)
                 if crosses_quantization(loaded_dtype, coverage.dtype):
-                    coverage.cast_from.add(str(loaded_dtype))
+                    coverage.cast_from = _add(coverage.cast_from, str(loaded_dtype))
             if shard is not None:
-                coverage.shards_written.add(str(shard))
+                coverage.shards_written = _add(coverage.shards_written, str(shard))
             if local_expert is not None and local_expert >= 0:
-                coverage.experts_written.add(local_expert)
+                coverage.experts_written = _add(coverage.experts_written, local_expert)
 
     def detach(self) -> None:
         """Stop recording (the loaders stay installed until their wrapping is restored) and drop the tensors."""
@@ -543,6 +555,24 @@ class ModelWrapping:
     def _wrap_param(
         self, cache: _ModelWrappers, name: str, param: Any, coverage: ParamCoverage, wrap_defaults: bool
     ) -> bool:
+        cached = cache.wrappers.get(name)
+        if cached is not None and cached[1]() is param:
+            # The same parameter as at the last sync: put its wrapper back if the engine left its loader alone.
+            original, _, wrapper, shards, experts, attribute, had_attribute = cached
+            own = getattr(param, "__dict__", None)
+            unchanged = own is not None and (
+                own.get(attribute) is original
+                if had_attribute
+                else (attribute not in own and wrap_defaults and original is self._default_loader)
+            )
+            if unchanged:
+                if coverage.shards_expected is None:
+                    coverage.shards_expected = shards
+                if coverage.experts_local is None and experts is not None:
+                    coverage.experts_local = experts
+                own[attribute] = wrapper  # type: ignore[index]
+                self._restore.append((param, attribute, had_attribute, original))
+                return True
         read_only = isinstance(getattr(type(param), "weight_loader", None), property)
         attribute = "_weight_loader" if read_only else "weight_loader"
         had_attribute = attribute in getattr(param, "__dict__", {})
@@ -554,7 +584,6 @@ class ModelWrapping:
             original = self._default_loader
         if not callable(original):
             return False
-        cached = cache.wrappers.get(name)
         if cached is not None and cached[0] is original and cached[1]() is param:
             wrapper, shards, experts = cached[2], cached[3], cached[4]
         else:
@@ -565,10 +594,10 @@ class ModelWrapping:
                 local = getattr(module, "num_local_experts", None)
                 experts = int(local) if isinstance(local, int) else int(param.shape[0])
             wrapper = _make_wrapper(cache.slot, name, original, module)
-            try:
-                cache.wrappers[name] = (original, weakref.ref(param), wrapper, shards, experts)
-            except TypeError:  # a parameter that cannot be referenced weakly: wrapped afresh every sync
-                pass
+            # A parameter that cannot be referenced weakly is wrapped afresh every sync.
+            with contextlib.suppress(TypeError):
+                ref = weakref.ref(param)
+                cache.wrappers[name] = (original, ref, wrapper, shards, experts, attribute, had_attribute)
         if coverage.shards_expected is None:
             coverage.shards_expected = shards
         if coverage.experts_local is None and experts is not None:
@@ -586,12 +615,19 @@ class ModelWrapping:
         if cache is not None and cache.slot.wrapping is self:
             cache.slot.wrapping = None
         for param, attribute, had_attribute, original in reversed(self._restore):
-            # A parameter that refuses its old attribute back keeps a pass-through wrapper.
-            with contextlib.suppress(Exception):
+            try:
+                own = param.__dict__
                 if had_attribute:
-                    setattr(param, attribute, original)
+                    own[attribute] = original
                 else:
-                    delattr(param, attribute)
+                    own.pop(attribute, None)
+            except Exception:  # no instance dict: through the attribute protocol
+                # A parameter that refuses its old attribute back keeps a pass-through wrapper.
+                with contextlib.suppress(Exception):
+                    if had_attribute:
+                        setattr(param, attribute, original)
+                    else:
+                        delattr(param, attribute)
         self._restore.clear()
         self.installed = False
 
@@ -609,8 +645,9 @@ class _Slot:
 class _ModelWrappers:
     model: Any  # weakref to the model
     slot: _Slot = field(default_factory=_Slot)
-    # param name -> (original loader, weakref to param, wrapper, shards expected, local experts)
-    wrappers: dict[str, tuple[Any, Any, Any, list[str] | None, int | None]] = field(default_factory=dict)
+    # param name -> (original loader, weakref to param, wrapper, shards expected, local experts, attribute,
+    # whether the attribute was the parameter's own)
+    wrappers: dict[str, tuple[Any, Any, Any, list[str] | None, int | None, str, bool]] = field(default_factory=dict)
 
 
 _WRAPPER_CACHE: dict[int, _ModelWrappers] = {}
@@ -632,6 +669,16 @@ def _wrapper_cache(model: Any) -> _ModelWrappers:
 
 
 _DTYPE_NAMES: dict[Any, str] = {}
+_TORCH: Any = None
+
+
+def _torch() -> Any:
+    global _TORCH
+    if _TORCH is None:
+        import torch
+
+        _TORCH = torch
+    return _TORCH
 
 
 def _dtype_name(dtype: Any) -> str:
@@ -645,7 +692,9 @@ def _dtype_name(dtype: Any) -> str:
         return name
 
 
-def _make_wrapper(slot: _Slot, param_name: str, original: Callable[..., Any], module: object | None) -> Callable[..., Any]:
+def _make_wrapper(
+    slot: _Slot, param_name: str, original: Callable[..., Any], module: object | None
+) -> Callable[..., Any]:
     shard_pos, expert_pos = _argument_positions(getattr(original, "__func__", original))
     maps_experts = getattr(module, "_map_global_expert_id_to_local_expert_id", None)
 
@@ -659,6 +708,9 @@ def _make_wrapper(slot: _Slot, param_name: str, original: Callable[..., Any], mo
         try:
             # The parameter is the first argument of every SGLang loader; the loaded weight the second.
             loaded = args[1] if len(args) > 1 else kwargs.get("loaded_weight")
+            if shard_pos is None and expert_pos is None and not kwargs:  # a plain (param, weight) loader
+                call.record_write(param_name, loaded, None, None, None, maps_experts is not None)
+                return result
             shard = _loader_argument(args, kwargs, "shard_id", shard_pos)
             if shard is None:
                 shard = _loader_argument(args, kwargs, "loaded_shard_id", shard_pos)

@@ -110,7 +110,7 @@ SMALL_TENSOR_BYTES = 1 << 18
 
 # torch dtype name -> (safetensors name, itemsize, P or None for integers/bool; "none" where the old
 # reductions gave no NaN/Inf answer (float8: None, as `tensor_stats` reports it)).
-_FAST_DTYPES: dict[str, tuple[str, int, int | None | str]] = {
+_FAST_DTYPES: dict[str, tuple[str, int, int | str | None]] = {
     "float32": ("F32", 4, 0x7F800000),
     "float16": ("F16", 2, 0x7C00),
     "bfloat16": ("BF16", 2, 0x7F80),
@@ -131,10 +131,10 @@ _FAST_DTYPES: dict[str, tuple[str, int, int | None | str]] = {
     "float8_e5m2fnuz": ("F8_E5M2FNUZ", 1, "none"),
 }
 _INT_NAMES = {1: ("u1", "i1"), 2: ("<u2", "<i2"), 4: ("<u4", "<i4"), 8: ("<u8", "<i8")}
-_fast_cache: dict[Any, tuple[str, int, int | None | str] | None] = {}
+_fast_cache: dict[Any, tuple[str, int, int | str | None] | None] = {}
 
 
-def fast_dtype(dtype: Any) -> tuple[str, int, int | None | str] | None:
+def fast_dtype(dtype: Any) -> tuple[str, int, int | str | None] | None:
     """(safetensors name, itemsize, NaN/Inf pattern) for a dtype the one-pass path handles, else None."""
     try:
         return _fast_cache[dtype]
@@ -245,28 +245,51 @@ def _no_clock() -> float:
 
 
 def describe_batch(
-    tensors: list[torch.Tensor], algorithm: str, timings: dict[str, float] | None = None
+    tensors: list[torch.Tensor],
+    algorithm: str,
+    timings: dict[str, float] | None = None,
+    into: list[dict[str, Any]] | None = None,
 ) -> list[dict[str, Any]]:
     """`describe_one_pass` of many small CPU tensors at once: per dtype, one flatten into a buffer, each
-    tensor's bytes hashed from it, and the reductions done per tensor segment by `np.maximum.reduceat`."""
+    tensor's bytes hashed from it, and the reductions done per tensor segment by `np.maximum.reduceat`.
+    With `into` (one dict per tensor), the results are written into those dicts, which are returned."""
+    import sys
+
     import numpy as np
     import torch
 
-    results: list[dict[str, Any] | None] = [None] * len(tensors)
+    results: list[dict[str, Any]] = into if into is not None else [{} for _ in tensors]
     groups: dict[Any, list[int]] = {}
+    strided = torch.strided
+    simple = sys.byteorder == "little" and algorithm != "posmix128"
+    cache = _fast_cache
     for index, tensor in enumerate(tensors):
-        if algorithm == "posmix128" or not _one_pass_ok(tensor) or tensor.numel() == 0:
-            results[index] = describe_one_pass(tensor, algorithm, timings)
+        dtype = tensor.dtype
+        spec = cache[dtype] if dtype in cache else fast_dtype(dtype)
+        # (The fast dtypes are real: no conjugate or negative views to resolve.)
+        if (
+            spec is None
+            or not simple
+            or tensor.layout is not strided
+            or tensor.device.type != "cpu"
+            or not tensor.numel()
+        ):
+            results[index].update(describe_one_pass(tensor, algorithm, timings))
         else:
-            groups.setdefault(tensor.dtype, []).append(index)
+            group = groups.get(dtype)
+            if group is None:
+                groups[dtype] = [index]
+            else:
+                group.append(index)
     clock = time.perf_counter if timings is not None else _no_clock
     hashing = reducing = 0.0
+    digest = _one_shot_hexdigest(algorithm)
     for dtype, members in groups.items():
         t0 = clock()
-        st_name, itemsize, pattern = fast_dtype(dtype)  # type: ignore[misc]
-        group = [tensors[i].detach() for i in members]
+        st_name, itemsize, pattern = cache[dtype]  # type: ignore[misc]
+        group = [tensors[i] for i in members]
         # One copy of the batch into a contiguous buffer (small tensors: it stays in cache for what follows).
-        flat = torch._utils._flatten_dense_tensors(group)
+        flat = torch._utils._flatten_dense_tensors(group).detach()
         data = flat.view(torch.uint8).numpy()
         view = memoryview(data)
         counts = [t.numel() for t in group]
@@ -280,31 +303,31 @@ def describe_batch(
         t2 = clock()
         hashing += t1 - t0
         reducing += t2 - t1
-        digest = _one_shot_hexdigest(algorithm)
         t0 = clock()
+        begin = 0
+        sign = (1 << (itemsize * 8 - 1)) | pattern if isinstance(pattern, int) else 0
         for k, index in enumerate(members):
-            begin = int(starts[k]) * itemsize
-            size = counts[k] * itemsize
-            zeros = u_max[k] == 0
-            out: dict[str, Any] = {
-                "dtype": st_name,
-                "shape": list(group[k].shape),
-                algorithm: digest(view[begin : begin + size]),
-            }
+            end = begin + counts[k] * itemsize
+            out = results[index]
+            out["dtype"] = st_name
+            out[algorithm] = digest(view[begin:end])
+            begin = end
+            u = u_max[k]
             if pattern is None:
-                out["zeros"], out["nonfinite"] = zeros, 0
-            elif pattern == "none":
-                out["zeros"], out["nonfinite"] = zeros, None
-            elif s_max is not None and _nonfinite_present(u_max[k], s_max[k], int(pattern), itemsize * 8):
+                out["zeros"], out["nonfinite"] = u == 0, 0
+            elif s_max is None:  # float8: no NaN/Inf answer, as `tensor_stats`
+                out["zeros"], out["nonfinite"] = u == 0, None
+            elif s_max[k] >= pattern or u >= sign:  # type: ignore[operator]
                 out["zeros"], out["nonfinite"] = False, _exact_nonfinite(group[k])
             else:
-                out["zeros"], out["nonfinite"] = zeros, 0
-            results[index] = out
+                out["zeros"], out["nonfinite"] = u == 0, 0
+            if "shape" not in out or out["shape"] is None:
+                out["shape"] = list(group[k].shape)
         hashing += clock() - t0
     if timings is not None:
         timings["digest"] = timings.get("digest", 0.0) + hashing
         timings["stats"] = timings.get("stats", 0.0) + reducing
-    return [r if r is not None else {} for r in results]
+    return results
 
 
 def _one_shot_hexdigest(algorithm: str) -> Any:
