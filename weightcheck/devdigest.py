@@ -159,7 +159,9 @@ def _fused_digest(tensor: torch.Tensor) -> str | None:
         import logging
 
         _fused_failed = True
-        logging.getLogger("weightcheck.digest").warning("fused posmix128 kernel unavailable (%s); using torch kernels", exc)
+        logging.getLogger("weightcheck.digest").warning(
+            "fused posmix128 kernel unavailable (%s); using torch kernels", exc
+        )
         return None
 
 

@@ -23,7 +23,7 @@ import functools
 import os
 from typing import TYPE_CHECKING, Any
 
-from weightcheck.devdigest import G, M1, M2, S, _byte_view, _lanes_torch, finalize
+from weightcheck.devdigest import M1, M2, G, S, _byte_view, _lanes_torch, finalize
 
 if TYPE_CHECKING:
     import torch
@@ -49,7 +49,7 @@ def fused_enabled(environ: Any = None) -> bool:
 tl: Any = None  # triton.language, bound when the kernel is first built (Triton resolves it in this module)
 
 
-def _posmix_kernel(words_ptr: Any, out_ptr: Any, n_words: Any, BLOCK: tl.constexpr) -> None:  # noqa: N803
+def _posmix_kernel(words_ptr: Any, out_ptr: Any, n_words: Any, BLOCK: tl.constexpr) -> None:
     pid = tl.program_id(0).to(tl.int64)
     offs = pid * BLOCK + tl.arange(0, BLOCK)  # int64: tensors past 2^31 words
     mask = offs < n_words
