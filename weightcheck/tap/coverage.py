@@ -308,6 +308,7 @@ class CallCoverage:
         self._evicted_bytes = 0
         self._wrapping: ModelWrapping | None = None
         self._owned: ModelWrapping | None = None
+        self._last: Any = None  # the latest incoming tensor
         self._consumer = threading.get_ident()
         self.current_seq: int | None = None
         self.unattributed_writes = 0
@@ -343,6 +344,7 @@ class CallCoverage:
                         self._fingerprint_evicted(keep=_MAX_EVICTED // 2)
             recent.append((seq, tensor))
             self.current_seq = seq
+            self._last = tensor
 
     def _fingerprint_evicted(self, keep: int = 0) -> None:
         """Fingerprint the waiting evicted tensors (all but the newest `keep`) and let them go."""
@@ -447,7 +449,8 @@ class CallCoverage:
         with self._lock:
             seqs: list[int] = []
             if isinstance(loaded, torch.Tensor):
-                seq = self._by_memory(loaded)
+                # Most loaders write the tensor they were just handed: no address lookup for that one.
+                seq = self.current_seq if loaded is self._last else self._by_memory(loaded)
                 seqs = [seq] if seq is not None else self._by_value(loaded)
                 late = self._fingerprints or self._evicted
                 if seq is None and late and not self._whole_match(seqs, loaded):
@@ -504,6 +507,7 @@ class CallCoverage:
         self._evicted.clear()
         self._evicted_bytes = 0
         self._ranges.clear()
+        self._last = None
 
     restore = detach
 
