@@ -209,3 +209,21 @@ def test_a_malformed_profile_is_ignored(tmp_path: Path, small_engine: Any) -> No
     end["profile"] = {"seconds": "lots"}
     path.write_text("\n".join([*lines[:-1], json.dumps(end)]) + "\n")
     assert read_record(path).profile is None
+
+
+def test_a_parameter_replaced_between_the_calls_of_a_sync_is_still_tracked(small_engine: Any) -> None:
+    """Loaders are wrapped once per sync; a parameter the engine re-creates between two update requests (a
+    `process_weights_after_loading`) is wrapped at the next call, and the engine gets its own loaders back."""
+    engine, records = small_engine
+    tap.configure(records)
+    names = [name for name, _ in engine.named_parameters()]
+    with tap.sync():
+        engine.load_weights([(names[0], torch.randn(4))])
+        fresh = nn.Parameter(torch.empty(4), requires_grad=False)
+        fresh.weight_loader = _loader
+        engine.weights[1] = fresh
+        engine.load_weights([(names[1], torch.randn(4))])
+    record = read_record(tap.last_record_path())
+    assert [entry.wrote for entry in record.tensors] == [[names[0]], [names[1]]]
+    assert record.params[names[1]].writes == 1 and record.params[names[1]].tracked
+    assert fresh.weight_loader is _loader and all(p.weight_loader is _loader for p in engine.parameters())

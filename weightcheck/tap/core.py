@@ -160,7 +160,7 @@ class _Sync:
         wrapping = self.wrappings.get(id(model))
         if wrapping is None or wrapping.model is not model:
             wrapping = self.wrappings[id(model)] = ModelWrapping(model, self.params, default_loader)
-            wrapping.install()
+        wrapping.install()  # at later calls: only parameters created or replaced since (one pass, no rewrap)
         return wrapping
 
     def restore_loaders(self) -> None:

@@ -533,9 +533,13 @@ class ModelWrapping:
         self._params = params
         self._default_loader = default_loader
         self._restore: list[tuple[Any, str, bool, Any]] = []
+        self._seen: set[tuple[str, int]] = set()  # (name, id) of the parameters handled this sync
+        self._kept: list[Any] = []
         self.installed = False
 
     def install(self) -> None:
+        """Wrap the model's parameters; at a later call of the same sync, only those the engine created or
+        replaced since (a `process_weights_after_loading` between two update requests)."""
         import torch
 
         model = self.model
@@ -543,9 +547,15 @@ class ModelWrapping:
         cache = _wrapper_cache(model)
         cache.slot.wrapping = self
         params = self._params
+        seen = self._seen
         for name, param in model.named_parameters():
             if not isinstance(param, torch.Tensor):
                 continue
+            key = (name, id(param))
+            if key in seen:  # a later call of the sync: this parameter is wrapped already
+                continue
+            seen.add(key)
+            self._kept.append(param)  # its id stays its own while it is in `seen`
             dtype = _dtype_name(param.dtype)
             shape = tuple(param.shape)
             coverage = params.get(name)
@@ -633,6 +643,8 @@ class ModelWrapping:
                     else:
                         delattr(param, attribute)
         self._restore.clear()
+        self._seen.clear()
+        self._kept.clear()
         self.installed = False
 
 
