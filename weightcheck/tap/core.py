@@ -137,7 +137,6 @@ class _Sync:
     kept: dict[str, Any] = field(default_factory=dict)
     model: dict[str, Any] = field(default_factory=dict)
     rank: dict[str, Any] | None = None
-    next_tensor: int = 0
     runner: str = "target"
     # Other runners of this process in the same sync (a draft/MTP model fed the same stream): own records.
     parts: dict[str, _Sync] = field(default_factory=dict)
