@@ -222,6 +222,105 @@ def sglang_engine(layers: int) -> nn.Module:
         torch.set_default_dtype(previous)
 
 
+class SmallEngine(nn.Module):
+    """Many small parameters (norms, biases, scales: what makes a DeepSeek-V3-size sync ~90,000 tensors), each
+    written by the default loader, as SGLang's `load_weights` does for an unstacked name."""
+
+    def __init__(self, count: int, elements: int) -> None:
+        super().__init__()
+        self.weights = nn.ParameterList(
+            nn.Parameter(torch.empty(elements, dtype=torch.bfloat16), requires_grad=False) for _ in range(count)
+        )
+
+    def load_weights(self, weights: Any) -> None:
+        params = dict(self.named_parameters())
+        for name, tensor in weights:
+            param = params[name]
+            getattr(param, "weight_loader", default_loader)(param, tensor)
+
+
+def small_tensor_overhead(records: Path, count: int, elements: int, repeats: int) -> dict[str, float]:
+    """Per-tensor cost of the tap on a stream of `count` small BF16 tensors, against the untapped load_weights
+    in the same run (median of `repeats`, alternating). Process CPU time (all threads) and wall time: on a
+    shared machine the CPU time is the stable one."""
+    from weightcheck import tap
+
+    engine = SmallEngine(count, elements)
+    generator = torch.Generator().manual_seed(1)
+    names = [name for name, _ in engine.named_parameters()]
+    stream = [(name, torch.randn(elements, generator=generator).to(torch.bfloat16)) for name in names]
+    tap.install(SmallEngine)
+
+    def once(enabled: bool) -> tuple[float, float]:
+        tap.configure(records if enabled else None)
+        cpu, wall = time.process_time(), time.perf_counter()
+        engine.load_weights(iter(stream))
+        return time.process_time() - cpu, time.perf_counter() - wall
+
+    once(False)
+    once(True)
+    off: list[tuple[float, float]] = []
+    on: list[tuple[float, float]] = []
+    for _ in range(repeats):
+        shutil.rmtree(records, ignore_errors=True)
+        off.append(once(False))
+        on.append(once(True))
+    tap.configure(None)
+    tap.uninstall(SmallEngine)
+    shutil.rmtree(records, ignore_errors=True)
+    off_cpu, on_cpu = statistics.median(c for c, _ in off), statistics.median(c for c, _ in on)
+    off_wall, on_wall = statistics.median(w for _, w in off), statistics.median(w for _, w in on)
+    return {
+        "tensors": count,
+        "elements": elements,
+        "off_cpu_us_per_tensor": off_cpu / count * 1e6,
+        "on_cpu_us_per_tensor": on_cpu / count * 1e6,
+        "added_cpu_us_per_tensor": (on_cpu - off_cpu) / count * 1e6,
+        "off_wall_us_per_tensor": off_wall / count * 1e6,
+        "on_wall_us_per_tensor": on_wall / count * 1e6,
+        "added_wall_us_per_tensor": (on_wall - off_wall) / count * 1e6,
+    }
+
+
+def digest_throughputs(
+    tensors: list[torch.Tensor], algorithm: str, repeats: int, device: torch.device
+) -> dict[str, float]:
+    """GB/s over the streamed tensors of: the device's copy (`clone`, the baseline: one read and one write of
+    every byte), the tap's one-pass digest + statistics, the former two passes (digest, then the statistics),
+    posmix128 on the torch kernels, and the fused posmix128 kernel (Triton; CUDA only)."""
+    from weightcheck.devdigest import posmix128_tensor
+    from weightcheck.digest import digest_tensor
+    from weightcheck.fuseddigest import posmix128_fused, triton_available
+    from weightcheck.tap.digesting import describe_one_pass, tensor_stats
+
+    size = sum(t.nbytes for t in tensors)
+
+    def synchronize() -> None:
+        if device.type == "cuda":
+            torch.cuda.synchronize()
+
+    def rate(work: Any) -> float:
+        times = []
+        for _ in range(max(1, repeats)):
+            synchronize()
+            started = time.perf_counter()
+            for tensor in tensors:
+                work(tensor)
+            synchronize()
+            times.append(time.perf_counter() - started)
+        return size / statistics.median(times) / 1e9
+
+    out = {"copy (clone)": rate(lambda t: t.clone())}
+    if device.type == "cpu":
+        out["one read pass (numpy any)"] = rate(lambda t: t.reshape(-1).view(torch.uint8).numpy().any())
+        out[f"tap one pass: {algorithm} + stats"] = rate(lambda t: describe_one_pass(t, algorithm))
+        out[f"former: {algorithm}, then stats"] = rate(lambda t: (digest_tensor(t, algorithm), tensor_stats(t)))
+    out["posmix128, torch kernels"] = rate(posmix128_tensor)
+    if device.type == "cuda" and triton_available():
+        out["posmix128, fused Triton kernel"] = rate(posmix128_fused)
+    return out
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--gb", type=float, default=1.0, help="checkpoint size in GB (default 1.0)")
@@ -234,6 +333,7 @@ def main() -> int:
     parser.add_argument("--device", choices=("cpu", "cuda"), default="cpu", help="where the engine lives")
     parser.add_argument("--json", type=Path, default=None, help="also write the figures here")
     parser.add_argument("--keep", type=Path, default=None, help="use/keep the checkpoint in this folder")
+    parser.add_argument("--small", type=int, default=20000, help="small tensors in the per-tensor stream")
     args = parser.parse_args()
 
     from weightcheck import tap
@@ -320,22 +420,11 @@ def main() -> int:
         on.append(load_once(True))
     tap.configure(None)
     tap.uninstall(klass)
+    small = small_tensor_overhead(records, args.small, 64, args.repeats)
 
-    # The digests alone over the streamed tensors (on the engine's device), each the median of the repeats.
-    from weightcheck.digest import XXH3_128, digest_tensor, xxhash_available
-
+    # The digests alone over the streamed tensors (on the engine's device), against the device's copy.
     tensors = [t for _, t in checkpoint_stream()]
-    digest_alone: dict[str, float] = {}
-    for name in ["posmix128"] + ([XXH3_128] if xxhash_available() else []):
-        times = []
-        for _ in range(max(1, min(3, args.repeats))):
-            synchronize()
-            started = time.perf_counter()
-            for tensor in tensors:
-                digest_tensor(tensor, name)
-            synchronize()
-            times.append(time.perf_counter() - started)
-        digest_alone[name] = statistics.median(times)
+    throughputs = digest_throughputs(tensors, algorithm, min(3, args.repeats), device)
     del tensors
 
     # SGLang's Qwen2 has q/k/v biases this Llama-style checkpoint lacks (verify reports them as never written).
@@ -374,23 +463,42 @@ def main() -> int:
         "load_read_pass_median_s": median_read,
         "read_pass_added_s": median_read - median_off,
         "tap_added_vs_read_pass": (median_on - median_off) / max(median_read - median_off, 1e-9),
-        "digest_alone_s": digest_alone,
-        "digest_alone_gb_per_s": {k: size / v / 1e9 for k, v in digest_alone.items()},
+        "digest_gb_per_s": throughputs,
+        "small_tensor_stream": small,
+        "fused_kernel": "measured" if any("fused" in k for k in throughputs) else "not run: needs CUDA and Triton",
         "verify_against_checkpoint_s": verify_ckpt,
         "verify_against_manifest_s": verify_manifest,
         "trainer_manifest_write_s": manifest_s,
     }
-    print(f"engine {figures['engine']}, {size / 1e9:.2f} GB, {figures['tensors']} tensors, {cpu} cores")
+    print(f"engine {figures['engine']}, {size / 1e9:.2f} GB, {figures['tensors']} tensors, {cpu} cores, {device}")
     print(f"digest {algorithm}, {figures['digest_threads']} digest threads")
+    print()
+    print("| measurement | value | target |")
+    print("|---|---|---|")
+    print(
+        f"| per-tensor overhead, {small['tensors']} tensors of {small['elements']} BF16 (CPU time, all threads) "
+        f"| +{small['added_cpu_us_per_tensor']:.1f} µs/tensor (untapped {small['off_cpu_us_per_tensor']:.1f}) "
+        "| ≤ 8 µs |"
+    )
+    print(
+        f"| per-tensor overhead, same stream (wall) | +{small['added_wall_us_per_tensor']:.1f} µs/tensor "
+        f"(untapped {small['off_wall_us_per_tensor']:.1f}) | |"
+    )
+    print(
+        f"| byte overhead: tap's added time ÷ one extra read pass's added time ({size / 1e9:.2f} GB) "
+        f"| {figures['tap_added_vs_read_pass']:.2f}× | ≤ 1.15× |"
+    )
+    for name, gbps in throughputs.items():
+        print(f"| {name} on {device} | {gbps:.2f} GB/s | |")
+    if device.type != "cuda":
+        print("| posmix128, fused Triton kernel | needs a GPU (on CPU only Triton's interpreter runs it) | |")
+    print()
     print("| measurement | seconds |")
     print("|---|---|")
     print(f"| load_weights, tap off (median of {args.repeats}) | {median_off:.3f} |")
     print(f"| load_weights, tap on, digest-only (median of {args.repeats}) | {median_on:.3f} |")
     print(f"| tap overhead | {figures['tap_overhead_pct']:+.1f} % |")
     print(f"| load_weights + one extra read pass, tap off (median of {args.repeats}) | {median_read:.3f} |")
-    print(f"| tap's added time ÷ one read pass's added time | {figures['tap_added_vs_read_pass']:.2f}× |")
-    for name, seconds in digest_alone.items():
-        print(f"| {name} alone over the stream on {device} | {seconds:.3f} ({size / seconds / 1e9:.1f} GB/s) |")
     print(f"| verify against the checkpoint (hashes it) | {verify_ckpt:.3f} |")
     print(f"| verify against a trainer manifest | {verify_manifest:.3f} |")
     print(f"| trainer-side manifest of the stream | {manifest_s:.3f} |")

@@ -108,6 +108,10 @@ def posmix128_tensor(tensor: torch.Tensor, chunk_words: int | None = None) -> st
 
     if sys.byteorder != "little":  # the word reading below assumes the host's little-endian layout
         raise TypeError("posmix128 on a big-endian host is not supported")
+    if tensor.device.type == "cuda" and chunk_words is None:
+        fused = _fused_digest(tensor)
+        if fused is not None:
+            return fused
     data = _byte_view(tensor)
     n_bytes = data.numel()
     n_full = n_bytes // 4
@@ -134,6 +138,31 @@ def posmix128_tensor(tensor: torch.Tensor, chunk_words: int | None = None) -> st
         b += db
     pair = torch.stack([a, b]).tolist()
     return finalize(int(pair[0]), int(pair[1]), n_bytes)
+
+
+_fused_failed = False
+
+
+def _fused_digest(tensor: torch.Tensor) -> str | None:
+    """The one-kernel Triton digest (`weightcheck.fuseddigest`) when Triton is there and not turned off; None
+    to use the eager kernels (also after the fused kernel failed once: logged, never raised)."""
+    global _fused_failed
+    if _fused_failed:
+        return None
+    from weightcheck.fuseddigest import fused_enabled, posmix128_fused, triton_available
+
+    if not (fused_enabled() and triton_available()):
+        return None
+    try:
+        return posmix128_fused(tensor)
+    except Exception as exc:  # a Triton that cannot compile here: the eager kernels give the same digest
+        import logging
+
+        _fused_failed = True
+        logging.getLogger("weightcheck.digest").warning(
+            "fused posmix128 kernel unavailable (%s); using torch kernels", exc
+        )
+        return None
 
 
 # ---- numpy (host bytes: checkpoints on disk) -------------------------------------------------------------

@@ -1660,6 +1660,10 @@ def verify(
     }
     if not loaded:
         result.nothing_checked = not result.findings
+    # WEIGHTCHECK_PROFILE=1 in the engine: where the tap's time went, per sync (information, not a finding).
+    from weightcheck.tap.records import profile_notes
+
+    result.notes.extend(profile_notes(record for key in selected for record in groups[key]))
     result.notes.append(f"verified in {time.perf_counter() - started:.2f}s")
     return result
 

@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import atexit
 import contextlib
+import itertools
 import logging
 import os
 import re
@@ -31,14 +32,15 @@ from pathlib import Path
 from typing import Any
 
 from weightcheck.digest import live_algorithm
-from weightcheck.tap.coverage import CallCoverage, ParamCoverage
+from weightcheck.tap.coverage import CallCoverage, ModelWrapping, ParamCoverage
+from weightcheck.tap.digesting import SMALL_TENSOR_BYTES as _SMALL_TENSOR_BYTES
 from weightcheck.tap.records import (
     RECORD_KIND,
     RECORD_SCHEMA_VERSION,
-    encode_line,
+    encode_bytes,
     rank_file_stem,
     sync_dir_name,
-    write_atomic_text,
+    write_atomic_bytes,
 )
 
 log = logging.getLogger("weightcheck.tap")
@@ -51,6 +53,11 @@ ENV_THREADS = "WEIGHTCHECK_DIGEST_THREADS"
 ENV_ENGINE = "WEIGHTCHECK_ENGINE"
 ENV_STATE = "WEIGHTCHECK_STATE"  # 1: digest the engine's parameters and buffers after every sync
 ENV_DIGEST = "WEIGHTCHECK_DIGEST"  # sha256 | xxh3_128 | posmix128 (default: xxh3_128 when xxhash is installed)
+ENV_PROFILE = "WEIGHTCHECK_PROFILE"  # 1: write where the tap's time went (per stage) into each record's end line
+# Small CPU tensors wait in a batch until this many bytes or tensors (then one flatten and a few vectorized
+# reductions digest them all); bigger ones go to the digest threads one by one.
+_BATCH_BYTES = 16 << 20
+_BATCH_TENSORS = 4096
 # Loggers whose warnings during a call are kept in the record ("Parameter X not found in params_dict").
 ENGINE_LOGGERS = ("sglang.srt",)
 _MAX_WARNINGS_PER_CALL = 50
@@ -74,6 +81,8 @@ class TapConfig:
     digest: str = field(default_factory=lambda: live_algorithm())
     # Digest every parameter and buffer of the engine's model after each sync (`weightcheck.tap.state`).
     state: bool = False
+    # Time the tap's stages and write the figures into each record's end line (`verify` prints them).
+    profile: bool = False
 
 
 def config_from_env(environ: Mapping[str, str] | None = None) -> TapConfig | None:
@@ -95,6 +104,7 @@ def config_from_env(environ: Mapping[str, str] | None = None) -> TapConfig | Non
         engine=env.get(ENV_ENGINE) or None,
         digest=live_algorithm(environ=env),
         state=_truthy(env.get(ENV_STATE)),
+        profile=_truthy(env.get(ENV_PROFILE)),
     )
 
 
@@ -127,17 +137,70 @@ class _Sync:
     kept: dict[str, Any] = field(default_factory=dict)
     model: dict[str, Any] = field(default_factory=dict)
     rank: dict[str, Any] | None = None
-    next_tensor: int = 0
     runner: str = "target"
     # Other runners of this process in the same sync (a draft/MTP model fed the same stream): own records.
     parts: dict[str, _Sync] = field(default_factory=dict)
+    # The recording loaders, per model (id), installed at the sync's first call and restored when it closes.
+    wrappings: dict[int, ModelWrapping] = field(default_factory=dict)
+    # Seconds per stage (`WEIGHTCHECK_PROFILE=1`), else None: see `_Profile`.
+    profile: _Profile | None = None
+    counter: Iterator[int] = field(default_factory=itertools.count)
 
     def part(self, runner: str) -> _Sync:
         if runner == self.runner:
             return self
         if runner not in self.parts:
             self.parts[runner] = _Sync(self.seq, self.source, self.weight_version, self.started, runner=runner)
+            if self.profile is not None:
+                self.parts[runner].profile = _Profile()
         return self.parts[runner]
+
+    def wrapping_for(self, model: Any, default_loader: Callable[..., Any] | None) -> ModelWrapping:
+        wrapping = self.wrappings.get(id(model))
+        if wrapping is None or wrapping.model is not model:
+            wrapping = self.wrappings[id(model)] = ModelWrapping(model, self.params, default_loader)
+        wrapping.install()  # at later calls: only parameters created or replaced since (one pass, no rewrap)
+        return wrapping
+
+    def restore_loaders(self) -> None:
+        for wrapping in self.wrappings.values():
+            wrapping.restore()
+        self.wrappings.clear()
+        for part in self.parts.values():
+            part.restore_loaders()
+
+
+class _Profile:
+    """Where the tap's time went in one sync (`WEIGHTCHECK_PROFILE=1`). Seconds summed over threads:
+    `bookkeeping` (the per-tensor and per-call path on the engine's thread: names, entries, coverage writes,
+    wrapping the loaders), `digest` and `stats` (the one read pass, split by what it computed), `wait` (the end
+    of a call waiting for the digest threads), `serialization` (writing the record), `state` (the engine-state
+    digests, `WEIGHTCHECK_STATE=1`)."""
+
+    STAGES = ("bookkeeping", "digest", "stats", "wait", "serialization", "state")
+
+    def __init__(self) -> None:
+        self.seconds: dict[str, float] = dict.fromkeys(self.STAGES, 0.0)
+        self.tensors = 0
+        self.bytes = 0
+        self.lock = threading.Lock()
+
+    def add(self, stage: str, seconds: float) -> None:
+        with self.lock:
+            self.seconds[stage] += seconds
+
+    def add_timings(self, timings: Mapping[str, float]) -> None:
+        with self.lock:
+            for stage, seconds in timings.items():
+                self.seconds[stage] = self.seconds.get(stage, 0.0) + seconds
+
+    def as_dict(self) -> dict[str, Any]:
+        return {
+            "seconds": {stage: round(value, 6) for stage, value in self.seconds.items()},
+            "tensors": self.tensors,
+            "bytes": self.bytes,
+            "clock": "thread seconds summed (digest threads run beside the engine)",
+        }
 
 
 class _State:
@@ -171,6 +234,7 @@ def configure(
     engine: str | None = None,
     digest: str | None = None,
     state: bool = False,
+    profile: bool = False,
 ) -> TapConfig | None:
     """Turn the tap on (records under `directory`) or off (`None`). Closes a sync left open.
 
@@ -188,6 +252,7 @@ def configure(
             engine=engine,
             digest=live_algorithm(digest),
             state=state,
+            profile=profile,
         )
     with _STATE.lock:
         if _STATE.current is not None:
@@ -283,6 +348,8 @@ def begin_sync(*, source: str = "manual", weight_version: str | None = None) -> 
                 _STATE.current.weight_version = weight_version
             return _STATE.current.seq
         _STATE.current = _Sync(seq=_STATE.next_seq, source=source, weight_version=weight_version, started=time.time())
+        if _STATE.config.profile:
+            _STATE.current.profile = _Profile()
         _STATE.next_seq += 1
         return _STATE.current.seq
 
@@ -354,6 +421,8 @@ def _engine_value(getter: Callable[[], Any] | None) -> Any:
 def _close_sync(*, incomplete: bool) -> Path | None:
     current, config = _STATE.current, _STATE.config
     _STATE.current = None
+    if current is not None:
+        current.restore_loaders()  # the engine's own loaders back, whatever happens next
     if current is None or config is None:
         return None
     model_known = config.state and _STATE.model is not None and _STATE.model() is not None
@@ -378,6 +447,7 @@ def _close_sync(*, incomplete: bool) -> Path | None:
 
 
 def _write_record(current: _Sync, config: TapConfig, *, incomplete: bool, with_state: bool) -> Path | None:
+    written_from = time.perf_counter()
     hooks = _STATE.hooks
     rank = current.rank if current.rank is not None else (_engine_value(hooks.rank_info) or {})
     host = socket.gethostname()
@@ -424,28 +494,36 @@ def _write_record(current: _Sync, config: TapConfig, *, incomplete: bool, with_s
     if config.state and model is not None:
         from weightcheck.tap.state import engine_state
 
+        state_from = time.perf_counter()
         states = engine_state(model, config.digest)
+        if current.profile is not None:
+            current.profile.add("state", time.perf_counter() - state_from)
+            written_from += time.perf_counter() - state_from
         header["state_digest"] = config.digest
         if not current.model:
             header["model"] = _model_info(model)
 
-    def lines() -> Iterator[str]:
-        yield encode_line(header)
+    def lines() -> Iterator[bytes]:
+        yield encode_bytes(header)
         for call in current.calls:
-            yield encode_line(call)
+            yield encode_bytes(call)
         for entry in entries:
-            yield encode_line(entry)
+            yield encode_bytes(entry)
         for param in params:
-            yield encode_line(param)
+            yield encode_bytes(param)
         for state in states:
-            yield encode_line(state)
-        end = {"t": "end", "calls": len(current.calls), "tensors": len(entries), "params": len(params)}
+            yield encode_bytes(state)
+        end: dict[str, Any] = {"t": "end", "calls": len(current.calls), "tensors": len(entries), "params": len(params)}
         if states:
             end["states"] = len(states)
-        yield encode_line(end)
+        if current.profile is not None:
+            # Up to this line: the last line and the file's fsync are not in it.
+            current.profile.add("serialization", time.perf_counter() - written_from)
+            end["profile"] = current.profile.as_dict()
+        yield encode_bytes(end)
 
     path = folder / f"{stem}.jsonl"
-    write_atomic_text(path, lines())
+    write_atomic_bytes(path, lines())
     _STATE.last_written = path
     return path
 
@@ -502,15 +580,22 @@ class _Call:
     """One tapped load_weights call inside a sync."""
 
     def __init__(self, sync_: _Sync, model: Any, config: TapConfig, implicit: bool) -> None:
+        started = time.perf_counter()
         self.sync = sync_
         self.config = config
         self.implicit = implicit
         self.index = len(sync_.calls)
         self.names = 0
-        self.started = time.perf_counter()
+        self.started = started
         self.error: str | None = None
         self.futures: list[Future[None]] = []
-        self.coverage = CallCoverage(sync_.entries, sync_.params, _default_loader_for(model))
+        # Small CPU tensors waiting to be digested together (`_flush_batch`), and their bytes.
+        self.batch: list[tuple[dict[str, Any], Any]] = []
+        self.batch_bytes = 0
+        self.profile = sync_.profile
+        self.algorithm = config.digest
+        default_loader = _default_loader_for(model)
+        self.coverage = CallCoverage(sync_.entries, sync_.params, default_loader)
         self.capture = _WarningCapture()
         if not sync_.model:
             sync_.model = _model_info(model)
@@ -520,9 +605,11 @@ class _Call:
             sync_.rank = _engine_value(_STATE.hooks.rank_info) or {}
         for name in ENGINE_LOGGERS:
             logging.getLogger(name).addHandler(self.capture)
-        self.coverage.wrap_model(model)
+        self.coverage.attach(sync_.wrapping_for(model, default_loader))
         if sync_.runner != "target":
             self._untrack_shared(model)
+        if self.profile is not None:
+            self.profile.add("bookkeeping", time.perf_counter() - started)
 
     def _untrack_shared(self, model: Any) -> None:
         """A draft runner shares some parameters with the target (SGLang's speculative workers hand the draft the
@@ -541,29 +628,71 @@ class _Call:
             _fail("comparing draft and target parameters", exc)
 
     def observe(self, name: Any, tensor: Any) -> None:
-        import torch
-
-        with _STATE.lock:
-            seq = self.sync.next_tensor
-            self.sync.next_tensor += 1
-        entry: dict[str, Any] = {"t": "tensor", "seq": seq, "call": self.index, "name": str(name), "wrote": []}
+        """Record one incoming tensor: an entry, where it lives (for coverage), and its digest, now (synchronous
+        digest), in the current batch (small CPU tensors) or on a digest thread (the others)."""
+        profile = self.profile
+        if profile is not None:
+            started = time.perf_counter()
+        seq = next(self.sync.counter)
+        algorithm = self.algorithm
+        entry: dict[str, Any] = {
+            "t": "tensor",
+            "seq": seq,
+            "call": self.index,
+            "name": name if type(name) is str else str(name),
+            "wrote": [],
+            "dtype": None,
+            "shape": None,
+            algorithm: None,
+        }
         self.sync.entries[seq] = entry
         self.names += 1
-        if not isinstance(tensor, torch.Tensor):
-            entry.update(dtype=None, shape=None, error=f"not a tensor: {type(tensor).__name__}")
-            entry[self.config.digest] = None
+        if not isinstance(tensor, _TENSOR or _torch().Tensor):
+            entry["error"] = f"not a tensor: {type(tensor).__name__}"
             return
-        entry.update(dtype=None, shape=list(tensor.shape))
-        entry[self.config.digest] = None
+        entry["shape"] = list(tensor.shape)
         self.coverage.note_incoming(seq, tensor)
-        if self.config.keep_tensors:
+        config = self.config
+        if config.keep_tensors:
             key = str(seq)
             self.sync.kept[key] = tensor.detach().to("cpu", copy=True).contiguous()
             entry["tensor_key"] = key
-        if self.config.synchronous_digest:
-            _fill_digest(entry, tensor, self.config.digest)
+        try:
+            nbytes = tensor.nbytes
+        except (RuntimeError, TypeError, NotImplementedError):  # a storage-less subclass: one at a time
+            nbytes = _SMALL_TENSOR_BYTES + 1
+        if profile is not None:
+            profile.tensors += 1
+            profile.bytes += nbytes
+            profile.add("bookkeeping", time.perf_counter() - started)
+        if config.synchronous_digest:
+            _fill_digest(entry, tensor, algorithm, profile)
+        elif nbytes <= _SMALL_TENSOR_BYTES and tensor.device.type == "cpu":
+            self.batch.append((entry, tensor))
+            self.batch_bytes += nbytes
+            if self.batch_bytes >= _BATCH_BYTES or len(self.batch) >= _BATCH_TENSORS:
+                self._flush_batch()
         else:
-            self.futures.append(_digest_pool(self.config).submit(_fill_digest, entry, tensor, self.config.digest))
+            self.futures.append(_digest_pool(config).submit(_fill_digest, entry, tensor, algorithm, profile))
+
+    def _flush_batch(self) -> None:
+        """Digest the waiting small tensors on this thread (handing thousands of tiny jobs to the digest threads
+        costs more in hand-offs and GIL waits than the digests themselves)."""
+        batch, self.batch, self.batch_bytes = self.batch, [], 0
+        if not batch:
+            return
+        from weightcheck.tap.digesting import describe_batch
+
+        timings: dict[str, float] | None = {} if self.profile is not None else None
+        try:
+            describe_batch([tensor for _, tensor in batch], self.algorithm, timings, into=[e for e, _ in batch])
+        except Exception as exc:  # one odd tensor must not cost the others their digest
+            _fail("digesting a batch of tensors", exc)
+            for entry, tensor in batch:
+                _fill_digest(entry, tensor, self.algorithm, self.profile)
+            return
+        if self.profile is not None and timings:
+            self.profile.add_timings(timings)
 
     def wrap(self, weights: Any) -> Any:
         """The weights to pass on: a list is recorded now and passed unchanged, an iterator lazily."""
@@ -589,23 +718,34 @@ class _Call:
             yield item
 
     def finish(self) -> None:
-        for future in self.futures:
-            future.result()
-        self.futures.clear()
-        self.coverage.restore()
-        for name in ENGINE_LOGGERS:
-            logging.getLogger(name).removeHandler(self.capture)
-        self.sync.calls.append(
-            {
-                "t": "call",
-                "call": self.index,
-                "names": self.names,
-                "seconds": round(time.perf_counter() - self.started, 6),
-                "error": self.error,
-                "engine_warnings": self.capture.messages,
-                "unattributed_writes": self.coverage.unattributed_writes,
-            }
-        )
+        profile = self.profile
+        try:
+            self._flush_batch()
+        finally:
+            if profile is not None:
+                waited = time.perf_counter()
+            for future in self.futures:
+                future.result()
+            self.futures.clear()
+            if profile is not None:
+                finishing = time.perf_counter()
+                profile.add("wait", finishing - waited)
+            self.coverage.detach()
+            for name in ENGINE_LOGGERS:
+                logging.getLogger(name).removeHandler(self.capture)
+            self.sync.calls.append(
+                {
+                    "t": "call",
+                    "call": self.index,
+                    "names": self.names,
+                    "seconds": round(time.perf_counter() - self.started, 6),
+                    "error": self.error,
+                    "engine_warnings": self.capture.messages,
+                    "unattributed_writes": self.coverage.unattributed_writes,
+                }
+            )
+            if profile is not None:
+                profile.add("bookkeeping", time.perf_counter() - finishing)
 
 
 def _default_loader_for(model: Any) -> Callable[..., Any] | None:
@@ -625,10 +765,27 @@ def _default_loader_for(model: Any) -> Callable[..., Any] | None:
     return default_weight_loader  # type: ignore[no-any-return]
 
 
-def _fill_digest(entry: dict[str, Any], tensor: Any, algorithm: str) -> None:
-    from weightcheck.tap.digesting import describe_tensor
+def _fill_digest(entry: dict[str, Any], tensor: Any, algorithm: str, profile: _Profile | None = None) -> None:
+    from weightcheck.tap.digesting import describe_one_pass
 
-    entry.update(describe_tensor(tensor, algorithm))
+    timings: dict[str, float] | None = {} if profile is not None else None
+    entry.update(describe_one_pass(tensor, algorithm, timings))
+    if profile is not None and timings:
+        profile.add_timings(timings)
+
+
+_TORCH: Any = None
+_TENSOR: Any = None
+
+
+def _torch() -> Any:
+    """torch, imported on the first tensor (the tap module itself stays importable without it)."""
+    global _TORCH, _TENSOR
+    if _TORCH is None:
+        import torch
+
+        _TORCH, _TENSOR = torch, torch.Tensor
+    return _TORCH
 
 
 def _split_weights(args: tuple[Any, ...], kwargs: dict[str, Any]) -> tuple[Any, tuple[Any, ...], dict[str, Any]]:

@@ -32,6 +32,7 @@ import inspect
 import re
 import sys
 import threading
+import weakref
 from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -50,6 +51,10 @@ _MAX_WROTE_LABELS = 32
 # per call (a PP stage skips half the stream: each skipped tensor leaves one).
 _FINGERPRINT_ELEMENTS = 8
 _MAX_FINGERPRINTS = 65536
+# Unattributed tensors leaving the recent window are fingerprinted lazily: only when a late write needs them,
+# or when more than this many (or bytes) wait (they are the sender's tensors: kept alive only that long).
+_MAX_EVICTED = 1024
+_MAX_EVICTED_BYTES = 64 << 20
 # Weight dtypes of the two classes a loader must never cross by a plain copy: FP8 codes mean nothing without
 # their scale, and a float written into an FP8 parameter is cast without one. (E8M0 is a scale format: left out.)
 _FP8_WEIGHT_DTYPES = frozenset({"F8_E4M3", "F8_E5M2", "F8_E4M3FNUZ", "F8_E5M2FNUZ"})
@@ -57,20 +62,24 @@ _FLOAT_DTYPES = frozenset({"BF16", "F16", "F32", "F64"})
 _IDENTITY_CHECK = re.compile(r"\bis\s+(?:not\s+)?default_weight_loader\b|==\s*default_weight_loader\b")
 
 
-@dataclass
+_NONE: frozenset[Any] = frozenset()  # the sets below until their first element (no allocation per parameter)
+
+
+@dataclass(slots=True)
 class ParamCoverage:
-    """What one parameter received during a sync (accumulated over its load_weights calls)."""
+    """What one parameter received during a sync (accumulated over its load_weights calls). Built for every
+    parameter at every sync: slotted, its sets made on first use (`_add`)."""
 
     dtype: str
     shape: tuple[int, ...]
     tracked: bool
     writes: int = 0
     shards_expected: list[str] | None = None
-    shards_written: set[str] = field(default_factory=set)
+    shards_written: set[str] | frozenset[str] = _NONE
     experts_local: int | None = None
-    experts_written: set[int] = field(default_factory=set)
+    experts_written: set[int] | frozenset[int] = _NONE
     # dtypes of loaded tensors that crossed the FP8/float line on their way into this parameter
-    cast_from: set[str] = field(default_factory=set)
+    cast_from: set[str] | frozenset[str] = _NONE
     # The engine marks it optional (SGLang's `_skip_weight_check`: KV-cache `k_scale`/`v_scale`, which a
     # checkpoint may or may not carry and which default to 1.0): never written is not a finding.
     optional: bool = False
@@ -93,6 +102,14 @@ class ParamCoverage:
         if self.optional:
             line["optional"] = True
         return line
+
+
+def _add(values: set[Any] | frozenset[Any], value: Any) -> set[Any]:
+    """`values` with `value` added: a new set the first time (`_NONE`), else the same set."""
+    if not isinstance(values, set):
+        values = set(values)
+    values.add(value)
+    return values
 
 
 def crosses_quantization(loaded_dtype: str | None, param_dtype: str) -> bool:
@@ -137,6 +154,45 @@ def fingerprint(tensor: Any) -> Fingerprint | None:
         return Fingerprint(tuple(tensor.shape), tuple(head), tuple(tail))
     except (RuntimeError, TypeError, NotImplementedError, IndexError):
         return None
+
+
+def fingerprints(tensors: list[tuple[int, Any]]) -> dict[int, Fingerprint]:
+    """`fingerprint` of many tensors: {key: fingerprint} for those that have one. Contiguous CPU tensors of
+    one dtype are read together (one strided view each holds both ends; one conversion for the lot), which
+    is what a pipeline stage skipping half the stream needs (one fingerprint per skipped tensor)."""
+    import torch
+
+    out: dict[int, Fingerprint] = {}
+    groups: dict[tuple[Any, int], list[tuple[int, Any, Any]]] = {}
+    for key, tensor in tensors:
+        try:
+            simple = (
+                type(tensor) is torch.Tensor
+                and tensor.device.type == "cpu"
+                and tensor.dim() >= 1
+                and tensor.numel() > 0
+                and tensor.is_contiguous()
+                and not (tensor.is_conj() or tensor.is_neg())
+            )
+            if simple:
+                numel = tensor.numel()
+                width = min(_FINGERPRINT_ELEMENTS, tensor.shape[-1])
+                ends = tensor.as_strided((2, width), (numel - width, 1), tensor.storage_offset())
+                groups.setdefault((tensor.dtype, width), []).append((key, tuple(tensor.shape), ends))
+                continue
+        except (RuntimeError, TypeError, NotImplementedError, IndexError):
+            pass
+        found = fingerprint(tensor)
+        if found is not None:
+            out[key] = found
+    for members in groups.values():
+        try:
+            values = torch.stack([ends for _, _, ends in members]).to(torch.float64).tolist()
+        except (RuntimeError, TypeError, NotImplementedError):
+            continue
+        for (key, shape, _), (head, tail) in zip(members, values, strict=True):
+            out[key] = Fingerprint(shape, tuple(head), tuple(tail))
+    return out
 
 
 def match_fingerprints(target: Fingerprint, candidates: dict[int, Fingerprint]) -> list[int]:
@@ -248,7 +304,11 @@ class CallCoverage:
         self._recent: deque[tuple[int, torch.Tensor]] = deque()
         self._fingerprints: dict[int, Fingerprint] = {}
         self._attributed: set[int] = set()
-        self._restore: list[Callable[[], None]] = []
+        self._evicted: deque[tuple[int, torch.Tensor]] = deque()
+        self._evicted_bytes = 0
+        self._wrapping: ModelWrapping | None = None
+        self._owned: ModelWrapping | None = None
+        self._last: Any = None  # the latest incoming tensor
         self._consumer = threading.get_ident()
         self.current_seq: int | None = None
         self.unattributed_writes = 0
@@ -257,30 +317,48 @@ class CallCoverage:
     def note_incoming(self, seq: int, tensor: torch.Tensor) -> None:
         """Remember where an incoming tensor lives so that loader writes can be traced back to it."""
         try:
-            key = (str(tensor.device), tensor.untyped_storage().data_ptr())
+            key = (tensor.device, tensor.untyped_storage().data_ptr())
             start = tensor.data_ptr()
-            size = tensor.element_size()
-            if tensor.numel() == 0:
+            if tensor.is_contiguous():
+                end = start + tensor.nbytes
+            elif tensor.numel() == 0:
                 end = start
             else:
                 span = sum((dim - 1) * abs(stride) for dim, stride in zip(tensor.shape, tensor.stride(), strict=True))
-                end = start + (span + 1) * size
+                end = start + (span + 1) * tensor.element_size()
         except (RuntimeError, TypeError, NotImplementedError):  # storage-less tensors (meta, some subclasses)
             return
         with self._lock:
-            self._ranges.setdefault(key, []).append((start, end, seq))
-            if len(self._recent) >= _RECENT_FOR_VALUE_MATCH:
-                old_seq, old_tensor = self._recent.popleft()
-                if old_seq not in self._attributed and len(self._fingerprints) < _MAX_FINGERPRINTS:
-                    kept = fingerprint(old_tensor)
-                    if kept is not None:
-                        self._fingerprints[old_seq] = kept
-            self._recent.append((seq, tensor))
+            ranges = self._ranges.get(key)
+            if ranges is None:
+                self._ranges[key] = [(start, end, seq)]
+            else:
+                ranges.append((start, end, seq))
+            recent = self._recent
+            if len(recent) >= _RECENT_FOR_VALUE_MATCH:
+                old_seq, old_tensor = recent.popleft()
+                if old_seq not in self._attributed:
+                    self._evicted.append((old_seq, old_tensor))
+                    self._evicted_bytes += _nbytes(old_tensor)
+                    if len(self._evicted) > _MAX_EVICTED or self._evicted_bytes > _MAX_EVICTED_BYTES:
+                        self._fingerprint_evicted(keep=_MAX_EVICTED // 2)
+            recent.append((seq, tensor))
             self.current_seq = seq
+            self._last = tensor
+
+    def _fingerprint_evicted(self, keep: int = 0) -> None:
+        """Fingerprint the waiting evicted tensors (all but the newest `keep`) and let them go."""
+        batch: list[tuple[int, torch.Tensor]] = []
+        while len(self._evicted) > keep or (self._evicted and self._evicted_bytes > _MAX_EVICTED_BYTES // 2):
+            old_seq, old_tensor = self._evicted.popleft()
+            self._evicted_bytes -= _nbytes(old_tensor)
+            if old_seq not in self._attributed and len(self._fingerprints) + len(batch) < _MAX_FINGERPRINTS:
+                batch.append((old_seq, old_tensor))
+        self._fingerprints.update(fingerprints(batch))
 
     def _by_memory(self, loaded: torch.Tensor) -> int | None:
         try:
-            key = (str(loaded.device), loaded.untyped_storage().data_ptr())
+            key = (loaded.device, loaded.untyped_storage().data_ptr())
             pointer = loaded.data_ptr()
         except (RuntimeError, TypeError, NotImplementedError):
             return None
@@ -333,6 +411,7 @@ class CallCoverage:
         target = fingerprint(loaded)
         if target is None:
             return []
+        self._fingerprint_evicted()
         pending = {seq: fp for seq, fp in self._fingerprints.items() if seq not in self._attributed}
         for seq, tensor in self._recent:
             if seq not in self._attributed and (kept := fingerprint(tensor)) is not None:
@@ -344,81 +423,17 @@ class CallCoverage:
 
     # ---- parameter loaders -----------------------------------------------------------------------------
     def wrap_model(self, model: Any) -> None:
-        """Install a recording loader on every parameter of `model` (undone by `restore`)."""
-        import torch
+        """Install a recording loader on every parameter of `model` for this call (undone by `restore`).
+        The tap itself keeps one `ModelWrapping` per sync (`attach`), so that a sync of many calls wraps once."""
+        wrapping = ModelWrapping(model, self._params, self._default_loader)
+        wrapping.install()
+        self._owned = wrapping
+        self.attach(wrapping)
 
-        from weightcheck.tensors import safetensors_dtype
-
-        wrap_defaults = self._default_loader is not None and not class_compares_default_loader(type(model))
-        for name, param in model.named_parameters():
-            if not isinstance(param, torch.Tensor):
-                continue
-            dtype = safetensors_dtype(param.dtype) or str(param.dtype)
-            coverage = self._params.get(name)
-            if coverage is None or coverage.shape != tuple(param.shape) or coverage.dtype != dtype:
-                coverage = ParamCoverage(dtype=dtype, shape=tuple(param.shape), tracked=False)
-                self._params[name] = coverage
-            coverage.tracked = self._wrap_param(name, param, coverage, wrap_defaults) or coverage.tracked
-            coverage.optional = bool(getattr(param, "_skip_weight_check", False))
-
-    def _wrap_param(self, name: str, param: Any, coverage: ParamCoverage, wrap_defaults: bool) -> bool:
-        read_only = isinstance(getattr(type(param), "weight_loader", None), property)
-        attribute = "_weight_loader" if read_only else "weight_loader"
-        had_attribute = attribute in getattr(param, "__dict__", {})
-        original = getattr(param, attribute, None)
-        original = getattr(original, WRAPPED_ORIGINAL, original)
-        if original is None:
-            if read_only or not wrap_defaults:
-                return False
-            original = self._default_loader
-        if not callable(original):
-            return False
-        module = getattr(original, "__self__", None)
-        if coverage.shards_expected is None:
-            coverage.shards_expected = expected_shards(name, module)
-        if coverage.experts_local is None and hasattr(module, "_map_global_expert_id_to_local_expert_id"):
-            local = getattr(module, "num_local_experts", None)
-            coverage.experts_local = int(local) if isinstance(local, int) else int(param.shape[0])
-        wrapper = self._make_wrapper(name, original, module)
-        try:
-            setattr(param, attribute, wrapper)
-        except (AttributeError, TypeError):
-            return False
-
-        def restore() -> None:
-            if had_attribute:
-                setattr(param, attribute, original)
-            else:
-                with contextlib.suppress(AttributeError):
-                    delattr(param, attribute)
-
-        self._restore.append(restore)
-        return True
-
-    def _make_wrapper(self, param_name: str, original: Callable[..., Any], module: object | None) -> Callable[..., Any]:
-        shard_pos, expert_pos = _argument_positions(getattr(original, "__func__", original))
-        maps_experts = getattr(module, "_map_global_expert_id_to_local_expert_id", None)
-
-        @functools.wraps(original)
-        def recording_loader(*args: Any, **kwargs: Any) -> Any:
-            result = original(*args, **kwargs)
-            try:
-                # The parameter is the first argument of every SGLang loader; the loaded weight the second.
-                loaded = args[1] if len(args) > 1 else kwargs.get("loaded_weight")
-                shard = _loader_argument(args, kwargs, "shard_id", shard_pos)
-                if shard is None:
-                    shard = _loader_argument(args, kwargs, "loaded_shard_id", shard_pos)
-                expert = _loader_argument(args, kwargs, "expert_id", expert_pos)
-                local_expert: int | None = None
-                if maps_experts is not None and isinstance(expert, int):
-                    local_expert = int(maps_experts(expert))
-                self.record_write(param_name, loaded, shard, expert, local_expert, maps_experts is not None)
-            except Exception:  # coverage is best effort: never break the engine's load
-                pass
-            return result
-
-        setattr(recording_loader, WRAPPED_ORIGINAL, original)
-        return recording_loader
+    def attach(self, wrapping: ModelWrapping) -> None:
+        """Make this call the one `wrapping`'s loaders record into (until `detach`)."""
+        wrapping.active = self
+        self._wrapping = wrapping
 
     def record_write(
         self,
@@ -429,15 +444,16 @@ class CallCoverage:
         local_expert: int | None,
         expert_param: bool,
     ) -> None:
-        import torch
-
+        torch = _torch()
         nonlocal_expert = expert_param and local_expert is not None and local_expert < 0
         with self._lock:
             seqs: list[int] = []
             if isinstance(loaded, torch.Tensor):
-                seq = self._by_memory(loaded)
+                # Most loaders write the tensor they were just handed: no address lookup for that one.
+                seq = self.current_seq if loaded is self._last else self._by_memory(loaded)
                 seqs = [seq] if seq is not None else self._by_value(loaded)
-                if seq is None and self._fingerprints and not self._whole_match(seqs, loaded):
+                late = self._fingerprints or self._evicted
+                if seq is None and late and not self._whole_match(seqs, loaded):
                     # Nothing, or one part of a concatenation whose other part already left the window.
                     seqs = self._by_fingerprint(loaded) or seqs
             if not seqs and threading.get_ident() == self._consumer and self.current_seq is not None:
@@ -449,15 +465,16 @@ class CallCoverage:
                 label += f":{shard}"
             if expert is not None:
                 label += f":{expert}"
+            entries = self._entries
             for seq in seqs:
                 self._attributed.add(seq)
-                entry = self._entries.get(seq)
+                entry = entries.get(seq)
                 if entry is None:
                     continue
                 if nonlocal_expert:
                     entry["offrank"] = True
                     continue
-                wrote = entry.setdefault("wrote", [])
+                wrote = entry["wrote"] if "wrote" in entry else entry.setdefault("wrote", [])
                 if label not in wrote and len(wrote) < _MAX_WROTE_LABELS:
                     wrote.append(label)
             if nonlocal_expert:
@@ -467,24 +484,260 @@ class CallCoverage:
                 return
             coverage.writes += 1
             if isinstance(loaded, torch.Tensor):
-                from weightcheck.tensors import safetensors_dtype
-
                 # The loader's own input, not the incoming tensor: a loader that dequantizes (scale applied)
                 # hands on a float tensor and is not a cast.
-                loaded_dtype = safetensors_dtype(loaded.dtype)
+                loaded_dtype = _dtype_name(loaded.dtype)
                 if crosses_quantization(loaded_dtype, coverage.dtype):
-                    coverage.cast_from.add(str(loaded_dtype))
+                    coverage.cast_from = _add(coverage.cast_from, str(loaded_dtype))
             if shard is not None:
-                coverage.shards_written.add(str(shard))
+                coverage.shards_written = _add(coverage.shards_written, str(shard))
             if local_expert is not None and local_expert >= 0:
-                coverage.experts_written.add(local_expert)
+                coverage.experts_written = _add(coverage.experts_written, local_expert)
 
-    def restore(self) -> None:
-        for undo in reversed(self._restore):
-            # A parameter that refuses its old attribute back keeps a pass-through wrapper.
-            with contextlib.suppress(Exception):
-                undo()
-        self._restore.clear()
+    def detach(self) -> None:
+        """Stop recording (the loaders stay installed until their wrapping is restored) and drop the tensors."""
+        wrapping, self._wrapping = self._wrapping, None
+        if wrapping is not None and wrapping.active is self:
+            wrapping.active = None
+        owned, self._owned = self._owned, None
+        if owned is not None:
+            owned.restore()
         self._recent.clear()
         self._fingerprints.clear()
+        self._evicted.clear()
+        self._evicted_bytes = 0
         self._ranges.clear()
+        self._last = None
+
+    restore = detach
+
+
+def _nbytes(tensor: Any) -> int:
+    try:
+        return int(tensor.nbytes)
+    except (RuntimeError, TypeError, AttributeError, NotImplementedError):
+        return 0
+
+
+class ModelWrapping:
+    """The recording loaders on one model's parameters, installed once per sync (not per call: a sync of
+    many small calls would otherwise pay a wrapper per parameter per call) and restored when the sync ends.
+
+    Between calls the loaders pass through (`active` is None). The wrappers themselves are kept per model
+    across syncs (`_WRAPPER_CACHE`): a later sync only puts them back, checking that the engine did not
+    change a loader meanwhile."""
+
+    def __init__(self, model: Any, params: dict[str, ParamCoverage], default_loader: Callable[..., Any] | None) -> None:
+        self.model = model
+        self.active: CallCoverage | None = None
+        self._params = params
+        self._default_loader = default_loader
+        self._restore: list[tuple[Any, str, bool, Any]] = []
+        self._seen: set[tuple[str, int]] = set()  # (name, id) of the parameters handled this sync
+        self._kept: list[Any] = []
+        self.installed = False
+
+    def install(self) -> None:
+        """Wrap the model's parameters; at a later call of the same sync, only those the engine created or
+        replaced since (a `process_weights_after_loading` between two update requests)."""
+        import torch
+
+        model = self.model
+        wrap_defaults = self._default_loader is not None and not class_compares_default_loader(type(model))
+        cache = _wrapper_cache(model)
+        cache.slot.wrapping = self
+        params = self._params
+        seen = self._seen
+        for name, param in model.named_parameters():
+            if not isinstance(param, torch.Tensor):
+                continue
+            key = (name, id(param))
+            if key in seen:  # a later call of the sync: this parameter is wrapped already
+                continue
+            seen.add(key)
+            self._kept.append(param)  # its id stays its own while it is in `seen`
+            dtype = _dtype_name(param.dtype)
+            shape = tuple(param.shape)
+            coverage = params.get(name)
+            if coverage is None or coverage.shape != shape or coverage.dtype != dtype:
+                coverage = ParamCoverage(dtype=dtype, shape=shape, tracked=False)
+                params[name] = coverage
+            coverage.tracked = self._wrap_param(cache, name, param, coverage, wrap_defaults) or coverage.tracked
+            coverage.optional = bool(getattr(param, "_skip_weight_check", False))
+        self.installed = True
+
+    def _wrap_param(
+        self, cache: _ModelWrappers, name: str, param: Any, coverage: ParamCoverage, wrap_defaults: bool
+    ) -> bool:
+        cached = cache.wrappers.get(name)
+        if cached is not None and cached[1]() is param:
+            # The same parameter as at the last sync: put its wrapper back if the engine left its loader alone.
+            original, _, wrapper, shards, experts, attribute, had_attribute = cached
+            own = getattr(param, "__dict__", None)
+            unchanged = own is not None and (
+                own.get(attribute) is original
+                if had_attribute
+                else (attribute not in own and wrap_defaults and original is self._default_loader)
+            )
+            if unchanged:
+                if coverage.shards_expected is None:
+                    coverage.shards_expected = shards
+                if coverage.experts_local is None and experts is not None:
+                    coverage.experts_local = experts
+                own[attribute] = wrapper  # type: ignore[index]
+                self._restore.append((param, attribute, had_attribute, original))
+                return True
+        read_only = isinstance(getattr(type(param), "weight_loader", None), property)
+        attribute = "_weight_loader" if read_only else "weight_loader"
+        had_attribute = attribute in getattr(param, "__dict__", {})
+        current = getattr(param, attribute, None)
+        original = getattr(current, WRAPPED_ORIGINAL, current)
+        if original is None:
+            if read_only or not wrap_defaults:
+                return False
+            original = self._default_loader
+        if not callable(original):
+            return False
+        if cached is not None and cached[0] is original and cached[1]() is param:
+            wrapper, shards, experts = cached[2], cached[3], cached[4]
+        else:
+            module = getattr(original, "__self__", None)
+            shards = expected_shards(name, module)
+            experts = None
+            if hasattr(module, "_map_global_expert_id_to_local_expert_id"):
+                local = getattr(module, "num_local_experts", None)
+                experts = int(local) if isinstance(local, int) else int(param.shape[0])
+            wrapper = _make_wrapper(cache.slot, name, original, module)
+            # A parameter that cannot be referenced weakly is wrapped afresh every sync.
+            with contextlib.suppress(TypeError):
+                ref = weakref.ref(param)
+                cache.wrappers[name] = (original, ref, wrapper, shards, experts, attribute, had_attribute)
+        if coverage.shards_expected is None:
+            coverage.shards_expected = shards
+        if coverage.experts_local is None and experts is not None:
+            coverage.experts_local = experts
+        try:
+            setattr(param, attribute, wrapper)
+        except (AttributeError, TypeError):
+            return False
+        self._restore.append((param, attribute, had_attribute, original))
+        return True
+
+    def restore(self) -> None:
+        self.active = None
+        cache = _WRAPPER_CACHE.get(id(self.model))
+        if cache is not None and cache.slot.wrapping is self:
+            cache.slot.wrapping = None
+        for param, attribute, had_attribute, original in reversed(self._restore):
+            try:
+                own = param.__dict__
+                if had_attribute:
+                    own[attribute] = original
+                else:
+                    own.pop(attribute, None)
+            except Exception:  # no instance dict: through the attribute protocol
+                # A parameter that refuses its old attribute back keeps a pass-through wrapper.
+                with contextlib.suppress(Exception):
+                    if had_attribute:
+                        setattr(param, attribute, original)
+                    else:
+                        delattr(param, attribute)
+        self._restore.clear()
+        self._seen.clear()
+        self._kept.clear()
+        self.installed = False
+
+
+class _Slot:
+    """What a model's wrappers record into: the wrapping of the open sync (None: pass through)."""
+
+    __slots__ = ("wrapping",)
+
+    def __init__(self) -> None:
+        self.wrapping: ModelWrapping | None = None
+
+
+@dataclass
+class _ModelWrappers:
+    model: Any  # weakref to the model
+    slot: _Slot = field(default_factory=_Slot)
+    # param name -> (original loader, weakref to param, wrapper, shards expected, local experts, attribute,
+    # whether the attribute was the parameter's own)
+    wrappers: dict[str, tuple[Any, Any, Any, list[str] | None, int | None, str, bool]] = field(default_factory=dict)
+
+
+_WRAPPER_CACHE: dict[int, _ModelWrappers] = {}
+
+
+def _wrapper_cache(model: Any) -> _ModelWrappers:
+    key = id(model)
+    found = _WRAPPER_CACHE.get(key)
+    if found is not None and found.model() is model:
+        return found
+    for stale in [k for k, v in _WRAPPER_CACHE.items() if v.model() is None]:
+        del _WRAPPER_CACHE[stale]
+    try:
+        ref = weakref.ref(model)
+    except TypeError:
+        return _ModelWrappers(model=lambda: model)  # not cached: wrapped afresh every sync
+    found = _WRAPPER_CACHE[key] = _ModelWrappers(model=ref)
+    return found
+
+
+_DTYPE_NAMES: dict[Any, str] = {}
+_TORCH: Any = None
+
+
+def _torch() -> Any:
+    global _TORCH
+    if _TORCH is None:
+        import torch
+
+        _TORCH = torch
+    return _TORCH
+
+
+def _dtype_name(dtype: Any) -> str:
+    """The safetensors name of a torch dtype (the torch name when it has none), cached: asked per write."""
+    try:
+        return _DTYPE_NAMES[dtype]
+    except KeyError:
+        from weightcheck.tensors import safetensors_dtype
+
+        name = _DTYPE_NAMES[dtype] = safetensors_dtype(dtype) or str(dtype)
+        return name
+
+
+def _make_wrapper(
+    slot: _Slot, param_name: str, original: Callable[..., Any], module: object | None
+) -> Callable[..., Any]:
+    shard_pos, expert_pos = _argument_positions(getattr(original, "__func__", original))
+    maps_experts = getattr(module, "_map_global_expert_id_to_local_expert_id", None)
+
+    @functools.wraps(original)
+    def recording_loader(*args: Any, **kwargs: Any) -> Any:
+        result = original(*args, **kwargs)
+        wrapping = slot.wrapping
+        call = wrapping.active if wrapping is not None else None
+        if call is None:  # between the calls of a sync, or after it: the engine's own loader, nothing else
+            return result
+        try:
+            # The parameter is the first argument of every SGLang loader; the loaded weight the second.
+            loaded = args[1] if len(args) > 1 else kwargs.get("loaded_weight")
+            if shard_pos is None and expert_pos is None and not kwargs:  # a plain (param, weight) loader
+                call.record_write(param_name, loaded, None, None, None, maps_experts is not None)
+                return result
+            shard = _loader_argument(args, kwargs, "shard_id", shard_pos)
+            if shard is None:
+                shard = _loader_argument(args, kwargs, "loaded_shard_id", shard_pos)
+            expert = _loader_argument(args, kwargs, "expert_id", expert_pos)
+            local_expert: int | None = None
+            if maps_experts is not None and isinstance(expert, int):
+                local_expert = int(maps_experts(expert))
+            call.record_write(param_name, loaded, shard, expert, local_expert, maps_experts is not None)
+        except Exception:  # coverage is best effort: never break the engine's load
+            pass
+        return result
+
+    setattr(recording_loader, WRAPPED_ORIGINAL, original)
+    return recording_loader

@@ -8,6 +8,7 @@ zero test reads the bytes once at memory speed and NaN/Inf presence comes from o
 
 from __future__ import annotations
 
+import time
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
@@ -91,3 +92,258 @@ def describe_tensor(tensor: torch.Tensor, algorithm: str = "sha256") -> dict[str
     except (TypeError, RuntimeError, ValueError):
         out["zeros"], out["nonfinite"] = None, None
     return out
+
+
+# ---- one read pass: the digest and the statistics together (CPU tensors) -------------------------------
+#
+# The statistics are read off the integer view of the bytes, so that one pass over memory serves the digest
+# and them: each slice of `_PASS_SLICE_BYTES` is hashed, then reduced while it is still in the CPU cache.
+# With `u` the unsigned and `s` the signed integer view of a float's bits and `P` its exponent-all-ones
+# pattern (+Inf, or the only NaN of the float8 "fn" formats), a value is NaN/Inf exactly when its
+# sign-cleared bits are >= P: a positive one shows as max(s) >= P, a negative one as max(u) >= SIGN | P.
+# All bytes zero is max(u) == 0. Only a tensor that has NaN/Inf pays for the exact count (as before).
+
+_PASS_SLICE_BYTES = 1 << 20
+# Tensors at most this big are digested in batches (`describe_batch`): one flatten and a few vectorized
+# reductions per batch instead of a dozen small operations per tensor.
+SMALL_TENSOR_BYTES = 1 << 18
+
+# torch dtype name -> (safetensors name, itemsize, P or None for integers/bool; "none" where the old
+# reductions gave no NaN/Inf answer (float8: None, as `tensor_stats` reports it)).
+_FAST_DTYPES: dict[str, tuple[str, int, int | str | None]] = {
+    "float32": ("F32", 4, 0x7F800000),
+    "float16": ("F16", 2, 0x7C00),
+    "bfloat16": ("BF16", 2, 0x7F80),
+    "float64": ("F64", 8, 0x7FF0000000000000),
+    "int8": ("I8", 1, None),
+    "uint8": ("U8", 1, None),
+    "int16": ("I16", 2, None),
+    "uint16": ("U16", 2, None),
+    "int32": ("I32", 4, None),
+    "uint32": ("U32", 4, None),
+    "int64": ("I64", 8, None),
+    "uint64": ("U64", 8, None),
+    "bool": ("BOOL", 1, None),
+    "float8_e4m3fn": ("F8_E4M3", 1, "none"),
+    "float8_e5m2": ("F8_E5M2", 1, "none"),
+    "float8_e8m0fnu": ("F8_E8M0", 1, "none"),
+    "float8_e4m3fnuz": ("F8_E4M3FNUZ", 1, "none"),
+    "float8_e5m2fnuz": ("F8_E5M2FNUZ", 1, "none"),
+}
+_INT_NAMES = {1: ("u1", "i1"), 2: ("<u2", "<i2"), 4: ("<u4", "<i4"), 8: ("<u8", "<i8")}
+_fast_cache: dict[Any, tuple[str, int, int | str | None] | None] = {}
+
+
+def fast_dtype(dtype: Any) -> tuple[str, int, int | str | None] | None:
+    """(safetensors name, itemsize, NaN/Inf pattern) for a dtype the one-pass path handles, else None."""
+    try:
+        return _fast_cache[dtype]
+    except KeyError:
+        name = str(dtype).removeprefix("torch.")
+        found = _fast_cache[dtype] = _FAST_DTYPES.get(name)
+        return found
+
+
+def _one_pass_ok(tensor: torch.Tensor) -> bool:
+    import sys
+
+    return (
+        sys.byteorder == "little"
+        and tensor.device.type == "cpu"
+        and fast_dtype(tensor.dtype) is not None
+        and tensor.layout is _strided()
+        and not (tensor.is_conj() or tensor.is_neg())
+    )
+
+
+def _strided() -> Any:
+    import torch
+
+    return torch.strided
+
+
+def _nonfinite_present(u_max: int, s_max: int, pattern: int, bits: int) -> bool:
+    return s_max >= pattern or u_max >= (1 << (bits - 1)) | pattern
+
+
+def _exact_nonfinite(tensor: torch.Tensor) -> int:
+    import torch
+
+    flat = tensor.detach().reshape(-1)
+    return int(flat.numel() - int(torch.isfinite(flat).sum()))
+
+
+def _hasher_for(algorithm: str) -> Any:
+    from weightcheck.digest import _hasher
+
+    return _hasher(algorithm)
+
+
+def _timed_describe(tensor: torch.Tensor, algorithm: str, timings: dict[str, float] | None) -> dict[str, Any]:
+    if timings is None:
+        return describe_tensor(tensor, algorithm)
+    started = time.perf_counter()
+    out = describe_tensor(tensor, algorithm)
+    timings["digest"] = timings.get("digest", 0.0) + time.perf_counter() - started  # digest and stats, unsplit
+    return out
+
+
+def describe_one_pass(tensor: torch.Tensor, algorithm: str, timings: dict[str, float] | None = None) -> dict[str, Any]:
+    """`describe_tensor` of a CPU tensor in one read pass (hash and reductions per cache-sized slice).
+
+    Equal to `describe_tensor` on every dtype `fast_dtype` knows (tests/test_tap_onepass.py); other tensors
+    and the on-device algorithm (posmix128) take `describe_tensor`. `timings` (optional) accumulates seconds
+    under "digest" and "stats"."""
+    import torch
+
+    if algorithm == "posmix128" or not _one_pass_ok(tensor):
+        return _timed_describe(tensor, algorithm, timings)
+    st_name, itemsize, pattern = fast_dtype(tensor.dtype)  # type: ignore[misc]
+    flat = tensor.detach().contiguous().reshape(-1)
+    numel = flat.numel()
+    out: dict[str, Any] = {"dtype": st_name, "shape": list(tensor.shape)}
+    hasher = _hasher_for(algorithm)
+    if numel == 0:
+        out[algorithm] = hasher.hexdigest()
+        out["zeros"], out["nonfinite"] = None, 0  # as `tensor_stats`: nothing to judge
+        return out
+    data = flat.view(torch.uint8).numpy()
+    u_name, s_name = _INT_NAMES[itemsize]
+    u_max = s_max = 0
+    signed = isinstance(pattern, int)
+    hashing = reducing = 0.0
+    clock = time.perf_counter if timings is not None else _no_clock
+    for start in range(0, data.size, _PASS_SLICE_BYTES):
+        piece = data[start : start + _PASS_SLICE_BYTES]
+        t0 = clock()
+        hasher.update(piece)
+        t1 = clock()
+        u_max = max(u_max, int(piece.view(u_name).max()))
+        if signed:
+            s_max = max(s_max, int(piece.view(s_name).max()))
+        t2 = clock()
+        hashing += t1 - t0
+        reducing += t2 - t1
+    out[algorithm] = hasher.hexdigest()
+    if timings is not None:
+        timings["digest"] = timings.get("digest", 0.0) + hashing
+        timings["stats"] = timings.get("stats", 0.0) + reducing
+    zeros = u_max == 0
+    if pattern is None:
+        out["zeros"], out["nonfinite"] = zeros, 0
+    elif pattern == "none":
+        out["zeros"], out["nonfinite"] = zeros, None
+    elif _nonfinite_present(u_max, s_max, int(pattern), itemsize * 8):
+        out["zeros"], out["nonfinite"] = False, _exact_nonfinite(flat)
+    else:
+        out["zeros"], out["nonfinite"] = zeros, 0
+    return out
+
+
+def _no_clock() -> float:
+    return 0.0
+
+
+def describe_batch(
+    tensors: list[torch.Tensor],
+    algorithm: str,
+    timings: dict[str, float] | None = None,
+    into: list[dict[str, Any]] | None = None,
+) -> list[dict[str, Any]]:
+    """`describe_one_pass` of many small CPU tensors at once: per dtype, one flatten into a buffer, each
+    tensor's bytes hashed from it, and the reductions done per tensor segment by `np.maximum.reduceat`.
+    With `into` (one dict per tensor), the results are written into those dicts, which are returned."""
+    import sys
+
+    import numpy as np
+    import torch
+
+    results: list[dict[str, Any]] = into if into is not None else [{} for _ in tensors]
+    groups: dict[Any, list[int]] = {}
+    strided = torch.strided
+    simple = sys.byteorder == "little" and algorithm != "posmix128"
+    cache = _fast_cache
+    for index, tensor in enumerate(tensors):
+        dtype = tensor.dtype
+        spec = cache[dtype] if dtype in cache else fast_dtype(dtype)
+        # (The fast dtypes are real: no conjugate or negative views to resolve.)
+        if (
+            spec is None
+            or not simple
+            or tensor.layout is not strided
+            or tensor.device.type != "cpu"
+            or not tensor.numel()
+        ):
+            results[index].update(describe_one_pass(tensor, algorithm, timings))
+        else:
+            group = groups.get(dtype)
+            if group is None:
+                groups[dtype] = [index]
+            else:
+                group.append(index)
+    clock = time.perf_counter if timings is not None else _no_clock
+    hashing = reducing = 0.0
+    digest = _one_shot_hexdigest(algorithm)
+    for dtype, members in groups.items():
+        t0 = clock()
+        st_name, itemsize, pattern = cache[dtype]  # type: ignore[misc]
+        group = [tensors[i] for i in members]
+        # One copy of the batch into a contiguous buffer (small tensors: it stays in cache for what follows).
+        flat = torch._utils._flatten_dense_tensors(group).detach()
+        data = flat.view(torch.uint8).numpy()
+        view = memoryview(data)
+        counts = [t.numel() for t in group]
+        starts = np.zeros(len(group), dtype=np.int64)
+        if len(group) > 1:
+            np.cumsum(counts[:-1], out=starts[1:])
+        t1 = clock()
+        u_name, s_name = _INT_NAMES[itemsize]
+        u_max = np.maximum.reduceat(data.view(u_name), starts).tolist()
+        s_max = np.maximum.reduceat(data.view(s_name), starts).tolist() if isinstance(pattern, int) else None
+        t2 = clock()
+        hashing += t1 - t0
+        reducing += t2 - t1
+        t0 = clock()
+        begin = 0
+        sign = (1 << (itemsize * 8 - 1)) | pattern if isinstance(pattern, int) else 0
+        for k, index in enumerate(members):
+            end = begin + counts[k] * itemsize
+            out = results[index]
+            out["dtype"] = st_name
+            out[algorithm] = digest(view[begin:end])
+            begin = end
+            u = u_max[k]
+            if pattern is None:
+                out["zeros"], out["nonfinite"] = u == 0, 0
+            elif s_max is None:  # float8: no NaN/Inf answer, as `tensor_stats`
+                out["zeros"], out["nonfinite"] = u == 0, None
+            elif s_max[k] >= pattern or u >= sign:  # type: ignore[operator]
+                out["zeros"], out["nonfinite"] = False, _exact_nonfinite(group[k])
+            else:
+                out["zeros"], out["nonfinite"] = u == 0, 0
+            if "shape" not in out or out["shape"] is None:
+                out["shape"] = list(group[k].shape)
+        hashing += clock() - t0
+    if timings is not None:
+        timings["digest"] = timings.get("digest", 0.0) + hashing
+        timings["stats"] = timings.get("stats", 0.0) + reducing
+    return results
+
+
+def _one_shot_hexdigest(algorithm: str) -> Any:
+    """A function bytes -> hex digest for `algorithm` (xxhash's one-shot call where it applies)."""
+    if algorithm == "xxh3_128":
+        import xxhash
+
+        return xxhash.xxh3_128_hexdigest
+    if algorithm == "sha256":
+        import hashlib
+
+        return lambda data: hashlib.sha256(data).hexdigest()
+
+    def digest(data: Any) -> str:
+        hasher = _hasher_for(algorithm)
+        hasher.update(data)
+        return str(hasher.hexdigest())
+
+    return digest

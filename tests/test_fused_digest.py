@@ -1,0 +1,85 @@
+"""The fused (one Triton kernel per tensor) posmix128 equals the reference bit for bit, on every recorded dtype.
+
+Runs the kernel under Triton's interpreter (`TRITON_INTERPRET=1`) on CPU: the same kernel source a GPU
+compiles, with numpy's wrapping uint64 arithmetic. Skipped where Triton is not installed (it is not a
+dependency of the CPU install); the eager torch path and the stored-bytes path are compared in
+tests/test_devdigest.py either way."""
+
+from __future__ import annotations
+
+import os
+
+import pytest
+
+# Before Triton is imported: it reads the switch into its settings then (and again when a kernel is built).
+os.environ.setdefault("TRITON_INTERPRET", "1")
+torch = pytest.importorskip("torch")
+pytest.importorskip("triton")
+
+from weightcheck.devdigest import posmix128_bytes, posmix128_tensor  # noqa: E402
+from weightcheck.fuseddigest import _kernel, posmix128_fused  # noqa: E402
+from weightcheck.tensors import safetensors_dtype  # noqa: E402
+
+
+@pytest.fixture(autouse=True)
+def interpreter(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("TRITON_INTERPRET", "1")
+    _kernel.cache_clear()  # jit decides interpreter or compiler when the kernel is built
+
+
+def _stored(tensor: torch.Tensor) -> bytes:
+    """The bytes safetensors writes for the tensor (C order, little-endian)."""
+    from safetensors.torch import save
+
+    blob = save({"t": tensor.contiguous()})
+    header = int.from_bytes(blob[:8], "little")
+    return blob[8 + header :]
+
+
+def _dtypes() -> list[torch.dtype]:
+    names = ["bool", "uint8", "int8", "int16", "uint16", "float16", "bfloat16", "int32", "uint32", "float32",
+             "complex64", "float64", "int64", "uint64", "float8_e4m3fn", "float8_e5m2", "float8_e8m0fnu",
+             "float8_e4m3fnuz", "float8_e5m2fnuz"]  # fmt: skip
+    return [getattr(torch, n) for n in names if hasattr(torch, n) and safetensors_dtype(getattr(torch, n))]
+
+
+def _random(dtype: torch.dtype, shape: tuple[int, ...], seed: int) -> torch.Tensor:
+    generator = torch.Generator().manual_seed(seed)
+    size = 1
+    for d in shape:
+        size *= d
+    width = torch.empty((), dtype=dtype).element_size()
+    raw = torch.randint(0, 256, (size * width,), dtype=torch.uint8, generator=generator)
+    if dtype == torch.bool:
+        return (raw % 2).to(torch.bool).reshape(shape)
+    return raw.view(dtype).reshape(shape)
+
+
+@pytest.mark.parametrize("dtype", _dtypes(), ids=str)
+@pytest.mark.parametrize("shape", [(0,), (1,), (3,), (7, 5), (2, 3, 67)], ids=str)
+def test_fused_equals_reference_on_every_dtype(dtype: torch.dtype, shape: tuple[int, ...]) -> None:
+    tensor = _random(dtype, shape, seed=sum(shape) + len(str(dtype)))
+    reference = posmix128_tensor(tensor)
+    assert posmix128_fused(tensor) == reference == posmix128_bytes(_stored(tensor))
+    # Several programs with a masked last block: the atomic lane sums in any order give the same digest.
+    assert posmix128_fused(tensor, block_words=64) == reference
+
+
+def test_fused_is_position_sensitive_and_takes_views() -> None:
+    tensor = _random(torch.bfloat16, (64, 48), seed=1)
+    assert posmix128_fused(tensor) != posmix128_fused(tensor.flip(0).contiguous())
+    assert posmix128_fused(tensor.t()) == posmix128_tensor(tensor.t()) != posmix128_fused(tensor)
+    flat = _random(torch.uint8, (4099,), seed=2)
+    misaligned = flat[1:]  # a byte view that starts off a 4-byte boundary
+    assert posmix128_fused(misaligned) == posmix128_bytes(bytes(misaligned.numpy()))
+    one = _random(torch.float32, (1000,), seed=3)
+    changed = one.clone()
+    changed.view(torch.int32)[999] ^= 1  # the last word's lowest bit
+    assert posmix128_fused(one) != posmix128_fused(changed)
+
+
+def test_float4_packed_dtype() -> None:
+    if not hasattr(torch, "float4_e2m1fn_x2"):
+        pytest.skip("torch has no float4_e2m1fn_x2")
+    tensor = _random(torch.uint8, (5, 9), seed=4).view(torch.float4_e2m1fn_x2)
+    assert posmix128_fused(tensor) == posmix128_tensor(tensor) == posmix128_bytes(_stored(tensor.view(torch.uint8)))

@@ -1,0 +1,115 @@
+"""`posmix128` in one fused kernel per tensor (Triton): the same function as `weightcheck.devdigest`, bit for bit.
+
+`weightcheck.devdigest.posmix128_tensor` runs posmix128 as ~18 eager int64 torch kernels per chunk of words
+(each one a full read and write of an int64 temporary): on a GPU that is many launches per tensor and 8-16
+bytes of traffic per 4-byte word. Here one Triton program per block of words loads each word once, keys it
+by its absolute position, mixes it, and adds its block's two lane sums into a 2-element int64 output with
+atomic adds. Integer addition modulo 2^64 is associative and commutative, so the order in which blocks land
+does not change the result: the digest equals the reference on every device and on the stored bytes.
+
+The definition (see `weightcheck.devdigest`) is unchanged, so records and manifests keep the algorithm name
+`posmix128`: a digest taken by this kernel and one taken by the eager kernels or from a checkpoint on disk
+compare equal.
+
+Used by `posmix128_tensor` for CUDA tensors when Triton is importable (`WEIGHTCHECK_FUSED_DIGEST=0` turns it
+off). On CPU it runs only under Triton's interpreter (`TRITON_INTERPRET=1`): that is how the tests check it
+bit for bit against the reference without a GPU. A tensor whose byte count is not a multiple of 4 has its
+last 1-3 bytes (one zero-padded word) added by the eager path.
+"""
+
+from __future__ import annotations
+
+import functools
+import os
+from typing import TYPE_CHECKING, Any
+
+from weightcheck.devdigest import M1, M2, G, S, _byte_view, _lanes_torch, finalize
+
+if TYPE_CHECKING:
+    import torch
+
+ENV_FUSED = "WEIGHTCHECK_FUSED_DIGEST"
+# Words per Triton program: 16 KiB of input per block on a GPU (and few programs under the interpreter).
+BLOCK_WORDS = 4096
+
+
+def triton_available() -> bool:
+    try:
+        import triton  # noqa: F401
+    except Exception:  # ImportError, or a Triton that cannot load its backends here
+        return False
+    return True
+
+
+def fused_enabled(environ: Any = None) -> bool:
+    env = os.environ if environ is None else environ
+    return (env.get(ENV_FUSED) or "1").strip().lower() not in ("0", "false", "no", "off")
+
+
+tl: Any = None  # triton.language, bound when the kernel is first built (Triton resolves it in this module)
+
+
+def _posmix_kernel(words_ptr: Any, out_ptr: Any, n_words: Any, BLOCK: tl.constexpr) -> None:
+    pid = tl.program_id(0).to(tl.int64)
+    offs = pid * BLOCK + tl.arange(0, BLOCK)  # int64: tensors past 2^31 words
+    mask = offs < n_words
+    word = tl.load(words_ptr + offs, mask=mask, other=0).to(tl.uint32, bitcast=True).to(tl.uint64)
+    # k_i = splitmix(i * G + S); x_i = fmix((w_i ^ k_i) * M1): uint64 arithmetic wraps, >> is logical.
+    k = offs.to(tl.uint64) * 0x9E3779B97F4A7C15 + 0x632BE59BD9B4E019
+    k = k ^ (k >> 31)
+    x = (word ^ k) * 0xBF58476D1CE4E5B9
+    x = x ^ (x >> 29)
+    x = x * 0x94D049BB133111EB
+    x = x ^ (x >> 32)
+    x = tl.where(mask, x, 0)
+    a = tl.sum(x, axis=0)
+    b = tl.sum(x * (k | 1), axis=0)
+    tl.atomic_add(out_ptr, a.to(tl.int64, bitcast=True))
+    tl.atomic_add(out_ptr + 1, b.to(tl.int64, bitcast=True))
+
+
+# The kernel's literals are devdigest's constants (Triton needs literals there); checked at import.
+assert (G, S, M1, M2) == (0x9E3779B97F4A7C15, 0x632BE59BD9B4E019, 0xBF58476D1CE4E5B9, 0x94D049BB133111EB)
+
+
+@functools.lru_cache(maxsize=1)
+def _kernel() -> Any:
+    """The jitted kernel, built on first use (`TRITON_INTERPRET=1` at that moment: the interpreter)."""
+    global tl
+    import triton
+    import triton.language
+
+    tl = triton.language
+    return triton.jit(_posmix_kernel)
+
+
+def posmix128_fused(tensor: torch.Tensor, block_words: int = BLOCK_WORDS) -> str:
+    """`posmix128` of the tensor's stored bytes in one Triton kernel on its device (CUDA, or CPU under
+    `TRITON_INTERPRET=1`). Equal to `weightcheck.devdigest.posmix128_tensor` and `posmix128_bytes`."""
+    import sys
+
+    import torch
+
+    if sys.byteorder != "little":
+        raise TypeError("posmix128 on a big-endian host is not supported")
+    data = _byte_view(tensor)
+    n_bytes = data.numel()
+    n_full = n_bytes // 4
+    lanes = torch.zeros(2, dtype=torch.int64, device=data.device)
+    if n_full:
+        body = data[: n_full * 4]
+        words = body.view(torch.int32) if data.data_ptr() % 4 == 0 else body.clone().view(torch.int32)
+        grid = (triton_cdiv(n_full, block_words),)
+        _kernel()[grid](words, lanes, n_full, BLOCK=block_words)
+    a, b = lanes.tolist()
+    tail = n_bytes - n_full * 4
+    if tail:
+        weights = torch.tensor([1, 1 << 8, 1 << 16, 1 << 24][:tail], dtype=torch.int64, device=data.device)
+        word = (data[n_full * 4 :].to(torch.int64) * weights).sum().reshape(1)
+        da, db = _lanes_torch(word, n_full)
+        a, b = a + int(da), b + int(db)
+    return finalize(int(a), int(b), n_bytes)
+
+
+def triton_cdiv(a: int, b: int) -> int:
+    return -(-a // b)
