@@ -64,6 +64,9 @@ def lint_many(
         return lint(paths[0], select=select, ignore=ignore, options=options)
     merged = Result(target=" ".join(str(p) for p in paths), command="lint", root="")
     seen: set[str] = set()
+    # note text -> the targets it was given for: three config-only targets give each note once, naming all
+    # three (pre-commit passes every changed config.json), not six lines.
+    note_targets: dict[str, list[str]] = {}
     for path in paths:
         key = str(_checkpoint_root(path))
         if key in seen:
@@ -76,10 +79,18 @@ def lint_many(
             file = str(root / file) if file and not Path(file).is_absolute() else file or str(path)
             finding.location = replace(finding.location, file=file)
             merged.findings.append(finding)
-        merged.notes.extend(f"{path}: {note}" for note in one.notes)
+        for note in one.notes:
+            # A note that already names its target is not prefixed twice ("nope: nope: no such file").
+            text = note[len(f"{path}: "):] if note.startswith(f"{path}: ") else note
+            note_targets.setdefault(text, []).append(str(path))
         for key_, value in one.checked.items():
             merged.checked[key_] = merged.checked.get(key_, 0) + value
-        merged.nothing_checked = merged.nothing_checked or one.nothing_checked
+        if one.nothing_checked:
+            merged.unchecked_targets.append(str(path))
+    merged.notes.extend(f"{', '.join(names)}: {text}" for text, names in note_targets.items())
+    # "Nothing was checked" only when no target was; one missing target among good ones is named instead
+    # (and still exits 3: see Result.exit_code).
+    merged.nothing_checked = len(merged.unchecked_targets) == len(seen)
     merged.checked["targets"] = len(seen)
     return merged
 

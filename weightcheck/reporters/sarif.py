@@ -80,10 +80,29 @@ def artifact_path(result: Result, finding: Finding) -> Path | None:
                         return found
             except OSError:
                 continue
+        # A file that does not exist (a missing shard): its own checkpoint folder's index or config. With
+        # several targets the root is the working directory, so this is what keeps each finding on its target.
+        folder = _existing_folder(root / file)
+        if folder is not None:
+            return _anchor_in(folder)
     target = Path(result.target)
     if _is_file(target):
         return target
     return _anchor_in(root) if root != Path() else None
+
+
+def _existing_folder(path: Path) -> Path | None:
+    """The nearest existing folder above `path`, not the working directory itself (whose first file would be
+    an arbitrary anchor)."""
+    for parent in path.parents:
+        if parent == Path() or str(parent) in ("", "."):
+            return None
+        try:
+            if parent.is_dir():
+                return parent
+        except OSError:
+            return None
+    return None
 
 
 def artifact_uri(path: Path, cwd: Path | None = None) -> tuple[str, str | None]:
@@ -218,6 +237,10 @@ def sarif_document(result: Result) -> dict[str, Any]:
     notifications = [{"level": "note", "message": {"text": note}} for note in result.notes]
     if result.nothing_checked:
         notifications.insert(0, {"level": "error", "message": {"text": "nothing was checked"}})
+    else:
+        notifications[:0] = [
+            {"level": "error", "message": {"text": f"not checked: {target}"}} for target in result.unchecked_targets
+        ]
     invocation: dict[str, Any] = {
         "executionSuccessful": result.execution_successful,
         "toolExecutionNotifications": notifications,

@@ -67,11 +67,14 @@ def _lines(result: Result, verbose: bool) -> list[tuple[str, str]]:
     )
     if result.nothing_checked:
         out.append(("bold red", "nothing was checked"))
-    elif not result.findings:
+        return out
+    if not result.findings:
         out.append(("bold green", f"clean: {checked}"))
     else:
         summary = ", ".join(plural(n, k) for k, n in counts.items() if n)
         out.append(("bold", f"{summary} ({checked})"))
+    if result.unchecked_targets:  # one missing target among good ones: named, not "nothing was checked"
+        out.append(("bold red", f"not checked: {', '.join(result.unchecked_targets)} (exit 3)"))
     return out
 
 
