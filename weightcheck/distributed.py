@@ -56,7 +56,9 @@ def require_ray() -> Any:
     try:
         import ray
     except ImportError:
-        raise RayUnavailable("--ray needs Ray: pip install 'weightcheck[ray]'") from None
+        from weightcheck.deps import install_command
+
+        raise RayUnavailable(f"--ray needs Ray: {install_command('ray')}") from None
     return ray
 
 

@@ -143,9 +143,9 @@ def _lint(path: Path, select: Iterable[str], ignore: Iterable[str], options: dic
         result.notes.append(resolved.note)
     if resolved.source is None and not resolved.path.exists():  # type: ignore[union-attr]
         result.nothing_checked = True
-        from weightcheck.deps import installed
+        from weightcheck.deps import install_command, installed
 
-        hint = "" if installed("huggingface_hub") else "; Hub repo ids need: pip install 'weightcheck[hub]'"
+        hint = "" if installed("huggingface_hub") else f"; Hub repo ids need: {install_command('hub')}"
         result.notes.append(
             f"{path}: no such file or directory (nor a repo id in the local Hugging Face cache){hint}"
         )

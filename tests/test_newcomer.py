@@ -1,0 +1,152 @@
+"""A newcomer's first hour (issue #19): several targets, annotations, install hints, notes, explain-ignore."""
+
+from __future__ import annotations
+
+import json
+import shutil
+import sys
+from pathlib import Path
+
+import pytest
+from test_adoption import REPO, validate_sarif, wc
+
+SAMPLES = REPO / "sample_configs"
+LOST_SHARD = "tiny-qwen3-moe-lost-shard"  # WC201 + WC202 (a checkpoint written by transformers)
+CONFIG_ONLY = "glm-4.5-air-w4a16-router-not-ignored"  # WC309 warnings, config-only
+
+
+@pytest.fixture
+def targets(tmp_path: Path) -> Path:
+    """Two checkpoints (`a`: a lost shard, `b`: a config-only folder) side by side, as pre-commit passes them."""
+    shutil.copytree(SAMPLES / LOST_SHARD, tmp_path / "a")
+    shutil.copytree(SAMPLES / CONFIG_ONLY, tmp_path / "b")
+    return tmp_path
+
+
+def _github(stdout: str) -> list[tuple[str, dict[str, str], str]]:
+    """(level, properties, message) of each workflow command."""
+    out = []
+    for line in stdout.splitlines():
+        assert line.startswith("::"), line
+        head, message = line[2:].split("::", 1)
+        level, _, props = head.partition(" ")
+        out.append((level, dict(p.split("=", 1) for p in props.split(",") if p), message))
+    return out
+
+
+# ---- item 7: several targets, each finding on its own target ----------------------------------------------
+
+
+def test_github_annotations_of_several_targets_name_one_existing_file_each(targets: Path) -> None:
+    proc = wc("lint", "a", "b", "--format", "github", cwd=targets)
+    assert proc.returncode == 1, proc.stderr
+    findings = [(lvl, p, m) for lvl, p, m in _github(proc.stdout) if p.get("title", "").startswith("WC")]
+    assert {p["title"].split()[0] for _, p, _ in findings} == {"WC201", "WC202", "WC309"}
+    for _, props, _ in findings:
+        assert (targets / props["file"]).is_file(), props  # never "a b"
+    wc201 = next(p for _, p, _ in findings if p["title"].startswith("WC201"))
+    assert wc201["file"] == "a/model.safetensors.index.json"  # the missing shard's own checkpoint
+
+
+def test_sarif_of_several_targets_gives_every_result_a_physical_location(targets: Path) -> None:
+    proc = wc("lint", "a", "b", "--format", "sarif", cwd=targets)
+    doc = json.loads(proc.stdout)
+    validate_sarif(doc, targets)
+    results = doc["runs"][0]["results"]
+    assert {r["ruleId"] for r in results} == {"WC201", "WC202", "WC309"}
+    for r in results:
+        uri = r["locations"][0]["physicalLocation"]["artifactLocation"]["uri"]
+        assert uri.split("/")[0] == ("b" if r["ruleId"] == "WC309" else "a"), r
+
+
+def test_a_missing_target_among_good_ones_is_named_not_nothing_checked(targets: Path) -> None:
+    proc = wc("lint", "a", "typo", cwd=targets)
+    assert proc.returncode == 3  # a gate never goes green on a path it did not read
+    assert "nothing was checked" not in proc.stdout
+    assert "not checked: typo" in proc.stdout and "2 errors" in proc.stdout
+    doc = json.loads(wc("lint", "a", "typo", "--format", "json", cwd=targets).stdout)
+    assert doc["summary"]["nothing_checked"] is False and doc["summary"]["unchecked_targets"] == ["typo"]
+    assert doc["summary"]["execution_successful"] is False
+    assert not any(n.startswith("typo: typo:") for n in doc["summary"]["notes"])  # named once
+    sarif = json.loads(wc("lint", "a", "typo", "--format", "sarif", cwd=targets).stdout)
+    notes = sarif["runs"][0]["invocations"][0]["toolExecutionNotifications"]
+    assert {"level": "error", "message": {"text": "not checked: typo"}} in notes
+    only_typos = wc("lint", "typo", "typo2", "--format", "json", cwd=targets)
+    assert only_typos.returncode == 3 and json.loads(only_typos.stdout)["summary"]["nothing_checked"] is True
+
+
+# ---- item 15: line= and exit 3 as an error ------------------------------------------------------------
+
+
+def test_github_annotation_carries_the_sarif_line(tmp_path: Path) -> None:
+    sample = SAMPLES / "glm-4.7-w4a16-layer-regex-overreach"
+    gh = _github(wc("lint", "config.json", "--format", "github", cwd=sample).stdout)
+    sarif = json.loads(wc("lint", "config.json", "--format", "sarif", cwd=sample).stdout)
+    lines = {
+        (r["ruleId"], r["locations"][0]["physicalLocation"]["region"]["startLine"]) for r in sarif["runs"][0]["results"]
+    }
+    annotated = {(p["title"].split()[0], int(p["line"])) for _, p, _ in gh if p.get("title", "").startswith("WC")}
+    assert annotated == lines and any(line > 1 for _, line in annotated)
+
+
+def test_nothing_checked_is_an_error_annotation(tmp_path: Path) -> None:
+    proc = wc("lint", str(tmp_path / "typo"), "--format", "github")
+    assert proc.returncode == 3
+    assert any(level == "error" and "nothing was checked" in m for level, _, m in _github(proc.stdout))
+    partial = wc("lint", str(SAMPLES / CONFIG_ONLY), str(tmp_path / "typo"), "--format", "github")
+    assert partial.returncode == 3
+    assert any(level == "error" and "not checked:" in m for level, _, m in _github(partial.stdout))
+
+
+# ---- item 16: notes once across targets; explain-ignore summary and filter --------------------------------
+
+
+def test_config_only_notes_are_given_once_for_several_configs(tmp_path: Path) -> None:
+    for name in ("x", "y", "z"):
+        shutil.copytree(SAMPLES / CONFIG_ONLY, tmp_path / name)
+    proc = wc("lint", "x/config.json", "y/config.json", "z/config.json", cwd=tmp_path)
+    notes = [line for line in proc.stdout.splitlines() if line.startswith("note:")]
+    assert len(notes) == 2, notes  # each note once, naming the three configs
+    assert all("x/config.json, y/config.json, z/config.json:" in n for n in notes)
+
+
+def test_explain_ignore_summary_and_disagreements_only() -> None:
+    big = SAMPLES / "qwen3-30b-a3b-fp8-block"  # the published 145-entry list: every consumer agrees
+    full = wc("explain-ignore", str(big))
+    assert full.returncode == 0, full.stderr
+    assert full.stdout.rstrip().splitlines()[-1] == "145 entries: 145 read alike by every consumer, 0 read differently"
+    only = wc("explain-ignore", str(big), "--disagreements-only")
+    assert len(only.stdout.splitlines()) < 10, only.stdout
+    mixed = SAMPLES / "glm-4.7-w4a16-layer-regex-overreach"
+    doc = json.loads(wc("explain-ignore", str(mixed), "--disagreements-only", "--format", "json").stdout)
+    assert doc["entries"] and all(not e["agree"] for e in doc["entries"])
+    assert doc["summary"]["entries"] > len(doc["entries"]) and doc["summary"]["disagree"] == len(doc["entries"])
+
+
+# ---- item 11: the install hint works for this installation ------------------------------------------------
+
+
+def _dist(site: Path, direct_url: dict | None) -> None:
+    info = site / "weightcheck-0.1.0.dist-info"
+    info.mkdir(parents=True)
+    (info / "METADATA").write_text("Metadata-Version: 2.1\nName: weightcheck\nVersion: 0.1.0\n")
+    if direct_url is not None:
+        (info / "direct_url.json").write_text(json.dumps(direct_url))
+
+
+@pytest.mark.parametrize(
+    ("direct_url", "expected"),
+    [
+        ({"url": "file:///src/my%20wc", "dir_info": {"editable": True}}, "pip install -e '/src/my wc[content]'"),
+        ({"url": "file:///src/wc", "dir_info": {}}, "pip install '/src/wc[content]'"),
+        (None, "pip install 'weightcheck[content]'"),  # installed from a registry or a wheel
+    ],
+)
+def test_install_hint_follows_how_weightcheck_was_installed(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, direct_url: dict | None, expected: str
+) -> None:
+    from weightcheck.deps import install_command
+
+    _dist(tmp_path, direct_url)  # real PEP 610 metadata, found by importlib.metadata first on sys.path
+    monkeypatch.setattr(sys, "path", [str(tmp_path), *sys.path])
+    assert install_command("content") == expected
