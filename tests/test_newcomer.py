@@ -9,6 +9,7 @@ from pathlib import Path
 
 import pytest
 from test_adoption import REPO, validate_sarif, wc
+from test_verify import bench  # noqa: F401  (fixture: a checkpoint and tapped engine records)
 
 SAMPLES = REPO / "sample_configs"
 LOST_SHARD = "tiny-qwen3-moe-lost-shard"  # WC201 + WC202 (a checkpoint written by transformers)
@@ -150,3 +151,33 @@ def test_install_hint_follows_how_weightcheck_was_installed(
     _dist(tmp_path, direct_url)  # real PEP 610 metadata, found by importlib.metadata first on sys.path
     monkeypatch.setattr(sys, "path", [str(tmp_path), *sys.path])
     assert install_command("content") == expected
+
+
+# ---- item 14: one defect, one finding ------------------------------------------------------------------
+
+
+def test_partial_fused_group_is_one_finding_naming_the_engines(make_quant) -> None:
+    from helpers import by_code, run
+    from quantized import set_ignore
+
+    path = make_quant("llama", "W4A16")  # written by llm-compressor
+    set_ignore(path, ["lm_head", "re:.*mlp.gate"])  # over-reaches to gate_proj, not up_proj
+    (fused,) = by_code(run(path), "WC311")
+    engines = fused.details["engines"]
+    assert len(engines) >= 2 and all(engine in fused.message for engine in engines)
+    assert "gate_up_proj" in fused.message
+
+
+def test_a_tensor_never_sent_is_one_finding_with_its_unwritten_parameter_attached(bench) -> None:  # noqa: F811
+    from weightcheck.verify import verify
+
+    b = bench("llama")
+    lost = "model.layers.1.self_attn.o_proj.weight"
+    b.push([(n, t) for n, t in b.stream if n != lost])
+    result = verify(b.records, b.ckpt)
+    (missing,) = result.findings
+    assert missing.code == "WC722" and missing.details["names"] == [lost]
+    assert [(r.code, r.details["params"]) for r in missing.related] == [("WC732", [lost])]
+    # A parameter left unwritten with its tensor sent (a loader that skips it) stays its own finding.
+    b.push(b.stream, "step-2")
+    assert not verify(b.records, b.ckpt, weight_version="step-2").findings

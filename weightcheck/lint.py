@@ -81,7 +81,7 @@ def lint_many(
             merged.findings.append(finding)
         for note in one.notes:
             # A note that already names its target is not prefixed twice ("nope: nope: no such file").
-            text = note[len(f"{path}: "):] if note.startswith(f"{path}: ") else note
+            text = note[len(f"{path}: ") :] if note.startswith(f"{path}: ") else note
             note_targets.setdefault(text, []).append(str(path))
         for key_, value in one.checked.items():
             merged.checked[key_] = merged.checked.get(key_, 0) + value

@@ -36,8 +36,6 @@ def emit_json(result: Result, stream: TextIO) -> None:
     stream.write(json.dumps(result_document(result), indent=2, sort_keys=False) + "\n")
 
 
-
-
 def _artifact(result: Result, finding: Finding, cache: dict[Path, list[str] | None]) -> tuple[str | None, int | None]:
     """The file a GitHub annotation is attached to (an existing file, relative to the working directory) and
     the line in it: the same file and line as the SARIF result. With several targets a finding without a
