@@ -181,3 +181,73 @@ def test_a_tensor_never_sent_is_one_finding_with_its_unwritten_parameter_attache
     # A parameter left unwritten with its tensor sent (a loader that skips it) stays its own finding.
     b.push(b.stream, "step-2")
     assert not verify(b.records, b.ckpt, weight_version="step-2").findings
+
+
+# ---- item 18: what ruff and Hub CLI users reach for ------------------------------------------------------
+
+
+def test_statistics_quiet_and_output_format_alias(targets: Path) -> None:
+    stats = wc("lint", "a", "b", "--statistics", cwd=targets)
+    assert stats.returncode == 1  # the exit code is the run's, not the printing's
+    rows = [line.split("\t") for line in stats.stdout.splitlines()]
+    assert rows == [["    2", "WC309", "non-linear-not-ignored"], ["    1", "WC201", "indexed-shard-missing"],
+                    ["    1", "WC202", "indexed-key-not-in-shard"]]  # fmt: skip
+    as_json = json.loads(wc("lint", "a", "--statistics", "--output-format", "json", cwd=targets).stdout)
+    assert as_json == [{"code": "WC201", "name": "indexed-shard-missing", "count": 1},
+                       {"code": "WC202", "name": "indexed-key-not-in-shard", "count": 1}]  # fmt: skip
+    quiet = wc("lint", "a", "b", "-q", cwd=targets)
+    assert quiet.returncode == 1 and "note:" not in quiet.stdout and "2 errors" not in quiet.stdout
+    assert "WC201" in quiet.stdout
+    assert "not checked: typo" in wc("lint", "a", "typo", "-q", cwd=targets).stdout  # exit 3 keeps its reason
+
+
+def test_one_run_writes_the_annotations_and_the_sarif(targets: Path) -> None:
+    proc = wc("lint", "a", "b", "--format", "github", "--output-sarif", "out.sarif", cwd=targets)
+    assert proc.returncode == 1
+    sarif = json.loads((targets / "out.sarif").read_text())
+    validate_sarif(sarif, targets)
+    annotated = sorted(p["title"].split()[0] for _, p, _ in _github(proc.stdout) if p.get("title", "")[:2] == "WC")
+    assert sorted(r["ruleId"] for r in sarif["runs"][0]["results"]) == annotated
+
+
+def test_diff_alone_previews_what_fix_would_change(tmp_path: Path) -> None:
+    shutil.copytree(SAMPLES / CONFIG_ONLY, tmp_path / "b")
+    before = (tmp_path / "b" / "config.json").read_text()
+    proc = wc("lint", "b", "--diff", cwd=tmp_path)
+    assert proc.returncode == 1, proc.stderr  # edits pending
+    assert proc.stdout.startswith("--- a/config.json") and '+      "re:' in proc.stdout
+    assert (tmp_path / "b" / "config.json").read_text() == before  # nothing written
+
+
+def test_hub_options_on_every_command_that_takes_a_hub_target(tmp_path: Path) -> None:
+    from hubserver import HubServer
+
+    for command in ("lint", "diff", "verify", "explain-ignore"):
+        text = wc(command, "--help").stdout
+        assert all(option in text for option in ("--token", "--cache-dir", "--revision")), command
+    server = HubServer().start()
+    try:
+        server.add("acme/glm-air", SAMPLES / CONFIG_ONLY)
+        env = {"HF_ENDPOINT": server.url, "HF_HUB_OFFLINE": "0", "HF_TOKEN": ""}
+        cache = tmp_path / "my-cache"
+        ok = wc("explain-ignore", "acme/glm-air", "--revision", "main", "--token", "hf_secret", "--cache-dir",
+                str(cache), env=env)  # fmt: skip
+        assert ok.returncode == 0, ok.stderr
+        assert "Bearer hf_secret" in server.authorization
+        assert any("/revision/main" in r or "/tree/main" in r or "/resolve/main" in r for r in server.requests)
+        wrong = wc("explain-ignore", "acme/glm-air", "--revision", "v9-nope", env=env)
+        assert wrong.returncode == 3 and any("v9-nope" in r for r in server.requests)
+        linted = wc("lint", "acme/glm-air", "--token", "hf_other", "--format", "json", env=env)
+        assert {f["code"] for f in json.loads(linted.stdout)["findings"]} == {"WC309"}
+        assert "Bearer hf_other" in server.authorization
+    finally:
+        server.stop()
+
+
+def test_verify_wait_says_what_it_waits_for(bench) -> None:  # noqa: F811
+    b = bench("llama")
+    b.push(b.stream)
+    proc = wc("verify", str(b.records), "--against", str(b.ckpt), "--expect-records", "2", "--wait", "0.5")
+    assert proc.returncode == 1  # one record of the two expected: WC734
+    assert "waiting up to 0.5s for 2 rank records: 1 so far" in proc.stderr
+    assert "stopped waiting after 0.5s with 1 of 2" in proc.stderr

@@ -44,6 +44,7 @@ def output_options(fn: Callable[..., Any]) -> Callable[..., Any]:
     decorators = [
         click.option(
             "--format",
+            "--output-format",  # ruff's spelling
             "fmt",
             type=click.Choice(FORMATS),
             default=None,
@@ -77,6 +78,7 @@ def output_options(fn: Callable[..., Any]) -> Callable[..., Any]:
         click.option("--verbose", "-v", is_flag=True, help="Show every finding and every name in text output."),
         click.option("--debug", is_flag=True, help="Print the traceback of an internal error (WC000) on stderr."),
         *_triage_options(),
+        *_report_shape_options(),
     ]
     for deco in reversed(decorators):
         fn = deco(fn)
@@ -108,9 +110,61 @@ def _triage_options() -> list[Callable[..., Any]]:
     ]  # fmt: skip
 
 
+def _report_shape_options() -> list[Callable[..., Any]]:
+    """ruff's `--statistics` and `-q/--quiet`, and `--output-sarif FILE` (one run, two reports: the Action)."""
+    return [
+        click.option("--statistics", is_flag=True, expose_value=False, callback=_to_meta,
+                     help="Print one line per rule (count, code, name) instead of the findings (text, json)."),
+        click.option("--quiet", "-q", is_flag=True, expose_value=False, callback=_to_meta,
+                     help="Text output: the findings only, no notes and no summary line (a run that checked "
+                     "nothing still says so)."),
+        click.option("--output-sarif", type=click.Path(dir_okay=False, path_type=Path), expose_value=False,
+                     callback=_to_meta,
+                     help="Also write the SARIF report of this same run to FILE (a CI job lints once for its "
+                     "annotations and for code scanning)."),
+    ]  # fmt: skip
+
+
+def hub_options(revision: bool = True) -> Callable[[Callable[..., Any]], Callable[..., Any]]:
+    """`--token`, `--cache-dir` (and `--revision` where the command has none of its own) for every command that
+    takes a Hub target, as the Hugging Face CLI spells them. They set what weightcheck's Hub access reads per
+    call (HF_TOKEN, HF_HUB_CACHE), so one spelling reaches every code path."""
+
+    def set_env(name: str) -> Callable[[click.Context, click.Parameter, Any], Any]:
+        def callback(ctx: click.Context, param: click.Parameter, value: Any) -> Any:
+            if value:
+                os.environ[name] = str(value)
+            return value
+
+        return callback
+
+    def apply(fn: Callable[..., Any]) -> Callable[..., Any]:
+        if revision:
+            fn = click.option("--revision", "hub_revision", default=None, expose_value=False, callback=_to_meta,
+                              help="For Hub repo targets naming no revision: branch, tag or commit.")(fn)  # fmt: skip
+        fn = click.option("--cache-dir", default=None, expose_value=False, callback=set_env("HF_HUB_CACHE"),
+                          help="Hugging Face cache folder (default: HF_HUB_CACHE / HF_HOME).")(fn)  # fmt: skip
+        return click.option("--token", default=None, expose_value=False, callback=set_env("HF_TOKEN"),
+                            help="Hugging Face token for private or gated repos (default: HF_TOKEN).")(fn)  # fmt: skip
+
+    return apply
+
+
+def with_revision(target: Path) -> Path:
+    """`target` with `--revision` applied when it is a Hub repo id naming no revision of its own."""
+    rev = _meta("hub_revision")
+    if not rev or target.exists():
+        return target
+    from weightcheck.hub import parse_target
+
+    hub = parse_target(str(target), rev)
+    return Path(hub.uri) if hub is not None else target
+
+
 def _lint_fix_options(fn: Callable[..., Any]) -> Callable[..., Any]:
     fn = click.option("--diff", "fix_diff", is_flag=True, expose_value=False, callback=_to_meta,
-                      help="With --fix: print the edits as a unified diff, write nothing.")(fn)  # fmt: skip
+                      help="Print the edits --fix would make as a unified diff, write nothing (exit 1 when "
+                      "there are any).")(fn)  # fmt: skip
     return click.option("--fix", is_flag=True, expose_value=False, callback=_to_meta,
                         help="Apply the safe, mechanical fixes to the JSON files (index, ignore lists); "
                         "never tensor data.")(fn)  # fmt: skip
@@ -221,10 +275,37 @@ def finish(
             apply_baseline(result, read_baseline(baseline))
         except BaselineError as exc:
             raise click.UsageError(str(exc)) from None
-    render(result, settings.format, output, color=color, verbose=verbose)
+    if _meta("output_sarif"):
+        with open(_meta("output_sarif"), "w", encoding="utf-8") as sarif:
+            render(result, "sarif", sarif)
+    if _meta("statistics"):
+        _render_statistics(result, settings.format, output)
+    else:
+        render(result, settings.format, output, color=color, verbose=verbose, quiet=bool(_meta("quiet")))
     output.flush()
     report_internal_errors(result, debug or _debug_requested())
     sys.exit(result.exit_code(Severity.parse(settings.fail_on), exit_zero=exit_zero))
+
+
+def _render_statistics(result: Result, fmt: str, output: Any) -> None:
+    """`--statistics` (ruff's): one line per rule, most frequent first; the exit code is unchanged."""
+    import json
+
+    rows: dict[tuple[str, str], int] = {}
+    for finding in result.findings:
+        rows[(finding.code, finding.name)] = rows.get((finding.code, finding.name), 0) + 1
+    ordered = sorted(rows.items(), key=lambda item: (-item[1], item[0][0]))
+    if fmt == "json":
+        doc = [{"code": code, "name": name, "count": count} for (code, name), count in ordered]
+        output.write(json.dumps(doc, indent=2) + "\n")
+        return
+    if fmt != "text":
+        raise click.UsageError("--statistics prints text or json")
+    for (code, name), count in ordered:
+        output.write(f"{count:>5}\t{code}\t{name}\n")
+    if result.nothing_checked or result.unchecked_targets:
+        output.write("nothing was checked\n" if result.nothing_checked else "not checked: "
+                     f"{', '.join(result.unchecked_targets)}\n")  # fmt: skip
 
 
 # Commands that live in their own modules, by command name. Each registers itself on `cli` when imported
@@ -289,6 +370,7 @@ def cli() -> None:
               help="With --content: run the data checks as Ray tasks (local, or the cluster at ADDRESS).")  # fmt: skip
 @output_options
 @_lint_fix_options
+@hub_options(revision=False)
 def lint(
     targets: tuple[Path, ...],
     pattern: str | None,
@@ -348,7 +430,7 @@ def lint(
     try:
         with full_lists(verbose):  # -v: every name pattern, not "(+N more patterns)"
             result = lint_many(targets, select=settings.select, ignore=settings.ignore, options=options)
-            if _meta("fix") or _meta("fix_diff"):
+            if _meta("fix") or _meta("fix_diff"):  # --diff alone previews what --fix would change
                 if len(targets) != 1:
                     raise click.UsageError("--fix takes one checkpoint at a time")
                 again = lambda: lint_many(targets, select=settings.select, ignore=settings.ignore, options=options)  # noqa: E731
@@ -364,8 +446,6 @@ def _fix(target: Path, result: Result, output: Any, relint: Callable[[], Result]
     from weightcheck.fixes import apply_fixes, plan_fixes
     from weightcheck.hub import cached_snapshot, parse_target
 
-    if not _meta("fix"):
-        raise click.UsageError("--diff needs --fix")
     hub_target = None if target.exists() else parse_target(str(target))
     # A remote repo is never edited; a cached snapshot is (its JSON files, inside the snapshot folder).
     root = target if hub_target is None else cached_snapshot(hub_target)

@@ -7,7 +7,16 @@ from typing import Any
 
 import click
 
-from weightcheck.cli import check_ray, cli, finish, output_options, progress_option, resolve_settings
+from weightcheck.cli import (
+    check_ray,
+    cli,
+    finish,
+    hub_options,
+    output_options,
+    progress_option,
+    resolve_settings,
+    with_revision,
+)
 
 
 @cli.command()
@@ -36,6 +45,7 @@ from weightcheck.cli import check_ray, cli, finish, output_options, progress_opt
 @click.option("--ray", "ray_address", is_flag=False, flag_value="auto", default=None, metavar="[ADDRESS]",
               help="Compare as Ray tasks (local, or the cluster at ADDRESS).")  # fmt: skip
 @output_options
+@hub_options()
 def diff(
     reference: Path,
     candidate: Path,
@@ -69,6 +79,7 @@ def diff(
     from weightcheck.progress import choose_mode
 
     check_ray(ray_address)
+    reference, candidate = with_revision(reference), with_revision(candidate)
     settings = resolve_settings(
         reference, config_path, command="diff", select=select, ignore=ignore, fail_on=fail_on, fmt=fmt
     )

@@ -8,7 +8,7 @@ from typing import Any
 
 import click
 
-from weightcheck.cli import cli, config_and_output_options
+from weightcheck.cli import cli, config_and_output_options, hub_options, with_revision
 from weightcheck.collapse import summarize
 from weightcheck.findings import EXIT_NOTHING_CHECKED
 
@@ -74,6 +74,7 @@ def _summary(entries: list[dict[str, Any]]) -> dict[str, int]:
 @click.option("--disagreements-only", "-d", is_flag=True,
               help="Show only the entries the consumers read differently (the summary still counts all).")  # fmt: skip
 @config_and_output_options("Settings file (default: discovered like lint's); its pattern and format apply.")
+@hub_options()
 def explain_ignore(
     target: Path, pattern: str | None, fmt: str | None, disagreements_only: bool, config_path: Path | None, output: Any
 ) -> None:
@@ -85,6 +86,7 @@ def explain_ignore(
     from weightcheck.reporters import tool_header
     from weightcheck.settings import SettingsError, load_settings
 
+    target = with_revision(target)
     fmt = config_format(target, config_path, ("text", "json"), fmt)
     try:
         pattern = pattern or load_settings(target, config_path).pattern
