@@ -251,3 +251,42 @@ def test_verify_wait_says_what_it_waits_for(bench) -> None:  # noqa: F811
     assert proc.returncode == 1  # one record of the two expected: WC734
     assert "waiting up to 0.5s for 2 rank records: 1 so far" in proc.stderr
     assert "stopped waiting after 0.5s with 1 of 2" in proc.stderr
+
+
+# ---- item 17: the Action lints once and takes targets with spaces ---------------------------------------
+
+
+def test_action_lints_once_and_keeps_targets_with_spaces(targets: Path, tmp_path: Path) -> None:
+    import os
+
+    import yaml
+
+    action = yaml.safe_load((REPO / "action.yml").read_text())
+    (step,) = [s for s in action["runs"]["steps"] if s.get("id") == "lint"]
+    shutil.move(targets / "a", targets / "my model")  # a checkpoint folder whose name has a space
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    calls = tmp_path / "calls"
+    shim = bin_dir / "weightcheck"  # the installed console script, counting its runs
+    shim.write_text(f'#!/bin/sh\necho run >> "{calls}"\nexec "{sys.executable}" -m weightcheck "$@"\n')
+    shim.chmod(0o755)
+    output = tmp_path / "github-output"
+    env = {**os.environ, "PYTHONPATH": str(REPO), "PATH": f"{bin_dir}{os.pathsep}{os.environ['PATH']}",
+           "WC_TARGETS": "my model\nb/config.json\n", "WC_ARGS": "--fail-on error", "WC_SARIF": "out.sarif",
+           "GITHUB_OUTPUT": str(output)}  # fmt: skip
+    import subprocess
+
+    proc = subprocess.run(["bash", "-c", step["run"]], cwd=targets, env=env, capture_output=True, text=True,
+                          timeout=300)  # fmt: skip
+    assert proc.returncode == 0, proc.stderr  # the gate is a later step
+    assert calls.read_text().split() == ["run"]  # one lint
+    assert "exit-code=1" in output.read_text()
+    files = {p["file"] for _, p, _ in _github(proc.stdout.split("weightcheck exit code")[0]) if "file" in p}
+    assert files == {"my model/model.safetensors.index.json", "my model/model-00005-of-00005.safetensors",
+                     "b/config.json"}  # fmt: skip
+    validate_sarif(json.loads((targets / "out.sarif").read_text()), targets)
+    legacy = subprocess.run(["bash", "-c", step["run"]], cwd=targets, capture_output=True, text=True, timeout=300,
+                            env={**env, "WC_TARGETS": "b/config.json typo"})  # fmt: skip
+    # The former space-separated form still works: two targets, one of them missing (exit 3, named).
+    assert legacy.returncode == 0 and output.read_text().splitlines()[-1] == "exit-code=3"
+    assert "not checked: typo" in legacy.stdout and "WC309" in legacy.stdout
