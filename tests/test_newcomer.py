@@ -3,9 +3,11 @@
 from __future__ import annotations
 
 import json
+import re
 import shutil
 import sys
 from pathlib import Path
+from urllib.parse import unquote, urlparse
 
 import pytest
 from test_adoption import REPO, validate_sarif, wc
@@ -290,3 +292,20 @@ def test_action_lints_once_and_keeps_targets_with_spaces(targets: Path, tmp_path
     # The former space-separated form still works: two targets, one of them missing (exit 3, named).
     assert legacy.returncode == 0 and output.read_text().splitlines()[-1] == "exit-code=3"
     assert "not checked: typo" in legacy.stdout and "WC309" in legacy.stdout
+
+
+def test_sarif_rules_link_their_doc_section_and_the_doc_is_current(tmp_path: Path) -> None:
+    import subprocess
+
+    check = subprocess.run([sys.executable, str(REPO / "scripts" / "make_rules_doc.py"), "--check"],
+                           env={"PYTHONPATH": str(REPO), "PATH": "/usr/bin:/bin"}, timeout=120)  # fmt: skip
+    assert check.returncode == 0, "docs/rules.md is stale: run scripts/make_rules_doc.py"
+    doc = json.loads(wc("lint", str(SAMPLES / CONFIG_ONLY), "--format", "sarif", cwd=tmp_path).stdout)
+    validate_sarif(doc, tmp_path)
+    rules = doc["runs"][0]["tool"]["driver"]["rules"]
+    sections = set(re.findall(r"^## (WC\d{3})$", (REPO / "docs" / "rules.md").read_text(), flags=re.M))
+    for rule in rules:
+        uri, _, anchor = rule["helpUri"].partition("#")
+        assert anchor == rule["id"].lower() and rule["id"] in sections, rule["helpUri"]
+        if uri.startswith("file://"):
+            assert Path(unquote(urlparse(uri).path)).is_file()

@@ -238,8 +238,9 @@ def report_internal_errors(result: Result, debug: bool) -> None:
             click.echo(f"weightcheck: {finding.message}\n{finding.details.get('traceback', '')}", err=True)
     if internal and not debug:
         click.echo("weightcheck: internal error (WC000); rerun with --debug for the traceback", err=True)
-def check_ray(address: str | None) -> None:
-    """`--ray` without Ray installed is a usage error (exit 2), before any work starts."""
+def check_ray(address: str | None, *, connect: bool = False) -> None:
+    """`--ray` without Ray installed is a usage error (exit 2), before any work starts. With `connect`, Ray is
+    started or joined now, so a cluster that cannot be reached is one line and exit 2 (never WC000)."""
     if address is not None:
         from weightcheck.distributed import RayUnavailable, require_ray
 
@@ -247,6 +248,13 @@ def check_ray(address: str | None) -> None:
             require_ray()
         except RayUnavailable as exc:
             raise click.UsageError(str(exc)) from None
+        if connect:
+            from weightcheck.distributed import connect as connect_ray
+
+            try:
+                connect_ray(address)
+            except RayUnavailable as exc:
+                raise click.ClickException(str(exc)) from None
 
 
 def finish(
@@ -366,8 +374,9 @@ def cli() -> None:
 @progress_option
 @click.option("--revision", default=None, help="For a Hub repo id: branch, tag or commit (default: main).")
 @click.option("--download", is_flag=True, help="With --content on a Hub repo: download it into the HF cache first.")
-@click.option("--ray", "ray_address", is_flag=False, flag_value="auto", default=None, metavar="[ADDRESS]",
-              help="With --content: run the data checks as Ray tasks (local, or the cluster at ADDRESS).")  # fmt: skip
+@click.option("--ray", "ray_address", is_flag=False, flag_value="local", default=None, metavar="[ADDRESS]",
+              help="With --content: run the data checks as Ray tasks; alone it starts or joins a local Ray like "
+              "ray.init() (RAY_ADDRESS if set), or the cluster at ADDRESS ('auto': a running one).")  # fmt: skip
 @output_options
 @_lint_fix_options
 @hub_options(revision=False)
@@ -414,6 +423,8 @@ def lint(
     if ray_address is not None and not content:
         raise click.UsageError("--ray needs --content (header-only lint reads kilobytes: nothing to distribute)")
     check_ray(ray_address)
+    if ray_address is not None and all(Path(t).exists() for t in targets):
+        check_ray(ray_address, connect=True)  # a missing target is exit 3 below, without starting Ray
     options = {
         "pattern": pattern or settings.pattern,
         "validate_with": validate_with or settings.validate_with,

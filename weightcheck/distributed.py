@@ -67,6 +67,35 @@ def _chunk_bytes() -> int:
     return max(1, int(value)) if value and value.isdigit() else CHUNK_BYTES
 
 
+def _init(ray: Any, address: str | None) -> None:
+    """`ray.init` for `--ray [ADDRESS]`; a cluster that cannot be reached is RayUnavailable (one line, exit 2),
+    never an internal error."""
+    kwargs: dict[str, Any] = {"log_to_driver": False, "configure_logging": False}
+    if address and address != "local":
+        kwargs["address"] = address
+    try:
+        ray.init(**kwargs)
+    except Exception as exc:  # ConnectionError, ValueError (bad address), RuntimeError (no cluster), ...
+        where = f"the Ray cluster at {address}" if "address" in kwargs else "a local Ray instance"
+        hint = "; `--ray` alone starts or joins a local Ray like ray.init()" if "address" in kwargs else ""
+        message = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+        raise RayUnavailable(f"--ray: cannot start or reach {where}: {message}{hint}") from None
+
+
+def connect(address: str) -> None:
+    """Start or join Ray up front (the CLI, before any work): an unreachable cluster is one line and exit 2.
+    The session opened here is the one the content checks then use (`session` joins it)."""
+    ray = require_ray()
+    if ray.is_initialized():
+        return
+    saved = sys.stdout
+    sys.stdout = sys.stderr  # Ray's start-up banner must not land in a JSON/SARIF report on stdout
+    try:
+        _init(ray, address)
+    finally:
+        sys.stdout = saved
+
+
 @contextmanager
 def session(address: str | None) -> Iterator[Any]:
     """Use the running Ray session, else `ray.init(address)` for the duration: "local" (the `--ray` flag
@@ -80,10 +109,7 @@ def session(address: str | None) -> Iterator[Any]:
     sys.stdout = sys.stderr
     try:
         if owned:
-            kwargs: dict[str, Any] = {"log_to_driver": False, "configure_logging": False}
-            if address and address != "local":
-                kwargs["address"] = address
-            ray.init(**kwargs)
+            _init(ray, address)
         yield ray
     finally:
         if owned and ray.is_initialized():

@@ -42,8 +42,9 @@ from weightcheck.cli import (
 )
 @progress_option
 @click.option("--download", is_flag=True, help="A Hub repo id not fully cached is downloaded into the HF cache.")
-@click.option("--ray", "ray_address", is_flag=False, flag_value="auto", default=None, metavar="[ADDRESS]",
-              help="Compare as Ray tasks (local, or the cluster at ADDRESS).")  # fmt: skip
+@click.option("--ray", "ray_address", is_flag=False, flag_value="local", default=None, metavar="[ADDRESS]",
+              help="Compare as Ray tasks; alone it starts or joins a local Ray like ray.init(), or the cluster at "
+              "ADDRESS ('auto': a running one).")  # fmt: skip
 @output_options
 @hub_options()
 def diff(
@@ -91,6 +92,7 @@ def diff(
         raise click.UsageError(str(exc)) from None
     if reference.exists() and candidate.exists():  # a missing path is exit 3 below, not a dependency error
         require("diff", "content", ("torch", "numpy"))
+        check_ray(ray_address, connect=True)
     options = DiffOptions(
         maps=name_maps,
         policy_rules=policy_rules,

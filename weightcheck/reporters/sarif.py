@@ -227,11 +227,32 @@ def _result(result: Result, finding: Finding, index: dict[str, int], cache: dict
     return entry
 
 
+def rule_doc_base() -> str | None:
+    """Where docs/rules.md (one `## WCxxx` section per rule) is read: the project's repository when its
+    metadata names one on GitHub (`[project.urls] Repository`), else this installation's own copy (a source
+    checkout, which is how weightcheck is installed today), else nowhere (no helpUri)."""
+    from importlib import metadata
+
+    try:
+        urls = metadata.distribution("weightcheck").metadata.get_all("Project-URL") or []
+    except metadata.PackageNotFoundError:
+        urls = []
+    for entry in urls:
+        label, _, url = entry.partition(",")
+        url = url.strip().rstrip("/")
+        if label.strip().lower() in ("repository", "source") and url.startswith("https://github.com/"):
+            return f"{url}/blob/HEAD/docs/rules.md"
+    local = Path(__file__).resolve().parents[2] / "docs" / "rules.md"
+    return local.as_uri() if local.is_file() else None
+
+
 def sarif_document(result: Result) -> dict[str, Any]:
     from weightcheck.rules import all_rules
 
     rules = list(all_rules().values())
     index = {r.code: i for i, r in enumerate(rules)}
+    doc_base = rule_doc_base()
+    help_uri = (lambda code: {"helpUri": f"{doc_base}#{code.lower()}"}) if doc_base else (lambda code: {})
     cache: dict[Path, list[str] | None] = {}
     results = [_result(result, f, index, cache) for f in result.sorted_findings()]
     notifications = [{"level": "note", "message": {"text": note}} for note in result.notes]
@@ -258,6 +279,7 @@ def sarif_document(result: Result) -> dict[str, Any]:
                         "shortDescription": {"text": r.summary},
                         "fullDescription": {"text": r.doc or r.summary},
                         "help": {"text": r.explain()},
+                        **help_uri(r.code),
                         "defaultConfiguration": {"level": LEVEL[r.severity]},
                         "properties": {"command": r.command, "severities": [s.label for s in r.severities]},
                     }
