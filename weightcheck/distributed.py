@@ -74,12 +74,30 @@ def _init(ray: Any, address: str | None) -> None:
     if address and address != "local":
         kwargs["address"] = address
     try:
+        _probe_address(address)
         ray.init(**kwargs)
     except Exception as exc:  # ConnectionError, ValueError (bad address), RuntimeError (no cluster), ...
         where = f"the Ray cluster at {address}" if "address" in kwargs else "a local Ray instance"
         hint = "; `--ray` alone starts or joins a local Ray like ray.init()" if "address" in kwargs else ""
         message = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
         raise RayUnavailable(f"--ray: cannot start or reach {where}: {message}{hint}") from None
+
+
+def _probe_address(address: str | None, timeout: float = 10.0) -> None:
+    """A `host:port` (or `ray://host:port`) nobody listens on: ray.init retries its GCS connection for many
+    minutes, which looks like a hang. One TCP connect, bounded, says so at once."""
+    import socket
+
+    if not address or address in ("local", "auto"):
+        return
+    hostport = address.removeprefix("ray://").rsplit("/", 1)[0]
+    host, _, port = hostport.rpartition(":")
+    if not host or not port.isdigit():
+        return  # not host:port: ray.init judges it
+    try:
+        socket.create_connection((host.strip("[]"), int(port)), timeout=timeout).close()
+    except OSError as exc:
+        raise ConnectionError(f"nothing answers at {host}:{port} ({exc.strerror or exc})") from None
 
 
 def connect(address: str) -> None:
