@@ -284,8 +284,12 @@ def finish(
         except BaselineError as exc:
             raise click.UsageError(str(exc)) from None
     if _meta("output_sarif"):
-        with open(_meta("output_sarif"), "w", encoding="utf-8") as sarif:
-            render(result, "sarif", sarif)
+        try:
+            with open(_meta("output_sarif"), "w", encoding="utf-8") as sarif:
+                render(result, "sarif", sarif)
+        except OSError as exc:
+            where = _meta("output_sarif")
+            raise click.ClickException(f"--output-sarif: cannot write {where}: {exc.strerror}") from None
     if _meta("statistics"):
         _render_statistics(result, settings.format, output)
     else:
