@@ -34,6 +34,7 @@ class HubServer:
         self.bytes_served = 0
         self.served: dict[str, int] = defaultdict(int)
         self.requests: list[str] = []
+        self.authorization: list[str] = []  # the Authorization header of each request that carried one
         self.latency = 0.0  # seconds added to every request (a benchmark's stand-in for a network round trip)
         self._lock = threading.Lock()
         server = self
@@ -94,6 +95,8 @@ class HubServer:
         path, query = unquote(parts.path), parts.query
         with self._lock:
             self.requests.append(f"{handler.command} {handler.path} {handler.headers.get('Range', '')}")
+            if handler.headers.get("Authorization"):
+                self.authorization.append(handler.headers["Authorization"])
         if self.latency:
             time.sleep(self.latency)
         if m := _TREE.match(path):

@@ -114,14 +114,15 @@ def test_fix_never_writes_an_index_linked_outside(make_ckpt, tmp_path: Path) -> 
     assert outside.read_bytes() == before and (path / "model.safetensors.index.json").is_symlink()
 
 
-def test_lint_without_fix_never_writes_and_diff_needs_fix(make_ckpt) -> None:
+def test_lint_without_fix_never_writes_and_diff_alone_previews(make_ckpt) -> None:
     path = make_ckpt("llama")
     index = read_index(path)
     index["metadata"]["total_size"] += 1
     write_index(path, index)
     before = digests(path)
     assert "WC205" in wc("lint", str(path)).stdout
-    assert wc("lint", str(path), "--diff").returncode == 2
+    preview = wc("lint", str(path), "--diff")  # ruff's --diff: what --fix would change (issue #19)
+    assert preview.returncode == 1 and '"total_size"' in preview.stdout
     assert digests(path) == before
 
 

@@ -44,6 +44,7 @@ def output_options(fn: Callable[..., Any]) -> Callable[..., Any]:
     decorators = [
         click.option(
             "--format",
+            "--output-format",  # ruff's spelling
             "fmt",
             type=click.Choice(FORMATS),
             default=None,
@@ -77,6 +78,7 @@ def output_options(fn: Callable[..., Any]) -> Callable[..., Any]:
         click.option("--verbose", "-v", is_flag=True, help="Show every finding and every name in text output."),
         click.option("--debug", is_flag=True, help="Print the traceback of an internal error (WC000) on stderr."),
         *_triage_options(),
+        *_report_shape_options(),
     ]
     for deco in reversed(decorators):
         fn = deco(fn)
@@ -108,9 +110,61 @@ def _triage_options() -> list[Callable[..., Any]]:
     ]  # fmt: skip
 
 
+def _report_shape_options() -> list[Callable[..., Any]]:
+    """ruff's `--statistics` and `-q/--quiet`, and `--output-sarif FILE` (one run, two reports: the Action)."""
+    return [
+        click.option("--statistics", is_flag=True, expose_value=False, callback=_to_meta,
+                     help="Print one line per rule (count, code, name) instead of the findings (text, json)."),
+        click.option("--quiet", "-q", is_flag=True, expose_value=False, callback=_to_meta,
+                     help="Text output: the findings only, no notes and no summary line (a run that checked "
+                     "nothing still says so)."),
+        click.option("--output-sarif", type=click.Path(dir_okay=False, path_type=Path), expose_value=False,
+                     callback=_to_meta,
+                     help="Also write the SARIF report of this same run to FILE (a CI job lints once for its "
+                     "annotations and for code scanning)."),
+    ]  # fmt: skip
+
+
+def hub_options(revision: bool = True) -> Callable[[Callable[..., Any]], Callable[..., Any]]:
+    """`--token`, `--cache-dir` (and `--revision` where the command has none of its own) for every command that
+    takes a Hub target, as the Hugging Face CLI spells them. They set what weightcheck's Hub access reads per
+    call (HF_TOKEN, HF_HUB_CACHE), so one spelling reaches every code path."""
+
+    def set_env(name: str) -> Callable[[click.Context, click.Parameter, Any], Any]:
+        def callback(ctx: click.Context, param: click.Parameter, value: Any) -> Any:
+            if value:
+                os.environ[name] = str(value)
+            return value
+
+        return callback
+
+    def apply(fn: Callable[..., Any]) -> Callable[..., Any]:
+        if revision:
+            fn = click.option("--revision", "hub_revision", default=None, expose_value=False, callback=_to_meta,
+                              help="For Hub repo targets naming no revision: branch, tag or commit.")(fn)  # fmt: skip
+        fn = click.option("--cache-dir", default=None, expose_value=False, callback=set_env("HF_HUB_CACHE"),
+                          help="Hugging Face cache folder (default: HF_HUB_CACHE / HF_HOME).")(fn)  # fmt: skip
+        return click.option("--token", default=None, expose_value=False, callback=set_env("HF_TOKEN"),
+                            help="Hugging Face token for private or gated repos (default: HF_TOKEN).")(fn)  # fmt: skip
+
+    return apply
+
+
+def with_revision(target: Path) -> Path:
+    """`target` with `--revision` applied when it is a Hub repo id naming no revision of its own."""
+    rev = _meta("hub_revision")
+    if not rev or target.exists():
+        return target
+    from weightcheck.hub import parse_target
+
+    hub = parse_target(str(target), rev)
+    return Path(hub.uri) if hub is not None else target
+
+
 def _lint_fix_options(fn: Callable[..., Any]) -> Callable[..., Any]:
     fn = click.option("--diff", "fix_diff", is_flag=True, expose_value=False, callback=_to_meta,
-                      help="With --fix: print the edits as a unified diff, write nothing.")(fn)  # fmt: skip
+                      help="Print the edits --fix would make as a unified diff, write nothing (exit 1 when "
+                      "there are any).")(fn)  # fmt: skip
     return click.option("--fix", is_flag=True, expose_value=False, callback=_to_meta,
                         help="Apply the safe, mechanical fixes to the JSON files (index, ignore lists); "
                         "never tensor data.")(fn)  # fmt: skip
@@ -184,8 +238,9 @@ def report_internal_errors(result: Result, debug: bool) -> None:
             click.echo(f"weightcheck: {finding.message}\n{finding.details.get('traceback', '')}", err=True)
     if internal and not debug:
         click.echo("weightcheck: internal error (WC000); rerun with --debug for the traceback", err=True)
-def check_ray(address: str | None) -> None:
-    """`--ray` without Ray installed is a usage error (exit 2), before any work starts."""
+def check_ray(address: str | None, *, connect: bool = False) -> None:
+    """`--ray` without Ray installed is a usage error (exit 2), before any work starts. With `connect`, Ray is
+    started or joined now, so a cluster that cannot be reached is one line and exit 2 (never WC000)."""
     if address is not None:
         from weightcheck.distributed import RayUnavailable, require_ray
 
@@ -193,6 +248,13 @@ def check_ray(address: str | None) -> None:
             require_ray()
         except RayUnavailable as exc:
             raise click.UsageError(str(exc)) from None
+        if connect:
+            from weightcheck.distributed import connect as connect_ray
+
+            try:
+                connect_ray(address)
+            except RayUnavailable as exc:
+                raise click.ClickException(str(exc)) from None
 
 
 def finish(
@@ -221,10 +283,41 @@ def finish(
             apply_baseline(result, read_baseline(baseline))
         except BaselineError as exc:
             raise click.UsageError(str(exc)) from None
-    render(result, settings.format, output, color=color, verbose=verbose)
+    if _meta("output_sarif"):
+        try:
+            with open(_meta("output_sarif"), "w", encoding="utf-8") as sarif:
+                render(result, "sarif", sarif)
+        except OSError as exc:
+            where = _meta("output_sarif")
+            raise click.ClickException(f"--output-sarif: cannot write {where}: {exc.strerror}") from None
+    if _meta("statistics"):
+        _render_statistics(result, settings.format, output)
+    else:
+        render(result, settings.format, output, color=color, verbose=verbose, quiet=bool(_meta("quiet")))
     output.flush()
     report_internal_errors(result, debug or _debug_requested())
     sys.exit(result.exit_code(Severity.parse(settings.fail_on), exit_zero=exit_zero))
+
+
+def _render_statistics(result: Result, fmt: str, output: Any) -> None:
+    """`--statistics` (ruff's): one line per rule, most frequent first; the exit code is unchanged."""
+    import json
+
+    rows: dict[tuple[str, str], int] = {}
+    for finding in result.findings:
+        rows[(finding.code, finding.name)] = rows.get((finding.code, finding.name), 0) + 1
+    ordered = sorted(rows.items(), key=lambda item: (-item[1], item[0][0]))
+    if fmt == "json":
+        doc = [{"code": code, "name": name, "count": count} for (code, name), count in ordered]
+        output.write(json.dumps(doc, indent=2) + "\n")
+        return
+    if fmt != "text":
+        raise click.UsageError("--statistics prints text or json")
+    for (code, name), count in ordered:
+        output.write(f"{count:>5}\t{code}\t{name}\n")
+    if result.nothing_checked or result.unchecked_targets:
+        output.write("nothing was checked\n" if result.nothing_checked else "not checked: "
+                     f"{', '.join(result.unchecked_targets)}\n")  # fmt: skip
 
 
 # Commands that live in their own modules, by command name. Each registers itself on `cli` when imported
@@ -285,13 +378,15 @@ def cli() -> None:
 @progress_option
 @click.option("--revision", default=None, help="For a Hub repo id: branch, tag or commit (default: main).")
 @click.option("--download", is_flag=True, help="With --content on a Hub repo: download it into the HF cache first.")
-@click.option("--ray", "ray_address", is_flag=False, flag_value="auto", default=None, metavar="[ADDRESS]",
-              help="With --content: run the data checks as Ray tasks (local, or the cluster at ADDRESS).")  # fmt: skip
+@click.option("--ray", "ray_address", is_flag=False, flag_value="local", default=None, metavar="[ADDRESS]",
+              help="With --content: run the data checks as Ray tasks; alone it starts or joins a local Ray like "
+              "ray.init() (RAY_ADDRESS if set), or the cluster at ADDRESS ('auto': a running one).")  # fmt: skip
 @output_options
 @_lint_fix_options
 @click.option("--pre-commit", "pre_commit", is_flag=True, expose_value=False, callback=_to_meta,
               help="As a pre-commit hook: also lint the folders of shard/index files the commit deletes (pre-commit "
               "never passes deleted files); with no checkpoint file changed, exit 0.")  # fmt: skip
+@hub_options(revision=False)
 def lint(
     targets: tuple[Path, ...],
     pattern: str | None,
@@ -348,6 +443,8 @@ def lint(
     if ray_address is not None and not content:
         raise click.UsageError("--ray needs --content (header-only lint reads kilobytes: nothing to distribute)")
     check_ray(ray_address)
+    if ray_address is not None and all(Path(t).exists() for t in targets):
+        check_ray(ray_address, connect=True)  # a missing target is exit 3 below, without starting Ray
     options = {
         "pattern": pattern or settings.pattern,
         "validate_with": validator,
@@ -364,7 +461,7 @@ def lint(
     try:
         with full_lists(verbose):  # -v: every name pattern, not "(+N more patterns)"
             result = lint_many(targets, select=settings.select, ignore=settings.ignore, options=options)
-            if _meta("fix") or _meta("fix_diff"):
+            if _meta("fix") or _meta("fix_diff"):  # --diff alone previews what --fix would change
                 if len(targets) != 1:
                     raise click.UsageError("--fix takes one checkpoint at a time")
                 again = lambda: lint_many(targets, select=settings.select, ignore=settings.ignore, options=options)  # noqa: E731
@@ -396,8 +493,7 @@ def _fix(target: Path, result: Result, output: Any, relint: Callable[[], Result]
     when there are any) or write them and lint again, so the report shows what is left."""
     from weightcheck.fixes import fix_checkpoint
 
-    if not _meta("fix"):
-        raise click.UsageError("--diff needs --fix")
+    # --diff alone previews what --fix would change (nothing written).
     result, edits = fix_checkpoint(target, result, relint, write=not _meta("fix_diff"))
     if _meta("fix_diff") and edits is not None:
         for edit in edits:

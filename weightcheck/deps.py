@@ -18,6 +18,41 @@ EXTRAS: dict[str, tuple[str, ...]] = {
 }
 
 
+def install_command(extra: str) -> str:
+    """The pip command that adds `extra` to *this* installation of weightcheck.
+
+    No release is published on a registry, so `pip install 'weightcheck[extra]'` fails for everyone who
+    installed from a checkout. pip records where a distribution came from in its `direct_url.json`
+    (PEP 610): a local folder (editable or not) is reinstalled from that folder with the extra. Running from
+    a source tree that is not installed (PYTHONPATH) names that tree; only a registry install keeps the
+    registry spelling."""
+    import json
+    import shlex
+    from importlib import metadata
+    from urllib.parse import unquote, urlparse
+
+    try:
+        dist = metadata.distribution("weightcheck")
+        raw = dist.read_text("direct_url.json")
+    except metadata.PackageNotFoundError:
+        dist, raw = None, None
+    if raw:
+        try:
+            info = json.loads(raw)
+        except ValueError:
+            info = {}
+        url = info.get("url", "") if isinstance(info, dict) else ""
+        if isinstance(info, dict) and url.startswith("file://") and "dir_info" in info:
+            folder = unquote(urlparse(url).path)
+            editable = "-e " if info["dir_info"].get("editable") else ""
+            return f"pip install {editable}{shlex.quote(f'{folder}[{extra}]')}"
+    if dist is None:
+        tree = Path(__file__).resolve().parent.parent
+        if (tree / "pyproject.toml").is_file():
+            return f"pip install -e {shlex.quote(f'{tree}[{extra}]')}"
+    return f"pip install 'weightcheck[{extra}]'"
+
+
 class MissingDependency(ImportError):
     """A feature's optional package is not installed. `str()` is the one-line message for the user."""
 
@@ -25,7 +60,7 @@ class MissingDependency(ImportError):
         self.feature, self.missing, self.extra = feature, missing, extra
         super().__init__(
             f"{feature} needs {', '.join(missing)}, which {'is' if len(missing) == 1 else 'are'} not installed: "
-            f"pip install 'weightcheck[{extra}]' (or 'weightcheck[all]')"
+            f"{install_command(extra)}"
         )
 
 

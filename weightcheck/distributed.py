@@ -56,13 +56,62 @@ def require_ray() -> Any:
     try:
         import ray
     except ImportError:
-        raise RayUnavailable("--ray needs Ray: pip install 'weightcheck[ray]'") from None
+        from weightcheck.deps import install_command
+
+        raise RayUnavailable(f"--ray needs Ray: {install_command('ray')}") from None
     return ray
 
 
 def _chunk_bytes() -> int:
     value = os.environ.get("WEIGHTCHECK_RAY_CHUNK_BYTES")
     return max(1, int(value)) if value and value.isdigit() else CHUNK_BYTES
+
+
+def _init(ray: Any, address: str | None) -> None:
+    """`ray.init` for `--ray [ADDRESS]`; a cluster that cannot be reached is RayUnavailable (one line, exit 2),
+    never an internal error."""
+    kwargs: dict[str, Any] = {"log_to_driver": False, "configure_logging": False}
+    if address and address != "local":
+        kwargs["address"] = address
+    try:
+        _probe_address(address)
+        ray.init(**kwargs)
+    except Exception as exc:  # ConnectionError, ValueError (bad address), RuntimeError (no cluster), ...
+        where = f"the Ray cluster at {address}" if "address" in kwargs else "a local Ray instance"
+        hint = "; `--ray` alone starts or joins a local Ray like ray.init()" if "address" in kwargs else ""
+        message = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+        raise RayUnavailable(f"--ray: cannot start or reach {where}: {message}{hint}") from None
+
+
+def _probe_address(address: str | None, timeout: float = 10.0) -> None:
+    """A `host:port` (or `ray://host:port`) nobody listens on: ray.init retries its GCS connection for many
+    minutes, which looks like a hang. One TCP connect, bounded, says so at once."""
+    import socket
+
+    if not address or address in ("local", "auto"):
+        return
+    hostport = address.removeprefix("ray://").rsplit("/", 1)[0]
+    host, _, port = hostport.rpartition(":")
+    if not host or not port.isdigit():
+        return  # not host:port: ray.init judges it
+    try:
+        socket.create_connection((host.strip("[]"), int(port)), timeout=timeout).close()
+    except OSError as exc:
+        raise ConnectionError(f"nothing answers at {host}:{port} ({exc.strerror or exc})") from None
+
+
+def connect(address: str) -> None:
+    """Start or join Ray up front (the CLI, before any work): an unreachable cluster is one line and exit 2.
+    The session opened here is the one the content checks then use (`session` joins it)."""
+    ray = require_ray()
+    if ray.is_initialized():
+        return
+    saved = sys.stdout
+    sys.stdout = sys.stderr  # Ray's start-up banner must not land in a JSON/SARIF report on stdout
+    try:
+        _init(ray, address)
+    finally:
+        sys.stdout = saved
 
 
 @contextmanager
@@ -78,10 +127,7 @@ def session(address: str | None) -> Iterator[Any]:
     sys.stdout = sys.stderr
     try:
         if owned:
-            kwargs: dict[str, Any] = {"log_to_driver": False, "configure_logging": False}
-            if address and address != "local":
-                kwargs["address"] = address
-            ray.init(**kwargs)
+            _init(ray, address)
         yield ray
     finally:
         if owned and ray.is_initialized():

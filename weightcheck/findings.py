@@ -130,6 +130,9 @@ class Result:
     checked: dict[str, int] = field(default_factory=dict)
     notes: list[str] = field(default_factory=list)
     nothing_checked: bool = False
+    # Several targets: the ones that checked nothing (a typo among good paths). The run still exits 3 (a
+    # gate must not go green on a path it never read), but what the other targets found is a real verdict.
+    unchecked_targets: list[str] = field(default_factory=list)
     # The folder finding files are relative to: the checkpoint folder (lint), "" for paths relative to the
     # working directory (several targets), None when the reporter should use `target`.
     root: str | None = None
@@ -146,7 +149,9 @@ class Result:
     @property
     def execution_successful(self) -> bool:
         """False when the run checked nothing or weightcheck itself failed (WC000): not a verdict either way."""
-        return not self.nothing_checked and not any(f.code == INTERNAL_ERROR_CODE for f in self.findings)
+        if self.nothing_checked or self.unchecked_targets:
+            return False
+        return not any(f.code == INTERNAL_ERROR_CODE for f in self.findings)
 
     def exit_code(self, fail_on: Severity | str | None = None, exit_zero: bool = False) -> int:
         """0 clean, 1 findings at/above `fail_on` (a Severity or "error"/"warning"/"info"; default: the
@@ -155,7 +160,7 @@ class Result:
         threshold = Severity.parse(threshold) if isinstance(threshold, str) else threshold
         if any(f.code == INTERNAL_ERROR_CODE for f in self.findings):
             return EXIT_ERROR
-        if self.nothing_checked:
+        if self.nothing_checked or self.unchecked_targets:
             return EXIT_NOTHING_CHECKED
         if exit_zero:
             return EXIT_CLEAN

@@ -148,7 +148,9 @@ class HubSource:
         try:
             from huggingface_hub import HfApi
         except ImportError as exc:  # pragma: no cover - the [hub] extra is missing
-            raise HubError("reading a Hub repo needs huggingface-hub: pip install 'weightcheck[hub]'") from exc
+            from weightcheck.deps import install_command
+
+            raise HubError(f"reading a Hub repo needs huggingface-hub: {install_command('hub')}") from exc
         self.target = target
         self.max_workers = max_workers
         self.api = HfApi(endpoint=_endpoint(), token=_token())

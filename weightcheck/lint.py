@@ -57,14 +57,17 @@ def lint_many(
     """Lint several targets (what pre-commit passes: every changed config.json / index file) into one Result.
 
     Targets that resolve to the same checkpoint folder are linted once. Finding files become paths relative
-    to the working directory (`Result.root` is ""). The run checked nothing if any target checked nothing:
-    a typo'd path among good ones must not turn the gate green."""
+    to the working directory (`Result.root` is ""). A target that checked nothing is named in
+    `unchecked_targets` and keeps the exit code at 3: a typo'd path among good ones must not turn the gate green."""
     given = [Path(t) for t in targets]
     if len(given) == 1:
         return lint(given[0], select=select, ignore=ignore, options=options)
     paths, covered = checkpoint_targets(given)
     merged = Result(target=" ".join(str(p) for p in given), command="lint", root="")
     merged.notes.extend(f"{part}: linted with the whole checkpoint {whole}" for part, whole in covered)
+    # note text -> the targets it was given for: three config-only targets give each note once, naming all
+    # three (pre-commit passes every changed config.json), not six lines.
+    note_targets: dict[str, list[str]] = {}
     for path in paths:
         one = lint(path, select=select, ignore=ignore, options=options)
         root = Path(one.root) if one.root is not None else _checkpoint_root(path)
@@ -73,10 +76,18 @@ def lint_many(
             file = str(root / file) if file and not Path(file).is_absolute() else file or str(path)
             finding.location = replace(finding.location, file=file)
             merged.findings.append(finding)
-        merged.notes.extend(f"{path}: {note}" for note in one.notes)
+        for note in one.notes:
+            # A note that already names its target is not prefixed twice ("nope: nope: no such file").
+            text = note[len(f"{path}: ") :] if note.startswith(f"{path}: ") else note
+            note_targets.setdefault(text, []).append(str(path))
         for key_, value in one.checked.items():
             merged.checked[key_] = merged.checked.get(key_, 0) + value
-        merged.nothing_checked = merged.nothing_checked or one.nothing_checked
+        if one.nothing_checked:
+            merged.unchecked_targets.append(str(path))
+    merged.notes.extend(f"{', '.join(names)}: {text}" for text, names in note_targets.items())
+    # "Nothing was checked" only when no target was; one missing target among good ones is named instead
+    # (and still exits 3: see Result.exit_code).
+    merged.nothing_checked = len(merged.unchecked_targets) == len(paths)
     merged.checked["targets"] = len(paths)
     return merged
 
@@ -178,11 +189,16 @@ def _lint(path: Path, select: Iterable[str], ignore: Iterable[str], options: dic
         result.notes.append(resolved.note)
     if resolved.source is None and not resolved.path.exists():  # type: ignore[union-attr]
         result.nothing_checked = True
+        from weightcheck.deps import install_command, installed
         from weightcheck.hub import local_looking
 
         why_local = local_looking(str(path))
         # A typo'd local path is never sent to the Hub, and the user hears why it was taken as local.
-        why = f" (a local path: {why_local}; hf://{path} would name a Hub repo)" if why_local else ""
+        if why_local:
+            why = f" (a local path: {why_local}; hf://{path} would name a Hub repo)"
+        else:
+            hint = "" if installed("huggingface_hub") else f"; Hub repo ids need: {install_command('hub')}"
+            why = f" (nor a repo id in the local Hugging Face cache){hint}"
         result.notes.append(f"{path}: no such file or directory{why}")
         return result
     if resolved.path is not None:

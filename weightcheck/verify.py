@@ -1407,6 +1407,47 @@ class _SyncChecker:
 # ---- driver ---------------------------------------------------------------------------------------------
 
 
+def _explains(missing: str, param: str) -> bool:
+    """A tensor never sent (WC722) explains an engine parameter that received nothing (WC732): the same name
+    or the same module leaf (a draft model's `model.eh_proj.weight` from `model.layers.3.eh_proj.weight`), or
+    a fused parameter of the same layer (`qkv_proj.weight` from `q_proj.weight`, experts' `w13_weight`)."""
+    if missing == param:
+        return True
+    m_layer, p_layer = _layer_id(missing), _layer_id(param)
+    if m_layer is not None and p_layer is not None and m_layer != p_layer:
+        return False
+    if missing.split(".")[-2:] == param.split(".")[-2:]:
+        return True
+
+    # Same layer, same kind of leaf (`weight` and `w13_weight`; `weight_scale` and `w2_weight_scale`): the
+    # engine fuses what the trainer sends split.
+    def kind(name: str) -> str:
+        return name.rsplit(".", 1)[-1].rsplit("_", 1)[-1]
+
+    return m_layer is not None and m_layer == p_layer and kind(missing) == kind(param)
+
+
+def _fold_never_written(items: list[Finding], start: int) -> None:
+    """One defect, one finding: the parameters a sync left unwritten (WC732) because their tensors were never
+    sent (WC722) are that WC722's follow-on (`related`, shown with -v and in JSON), not a second error."""
+    sync = items[start:]
+    missing = [f for f in sync if f.code == "WC722"]
+    if not missing:
+        return
+    folded: list[Finding] = []
+    for never in (f for f in sync if f.code == "WC732"):
+        params = [p for p in never.details.get("params", []) if isinstance(p, str)]
+        for root in missing:
+            names = [n for n in root.details.get("names", []) if isinstance(n, str)]
+            if params and all(any(_explains(n, p) for n in names) for p in params):
+                root.related.append(never)
+                root.severity = max(root.severity, never.severity)
+                folded.append(never)
+                break
+    if folded:
+        items[start:] = [f for f in sync if not any(f is x for x in folded)]
+
+
 def _baselines(records: Sequence[SyncRecord]) -> dict[tuple[str, tuple[str, int, int, int]], tuple[int, set[str]]]:
     """Per (engine, rank): the params written in its earliest recorded sync."""
     out: dict[tuple[str, tuple[int, int, int]], tuple[int, set[str]]] = {}
@@ -1610,6 +1651,7 @@ def verify(
         # and keeps only its own layer by design: its unwritten names are not drops, its parameters' coverage is
         # checked; the stream against the reference is judged once, on the target, where a name the draft wrote
         # (the MTP layer, beyond the target's layers) is not a drop either.
+        first_of_sync = len(findings.items)
         for runner in sorted(by_runner, key=lambda r: (r != "target", r)):
             records_of = by_runner[runner]
             target = runner == "target" or "target" not in by_runner
@@ -1642,6 +1684,8 @@ def verify(
             ).run()
             if target:
                 replicas.append((view.weight_version, engine, records_of))
+        # Over every runner of this sync: a draft model's unwritten parameter is the target stream's missing tensor.
+        _fold_never_written(findings.items, first_of_sync)
         tensors += sum(len(r.tensors) for r in view_records)
         params += sum(len(r.params) for r in view_records)
     check_dp_replicas(replicas, lambda code, message, **kw: findings.add(code, message, file=str(root), **kw))

@@ -374,12 +374,14 @@ def test_pp_offset_names_the_stage(distributed_run: dict[str, Any]) -> None:
     """Stage 1 broadcasts layer 1 as `layers.0.` on its own group; against the trainer's manifest parts the
     shift is named with the stage that sent it, and layer 1 is never written in the engine."""
     result = verify(distributed_run["records"], distributed_run["manifests"] / "step-3", weight_version="step-3")
-    assert serious(result) == {"WC722", "WC724", "WC725", "WC732"}, [f.message for f in result.findings]
+    # WC732 (layer 1 never written) is WC722's follow-on when its parameters map onto the missing names.
+    assert serious(result) - {"WC732"} == {"WC722", "WC724", "WC725"}, [f.message for f in result.findings]
     (shifted,) = by_code(result, "WC725")
     assert "pp_rank 1 sent its local layer ids without its offset 1 (the manifest part of pp_rank 1)" in (
         shifted.message
     )
-    never = {p for f in by_code(result, "WC732") for p in f.details["params"]}
+    never = {p for top in result.findings for f in (top, *top.related) if f.code == "WC732"
+             for p in f.details["params"]}  # fmt: skip
     assert never and all(".layers.1." in p for p in never)
 
 
@@ -387,9 +389,9 @@ def test_omitted_tensor_is_named(distributed_run: dict[str, Any]) -> None:
     """One tensor neither announced nor broadcast: missing against the checkpoint (WC722), and never written
     on the engine (WC732), which the engine side reports even against the trainer's own manifest."""
     result = verify(distributed_run["records"], distributed_run["ckpt"], weight_version="step-4")
-    assert serious(result) == {"WC722", "WC732"}, [f.message for f in result.findings]
+    assert serious(result) == {"WC722"}, [f.message for f in result.findings]  # one defect, one finding
     assert {n for f in by_code(result, "WC722") for n in f.details["names"]} == {OMITTED}
-    (never,) = by_code(result, "WC732")
+    (never,) = [r for f in by_code(result, "WC722") for r in f.related if r.code == "WC732"]
     assert never.details["params"] == [OMITTED] and "received no data on" in never.message
     against_manifests = verify(
         distributed_run["records"], distributed_run["manifests"] / "step-4", weight_version="step-4"

@@ -7,7 +7,16 @@ from typing import Any
 
 import click
 
-from weightcheck.cli import check_ray, cli, finish, output_options, progress_option, resolve_settings
+from weightcheck.cli import (
+    check_ray,
+    cli,
+    finish,
+    hub_options,
+    output_options,
+    progress_option,
+    resolve_settings,
+    with_revision,
+)
 
 
 @cli.command()
@@ -33,9 +42,11 @@ from weightcheck.cli import check_ray, cli, finish, output_options, progress_opt
 )
 @progress_option
 @click.option("--download", is_flag=True, help="A Hub repo id not fully cached is downloaded into the HF cache.")
-@click.option("--ray", "ray_address", is_flag=False, flag_value="auto", default=None, metavar="[ADDRESS]",
-              help="Compare as Ray tasks (local, or the cluster at ADDRESS).")  # fmt: skip
+@click.option("--ray", "ray_address", is_flag=False, flag_value="local", default=None, metavar="[ADDRESS]",
+              help="Compare as Ray tasks; alone it starts or joins a local Ray like ray.init(), or the cluster at "
+              "ADDRESS ('auto': a running one).")  # fmt: skip
 @output_options
+@hub_options()
 def diff(
     reference: Path,
     candidate: Path,
@@ -70,6 +81,7 @@ def diff(
     from weightcheck.skiplist import check_entries
 
     check_ray(ray_address)
+    reference, candidate = with_revision(reference), with_revision(candidate)
     settings = resolve_settings(
         reference, config_path, command="diff", select=select, ignore=ignore, fail_on=fail_on, fmt=fmt
     )
@@ -82,6 +94,7 @@ def diff(
         raise click.UsageError(str(exc)) from None
     if reference.exists() and candidate.exists():  # a missing path is exit 3 below, not a dependency error
         require("diff", "content", ("torch", "numpy"))
+        check_ray(ray_address, connect=True)
     options = DiffOptions(
         maps=name_maps,
         policy_rules=policy_rules,

@@ -8,7 +8,7 @@ from typing import Any
 
 import click
 
-from weightcheck.cli import cli, config_and_output_options
+from weightcheck.cli import cli, config_and_output_options, hub_options, with_revision
 from weightcheck.collapse import summarize
 from weightcheck.findings import EXIT_NOTHING_CHECKED
 
@@ -55,15 +55,29 @@ def explain(path: Path, pattern: str | None = None) -> dict[str, Any]:
                                  "matches": summarize(hits, limit=4) if hits else ""}  # fmt: skip
         distinct = {s for s in module_sets.values()}
         doc["entries"].append({"entry": entry, "consumers": per, "agree": len(distinct) <= 1})
+    doc["summary"] = _summary(doc["entries"])
     return doc
+
+
+def _summary(entries: list[dict[str, Any]]) -> dict[str, int]:
+    """What a long list comes down to (a 145-entry list is ~700 lines of detail)."""
+    unmatched = sum(1 for e in entries if not any(c["count"] for c in e["consumers"].values()))
+    disagree = sum(1 for e in entries if not e["agree"])
+    return {"entries": len(entries), "agree": len(entries) - disagree, "disagree": disagree,
+            "match_nothing": unmatched}  # fmt: skip
 
 
 @cli.command("explain-ignore")
 @click.argument("target", type=click.Path(path_type=Path))
 @click.option("--pattern", default=None, help="Architecture pattern (default: detected from config.json).")
-@click.option("--format", "fmt", type=click.Choice(["text", "json"]), default=None)
+@click.option("--format", "--output-format", "fmt", type=click.Choice(["text", "json"]), default=None)
+@click.option("--disagreements-only", "-d", is_flag=True,
+              help="Show only the entries the consumers read differently (the summary still counts all).")  # fmt: skip
 @config_and_output_options("Settings file (default: discovered like lint's); its pattern and format apply.")
-def explain_ignore(target: Path, pattern: str | None, fmt: str | None, config_path: Path | None, output: Any) -> None:
+@hub_options()
+def explain_ignore(
+    target: Path, pattern: str | None, fmt: str | None, disagreements_only: bool, config_path: Path | None, output: Any
+) -> None:
     """Show, per ignore entry, which modules each consumer (compressed-tensors, vLLM, SGLang by version,
     transformers, slime/miles online quantizers) matches, and where they disagree."""
     from weightcheck.cli import config_format
@@ -72,6 +86,7 @@ def explain_ignore(target: Path, pattern: str | None, fmt: str | None, config_pa
     from weightcheck.reporters import tool_header
     from weightcheck.settings import SettingsError, load_settings
 
+    target = with_revision(target)
     fmt = config_format(target, config_path, ("text", "json"), fmt)
     try:
         pattern = pattern or load_settings(target, config_path).pattern
@@ -87,6 +102,8 @@ def explain_ignore(target: Path, pattern: str | None, fmt: str | None, config_pa
     except HubError as exc:
         click.echo(str(exc), err=True)
         raise SystemExit(EXIT_NOTHING_CHECKED) from None
+    if disagreements_only and "entries" in doc:
+        doc["entries"] = [e for e in doc["entries"] if not e["agree"]]
     if fmt == "json":
         click.echo(json.dumps({**tool_header("explain-ignore"), **doc}, indent=2), file=output)
     else:
@@ -99,7 +116,9 @@ def _print_text(doc: dict[str, Any], output: Any = None) -> None:
     if "error" in doc:
         click.echo(f"{doc['target']}: {doc['error']}", file=output)
         return
-    head = f"{doc['method']} ignore list ({doc['source']} → {doc['field']}), {len(doc['entries'])} entries"
+    total = doc.get("summary", {}).get("entries", len(doc["entries"]))
+    shown = f" (showing the {len(doc['entries'])} read differently)" if total != len(doc["entries"]) else ""
+    head = f"{doc['method']} ignore list ({doc['source']} → {doc['field']}), {total} entries{shown}"
     click.echo(head, file=output)
     for item in doc["entries"]:
         flag = "" if item["agree"] else "   ← consumers disagree"
@@ -109,3 +128,11 @@ def _print_text(doc: dict[str, Any], output: Any = None) -> None:
             click.echo(f"  {info['label']:<52} {what}", file=output)
     for note in doc["notes"]:
         click.echo(f"\nnote: {note}", file=output)
+    summary = doc.get("summary")
+    if summary:
+        nothing = f", {summary['match_nothing']} match nothing" if summary["match_nothing"] else ""
+        click.echo(
+            f"\n{summary['entries']} entries: {summary['agree']} read alike by every consumer, "
+            f"{summary['disagree']} read differently{nothing}",
+            file=output,
+        )

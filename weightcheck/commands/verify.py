@@ -8,12 +8,13 @@ wrong.
 from __future__ import annotations
 
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 import click
 
-from weightcheck.cli import cli, finish, output_options, resolve_settings
+from weightcheck.cli import cli, finish, hub_options, output_options, resolve_settings, with_revision
 from weightcheck.findings import Finding, Result, Severity, internal_error
 
 
@@ -24,6 +25,28 @@ def _sync_choice(value: str | None) -> int | str | None:
         return int(value)
     except ValueError:
         raise click.BadParameter("use a sync number (the NNNNN of sync-NNNNN/) or 'latest'") from None
+
+
+def _wait_for_records(
+    records: Path, weight_version: str | None, expected: int, wait: float, count: Callable[[Path, str | None], int]
+) -> None:
+    """`--wait`: poll until the sync's rank records have landed, saying so on stderr (a silent wait of minutes
+    looks like a hang): a line when it starts, one each time the count changes, and one at the end."""
+    deadline = time.monotonic() + max(0.0, wait)
+    found = count(records, weight_version)
+    if found >= expected or wait <= 0:
+        return
+    what = f" of weight version {weight_version}" if weight_version else ""
+    click.echo(f"weightcheck verify: waiting up to {wait:g}s for {expected} rank records{what}: {found} so far",
+               err=True)  # fmt: skip
+    while found < expected and time.monotonic() < deadline:
+        time.sleep(0.2)
+        now = count(records, weight_version)
+        if now != found:
+            found = now
+            click.echo(f"weightcheck verify: {found} of {expected} rank records", err=True)
+    if found < expected:
+        click.echo(f"weightcheck verify: stopped waiting after {wait:g}s with {found} of {expected}", err=True)
 
 
 @cli.command()
@@ -48,6 +71,7 @@ def _sync_choice(value: str | None) -> int | str | None:
 @click.option("--expect-records", type=int, default=None, help="Rank records the selected sync must have.")
 @click.option("--download", is_flag=True, help="An --against repo id not fully cached is downloaded into the HF cache.")
 @output_options
+@hub_options()
 def verify(
     records: Path,
     against: Path | None,
@@ -85,6 +109,7 @@ def verify(
     from weightcheck.verify import TrainerLayout, count_records
     from weightcheck.verify import verify as run_verify
 
+    against = with_revision(against) if against is not None else None
     settings = resolve_settings(
         records, config_path, command="verify", select=select, ignore=ignore, fail_on=fail_on, fmt=fmt
     )
@@ -105,9 +130,7 @@ def verify(
         ep_size=trainer_ep,
     )
     if expect_records is not None:
-        deadline = time.monotonic() + max(0.0, wait)
-        while count_records(records, weight_version) < expect_records and time.monotonic() < deadline:
-            time.sleep(0.2)
+        _wait_for_records(records, weight_version, expect_records, wait, count_records)
     try:
         with full_lists(verbose):
             result = run_verify(

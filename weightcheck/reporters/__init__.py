@@ -18,12 +18,14 @@ def tool_header(command: str) -> dict[str, object]:
     return {"schema_version": SCHEMA_VERSION, "tool": tool, "command": command}
 
 
-def render(result: Result, fmt: str, stream: TextIO, *, color: bool | None = None, verbose: bool = False) -> None:
+def render(
+    result: Result, fmt: str, stream: TextIO, *, color: bool | None = None, verbose: bool = False, quiet: bool = False
+) -> None:
     # Emitters are imported on demand so that `--format json` never imports rich.
     if fmt == "text":
         from weightcheck.reporters.text import emit_text
 
-        emit_text(result, stream, color=color, verbose=verbose)
+        emit_text(result, stream, color=color, verbose=verbose, quiet=quiet)
     elif fmt == "json":
         from weightcheck.reporters.machine import emit_json
 

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+from pathlib import Path
 from typing import Any, TextIO
 
 from weightcheck.findings import Finding, Result, Severity
@@ -21,6 +22,8 @@ def result_document(result: Result) -> dict[str, Any]:
             "total": len(result.findings),
             "checked": result.checked,
             "nothing_checked": result.nothing_checked,
+            # Several targets: those that checked nothing (the run exits 3 even when the others were checked).
+            "unchecked_targets": result.unchecked_targets,
             # False when nothing was checked or weightcheck failed (WC000): the run is no verdict either way.
             "execution_successful": result.execution_successful,
             "notes": result.notes,
@@ -33,19 +36,20 @@ def emit_json(result: Result, stream: TextIO) -> None:
     stream.write(json.dumps(result_document(result), indent=2, sort_keys=False) + "\n")
 
 
-
-
-def _artifact(result: Result, finding: Finding) -> str:
-    """The file a GitHub annotation is attached to: an existing file, relative to the working directory."""
-    from weightcheck.reporters.sarif import artifact_path
+def _artifact(result: Result, finding: Finding, cache: dict[Path, list[str] | None]) -> tuple[str | None, int | None]:
+    """The file a GitHub annotation is attached to (an existing file, relative to the working directory) and
+    the line in it: the same file and line as the SARIF result. With several targets a finding without a
+    file of its own carries no file rather than the targets joined by spaces (not a path)."""
+    from weightcheck.reporters.sarif import artifact_path, region
 
     path = artifact_path(result, finding)
     if path is None:
-        return result.target
+        return (result.target if result.root != "" else finding.location.file), None
+    line = region(path, finding, cache).get("startLine")
     try:
-        return os.path.relpath(path)
+        return os.path.relpath(path), line
     except ValueError:  # another drive (Windows)
-        return str(path)
+        return str(path), line
 
 
 def emit_sarif(result: Result, stream: TextIO) -> None:
@@ -66,10 +70,19 @@ _GH_LEVEL = {Severity.ERROR: "error", Severity.WARNING: "warning", Severity.INFO
 
 
 def emit_github(result: Result, stream: TextIO) -> None:
+    cache: dict[Path, list[str] | None] = {}
     for finding in result.sorted_findings():
-        props = [f"title={_escape_prop(finding.code + ' ' + finding.name)}"]
-        props.insert(0, f"file={_escape_prop(_artifact(result, finding))}")
+        file, line = _artifact(result, finding, cache)
+        props = [f"file={_escape_prop(file)}"] if file else []
+        if file and line:
+            props.append(f"line={line}")
+        props.append(f"title={_escape_prop(finding.code + ' ' + finding.name)}")
         where = f" [{finding.location.tensor}]" if finding.location.tensor else ""
         stream.write(f"::{_GH_LEVEL[finding.severity]} {','.join(props)}::{_escape_data(finding.message + where)}\n")
     for note in result.notes:
         stream.write(f"::notice title=weightcheck::{_escape_data(note)}\n")
+    # Exit 3 fails the job: an error annotation says why (a notice is folded away in the summary).
+    if result.nothing_checked:
+        stream.write("::error title=weightcheck nothing checked::nothing was checked (exit 3)\n")
+    for target in [] if result.nothing_checked else result.unchecked_targets:
+        stream.write(f"::error title=weightcheck nothing checked::not checked: {_escape_data(target)} (exit 3)\n")

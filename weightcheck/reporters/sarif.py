@@ -80,10 +80,29 @@ def artifact_path(result: Result, finding: Finding) -> Path | None:
                         return found
             except OSError:
                 continue
+        # A file that does not exist (a missing shard): its own checkpoint folder's index or config. With
+        # several targets the root is the working directory, so this is what keeps each finding on its target.
+        folder = _existing_folder(root / file)
+        if folder is not None:
+            return _anchor_in(folder)
     target = Path(result.target)
     if _is_file(target):
         return target
     return _anchor_in(root) if root != Path() else None
+
+
+def _existing_folder(path: Path) -> Path | None:
+    """The nearest existing folder above `path`, not the working directory itself (whose first file would be
+    an arbitrary anchor)."""
+    for parent in path.parents:
+        if parent == Path() or str(parent) in ("", "."):
+            return None
+        try:
+            if parent.is_dir():
+                return parent
+        except OSError:
+            return None
+    return None
 
 
 def artifact_uri(path: Path, cwd: Path | None = None) -> tuple[str, str | None]:
@@ -208,16 +227,41 @@ def _result(result: Result, finding: Finding, index: dict[str, int], cache: dict
     return entry
 
 
+def rule_doc_base() -> str | None:
+    """Where docs/rules.md (one `## WCxxx` section per rule) is read: the project's repository when its
+    metadata names one on GitHub (`[project.urls] Repository`), else this installation's own copy (a source
+    checkout, which is how weightcheck is installed today), else nowhere (no helpUri)."""
+    from importlib import metadata
+
+    try:
+        urls = metadata.distribution("weightcheck").metadata.get_all("Project-URL") or []
+    except metadata.PackageNotFoundError:
+        urls = []
+    for entry in urls:
+        label, _, url = entry.partition(",")
+        url = url.strip().rstrip("/")
+        if label.strip().lower() in ("repository", "source") and url.startswith("https://github.com/"):
+            return f"{url}/blob/HEAD/docs/rules.md"
+    local = Path(__file__).resolve().parents[2] / "docs" / "rules.md"
+    return local.as_uri() if local.is_file() else None
+
+
 def sarif_document(result: Result) -> dict[str, Any]:
     from weightcheck.rules import all_rules
 
     rules = list(all_rules().values())
     index = {r.code: i for i, r in enumerate(rules)}
+    doc_base = rule_doc_base()
+    help_uri = (lambda code: {"helpUri": f"{doc_base}#{code.lower()}"}) if doc_base else (lambda code: {})
     cache: dict[Path, list[str] | None] = {}
     results = [_result(result, f, index, cache) for f in result.sorted_findings()]
     notifications = [{"level": "note", "message": {"text": note}} for note in result.notes]
     if result.nothing_checked:
         notifications.insert(0, {"level": "error", "message": {"text": "nothing was checked"}})
+    else:
+        notifications[:0] = [
+            {"level": "error", "message": {"text": f"not checked: {target}"}} for target in result.unchecked_targets
+        ]
     invocation: dict[str, Any] = {
         "executionSuccessful": result.execution_successful,
         "toolExecutionNotifications": notifications,
@@ -235,6 +279,7 @@ def sarif_document(result: Result) -> dict[str, Any]:
                         "shortDescription": {"text": r.summary},
                         "fullDescription": {"text": r.doc or r.summary},
                         "help": {"text": r.explain()},
+                        **help_uri(r.code),
                         "defaultConfiguration": {"level": LEVEL[r.severity]},
                         "properties": {"command": r.command, "severities": [s.label for s in r.severities]},
                     }

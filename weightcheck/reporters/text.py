@@ -29,7 +29,7 @@ def _where(f: Finding) -> str:
     return " ".join(parts)
 
 
-def _lines(result: Result, verbose: bool) -> list[tuple[str, str]]:
+def _lines(result: Result, verbose: bool, quiet: bool = False) -> list[tuple[str, str]]:
     """(style, text) pairs; style "" means plain."""
     out: list[tuple[str, str]] = []
     findings = result.sorted_findings()
@@ -57,6 +57,12 @@ def _lines(result: Result, verbose: bool) -> list[tuple[str, str]]:
             out.append(("dim", f"  … {len(items) - len(shown)} more (use --verbose)"))
         if one_fix and items[0].fix:
             out.append(("dim", f"  fix: {items[0].fix}"))
+    if quiet:  # -q: the findings only; a run that checked nothing still says so (exit 3 needs a reason)
+        if result.nothing_checked:
+            out.append(("bold red", "nothing was checked"))
+        elif result.unchecked_targets:
+            out.append(("bold red", f"not checked: {', '.join(result.unchecked_targets)} (exit 3)"))
+        return out
     for note in result.notes:
         out.append(("dim", f"note: {note}"))
     counts = result.counts()
@@ -67,17 +73,22 @@ def _lines(result: Result, verbose: bool) -> list[tuple[str, str]]:
     )
     if result.nothing_checked:
         out.append(("bold red", "nothing was checked"))
-    elif not result.findings:
+        return out
+    if not result.findings:
         out.append(("bold green", f"clean: {checked}"))
     else:
         summary = ", ".join(plural(n, k) for k, n in counts.items() if n)
         out.append(("bold", f"{summary} ({checked})"))
+    if result.unchecked_targets:  # one missing target among good ones: named, not "nothing was checked"
+        out.append(("bold red", f"not checked: {', '.join(result.unchecked_targets)} (exit 3)"))
     return out
 
 
-def emit_text(result: Result, stream: TextIO, *, color: bool | None = None, verbose: bool = False) -> None:
+def emit_text(
+    result: Result, stream: TextIO, *, color: bool | None = None, verbose: bool = False, quiet: bool = False
+) -> None:
     use_color = stream.isatty() if color is None else color
-    lines = _lines(result, verbose)
+    lines = _lines(result, verbose, quiet)
     if not use_color:
         for _, text in lines:
             stream.write(text + "\n")
