@@ -18,7 +18,13 @@ import weightcheck
 from weightcheck.cli import _load_commands, cli
 
 # CLI parameter name -> API keyword, where the CLI's click name differs from the API's.
-RENAMED = {"config_path": "config", "ray_address": "ray", "policy_path": "policy", "sync_choice": "sync"}
+RENAMED = {
+    "config_path": "config",
+    "ray_address": "ray",
+    "policy_path": "policy",
+    "sync_choice": "sync",
+    "hub_revision": "revision",
+}
 # Options about presenting a Result, not about what is checked: the API returns the Result, and each has
 # its place there (checked below), so a keyword would have nothing to do.
 PRESENTATION = {
@@ -28,6 +34,9 @@ PRESENTATION = {
     "verbose": "weightcheck.reporters.render(..., verbose=)",
     "debug": "Finding.details['traceback'] of a WC000 finding",
     "exit_zero": "Result.exit_code(exit_zero=True)",
+    "quiet": "weightcheck.reporters.render(..., quiet=)",
+    "statistics": "collections.Counter(f.code for f in result.findings)",
+    "output_sarif": "weightcheck.reporters.render(result, 'sarif', file)",
 }
 # lint --pre-commit asks git which files a commit deletes: a hook entry point, not a lint setting.
 HOOK_ONLY = {"pre_commit"}
@@ -60,7 +69,7 @@ def test_presentation_options_live_where_the_exemption_says() -> None:
     from weightcheck.reporters import render
 
     render_params = set(inspect.signature(render).parameters)
-    assert {"color", "verbose"} <= render_params
+    assert {"color", "verbose", "quiet"} <= render_params
     assert "exit_zero" in inspect.signature(weightcheck.Result.exit_code).parameters
 
 
@@ -153,3 +162,28 @@ def test_an_invalid_re_skip_entry_is_a_usage_error(tmp_path: Path) -> None:
     records.mkdir()
     proc = CliRunner().invoke(cli, ["verify", str(records), "--skip", "re:(unclosed"])
     assert proc.exit_code == 2 and "not a valid regex" in proc.output
+
+
+def test_hub_keywords_apply_for_the_call_only(ghost: Path, monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    """token= / cache_dir= reach weightcheck.hub during the call (as --token / --cache-dir do) and leave the
+    caller's environment as it was."""
+    import sys
+
+    lint_module = sys.modules["weightcheck.lint"]  # `weightcheck.lint` the attribute is the API function
+    monkeypatch.delenv("HF_TOKEN", raising=False)
+    monkeypatch.setenv("HF_HUB_CACHE", "/elsewhere")
+    seen: dict[str, str | None] = {}
+    real = lint_module.lint_many
+
+    def spy(*args: object, **kwargs: object) -> weightcheck.Result:
+        import os
+
+        seen.update(token=os.environ.get("HF_TOKEN"), cache=os.environ.get("HF_HUB_CACHE"))
+        return real(*args, **kwargs)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(lint_module, "lint_many", spy)
+    weightcheck.lint(ghost, config=False, token="hf_secret", cache_dir=tmp_path)
+    assert seen == {"token": "hf_secret", "cache": str(tmp_path)}
+    import os
+
+    assert "HF_TOKEN" not in os.environ and os.environ["HF_HUB_CACHE"] == "/elsewhere"

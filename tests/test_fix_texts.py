@@ -21,7 +21,7 @@ from quantized import quant_config, set_ignore
 CLAIMS_FIX = re.compile(r"lint --fix`? (does|adds|repoints|mends)")
 # The codes `weightcheck.fixes.plan_fixes` edits for (WC207 only says --fix works once the index parses;
 # WC110 is --fix's own refusal).
-FIXED_BY_FIX = {"WC202", "WC203", "WC205", "WC309"}
+FIXED_BY_FIX = {"WC202", "WC203", "WC205", "WC309", "WC320"}
 
 
 def wc(*args: str) -> subprocess.CompletedProcess[str]:

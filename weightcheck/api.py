@@ -15,8 +15,9 @@ install). This module imports nothing heavy; each function imports its command w
 
 from __future__ import annotations
 
+import contextlib
 import os
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Iterator, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -29,6 +30,31 @@ if TYPE_CHECKING:
 PathLike = str | os.PathLike[str]
 ConfigArg = PathLike | bool | None
 
+
+
+@contextlib.contextmanager
+def _hub_access(token: str | None, cache_dir: PathLike | None) -> Iterator[None]:
+    """`token=` / `cache_dir=`: what the CLI's `--token` / `--cache-dir` set (HF_TOKEN, HF_HUB_CACHE), for the
+    duration of one call only (weightcheck.hub reads both per call), so a library caller's environment is
+    left as it was."""
+    wanted = {"HF_TOKEN": token, "HF_HUB_CACHE": str(cache_dir) if cache_dir is not None else None}
+    saved = {name: os.environ.get(name) for name, value in wanted.items() if value}
+    os.environ.update({name: value for name, value in wanted.items() if value})
+    try:
+        yield
+    finally:
+        for name, old in saved.items():
+            if old is None:
+                os.environ.pop(name, None)
+            else:
+                os.environ[name] = old
+
+
+def _with_revision(target: Path, revision: str | None) -> Path:
+    """A Hub target naming no revision of its own gets `revision=` (the CLI's `--revision` on diff/verify)."""
+    from weightcheck.hub import apply_revision
+
+    return apply_revision(target, revision)
 
 def _settings(
     target: Path | None,
@@ -108,6 +134,8 @@ def lint(
     ray: str | None = None,
     fix: bool = False,
     fix_diff: bool = False,
+    token: str | None = None,
+    cache_dir: PathLike | None = None,
 ) -> Result:
     """`weightcheck lint TARGET...`: a checkpoint folder, a .safetensors file, a config.json, an index file,
     or several of them (one Result). Header-only unless `content=True` (needs `weightcheck[content]`).
@@ -159,13 +187,14 @@ def lint(
     def run() -> Result:
         return lint_many(targets, select=settings.select, ignore=settings.ignore, options=options)
 
-    result = run()
-    if fix:
-        from weightcheck.fixes import fix_checkpoint
+    with _hub_access(token, cache_dir):
+        result = run()
+        if fix:
+            from weightcheck.fixes import fix_checkpoint
 
-        result, edits = fix_checkpoint(targets[0], result, run, write=not fix_diff)
-        if fix_diff:
-            result.notes.extend(f"fix --diff:\n{edit.diff()}" for edit in edits or [])
+            result, edits = fix_checkpoint(targets[0], result, run, write=not fix_diff)
+            if fix_diff:
+                result.notes.extend(f"fix --diff:\n{edit.diff()}" for edit in edits or [])
     return _noted(result, settings, baseline, write_baseline)
 
 
@@ -186,6 +215,9 @@ def diff(
     write_baseline: PathLike | None = None,
     download: bool = False,
     ray: str | None = None,
+    revision: str | None = None,
+    token: str | None = None,
+    cache_dir: PathLike | None = None,
 ) -> Result:
     """`weightcheck diff REFERENCE CANDIDATE`: tensor by tensor (needs `weightcheck[content]`). `maps` are
     map files or inline `a.* -> b.*` rules, `policy` a policy file, `allow_skip` globs or `re:` patterns."""
@@ -195,7 +227,7 @@ def diff(
     from weightcheck.progress import choose_mode
     from weightcheck.skiplist import check_entries
 
-    ref, cand = Path(reference), Path(candidate)
+    ref, cand = _with_revision(Path(reference), revision), _with_revision(Path(candidate), revision)
     settings = _settings(ref, config, "diff", select, ignore, fail_on, consumers)
     if ray is not None:
         from weightcheck.distributed import require_ray
@@ -216,7 +248,9 @@ def diff(
         download=download,
         ray=ray,
     )
-    return _noted(run_diff(ref, cand, options), settings, baseline, write_baseline)
+    with _hub_access(token, cache_dir):
+        result = run_diff(ref, cand, options)
+    return _noted(result, settings, baseline, write_baseline)
 
 
 def verify(
@@ -243,6 +277,9 @@ def verify(
     trainer_ep: int | None = None,
     wait: float = 0.0,
     expect_records: int | None = None,
+    revision: str | None = None,
+    token: str | None = None,
+    cache_dir: PathLike | None = None,
 ) -> Result:
     """`weightcheck verify RECORDS --against REF`: the tap's sync records against a checkpoint or trainer
     manifests. `sync` is a sync number or "latest"; `trainer` a `weightcheck.verify.TrainerLayout`, or its
@@ -273,17 +310,20 @@ def verify(
         from weightcheck.deps import require_verify_deps
 
         require_verify_deps(root, Path(against) if against is not None else None)
-    result = run_verify(
-        root,
-        against,
-        select=settings.select,
-        ignore=settings.ignore,
-        weight_version=weight_version,
-        sync=sync,
-        trainer=trainer,
-        skip=skip_entries,
-        download=download,
-    )
+    if against is not None and isinstance(against, (str, os.PathLike)):
+        against = _with_revision(Path(against), revision)
+    with _hub_access(token, cache_dir):
+        result = run_verify(
+            root,
+            against,
+            select=settings.select,
+            ignore=settings.ignore,
+            weight_version=weight_version,
+            sync=sync,
+            trainer=trainer,
+            skip=skip_entries,
+            download=download,
+        )
     if expect_records is not None:
         deadline = time.monotonic() + max(0.0, wait)
         while count_records(root, weight_version) < expect_records and time.monotonic() < deadline:

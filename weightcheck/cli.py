@@ -152,13 +152,9 @@ def hub_options(revision: bool = True) -> Callable[[Callable[..., Any]], Callabl
 
 def with_revision(target: Path) -> Path:
     """`target` with `--revision` applied when it is a Hub repo id naming no revision of its own."""
-    rev = _meta("hub_revision")
-    if not rev or target.exists():
-        return target
-    from weightcheck.hub import parse_target
+    from weightcheck.hub import apply_revision
 
-    hub = parse_target(str(target), rev)
-    return Path(hub.uri) if hub is not None else target
+    return apply_revision(target, _meta("hub_revision"))
 
 
 def _lint_fix_options(fn: Callable[..., Any]) -> Callable[..., Any]:

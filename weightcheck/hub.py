@@ -399,3 +399,12 @@ def _resolve_repo(text: str, target: HubTarget, *, needs_data: bool, download_ok
         raise HubError(f"{text}: HF_HUB_OFFLINE is set and the repo is not in the local Hugging Face cache")
     source = HubSource(target)
     return Resolved(source=source, note=f"{text}: read header-only from {source.label}")
+
+
+def apply_revision(target: Path, revision: str | None) -> Path:
+    """`target` with `revision` applied when it is a Hub repo id naming no revision of its own (`--revision`
+    on diff and verify, `revision=` in the API)."""
+    if not revision or target.exists():
+        return target
+    hub = parse_target(str(target), revision)
+    return Path(hub.uri) if hub is not None else target
