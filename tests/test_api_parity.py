@@ -167,9 +167,9 @@ def test_an_invalid_re_skip_entry_is_a_usage_error(tmp_path: Path) -> None:
 def test_hub_keywords_apply_for_the_call_only(ghost: Path, monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
     """token= / cache_dir= reach weightcheck.hub during the call (as --token / --cache-dir do) and leave the
     caller's environment as it was."""
-    import sys
+    import importlib
 
-    lint_module = sys.modules["weightcheck.lint"]  # `weightcheck.lint` the attribute is the API function
+    lint_module = importlib.import_module("weightcheck.lint")  # `weightcheck.lint` the attribute is the API
     monkeypatch.delenv("HF_TOKEN", raising=False)
     monkeypatch.setenv("HF_HUB_CACHE", "/elsewhere")
     seen: dict[str, str | None] = {}
