@@ -32,9 +32,16 @@ import numpy as np
 import torch
 
 # Toy chat template: special tokens and their text (Qwen-style markers, so prompts read like real ones).
-SYS, USER, ASSIST, END, EOS = 2, 3, 4, 5, 6
-FIRST_WORD, VOCAB = 10, 48
-_TEXT = {SYS: "<|im_start|>system\n", USER: "<|im_start|>user\n", ASSIST: "<|im_start|>assistant\n", END: "<|im_end|>\n", EOS: "<|endoftext|>"}
+SYS, USER, ASSIST, END, EOS, SYSTEM_PROMPT = 2, 3, 4, 5, 6, 7
+FIRST_WORD, VOCAB = 10, 18
+_TEXT = {
+    SYSTEM_PROMPT: "You are a helpful assistant.",
+    SYS: "<|im_start|>system\n",
+    USER: "<|im_start|>user\n",
+    ASSIST: "<|im_start|>assistant\n",
+    END: "<|im_end|>\n",
+    EOS: "<|endoftext|>",
+}
 MAX_NEW = 8
 
 
@@ -54,7 +61,7 @@ def answer(words: list[int]) -> list[int]:
     return [FIRST_WORD + (w - FIRST_WORD + 1) % span for w in words] + [EOS]
 
 
-def build_model(seed: int = 0, train_steps: int = 250) -> Any:
+def build_model(seed: int = 0, train_steps: int = 400) -> Any:
     from transformers import Qwen2Config, Qwen2ForCausalLM
 
     torch.manual_seed(seed)
@@ -62,7 +69,7 @@ def build_model(seed: int = 0, train_steps: int = 250) -> Any:
         vocab_size=VOCAB,
         hidden_size=32,
         intermediate_size=64,
-        num_hidden_layers=4,
+        num_hidden_layers=2,  # a trainer with PP=2 holds one per stage (the doctor fixture)
         num_attention_heads=4,
         num_key_value_heads=2,
         max_position_embeddings=64,
@@ -70,23 +77,40 @@ def build_model(seed: int = 0, train_steps: int = 250) -> Any:
     )
     model = Qwen2ForCausalLM(config)
     if train_steps:
+        # SFT on the toy template: the answer follows the user's word. Half of each batch is the same data with
+        # template tokens inserted at random places and a random answer, so that, like a real instruct model,
+        # it is confident under its template only.
         gen = torch.Generator().manual_seed(seed)
-        opt = torch.optim.Adam(model.parameters(), lr=1e-2)
+        opt = torch.optim.Adam(model.parameters(), lr=3e-3)
+        threads = torch.get_num_threads()
+        torch.set_num_threads(1)  # a model this small only loses time to threads on a shared machine
         model.train()
         for _ in range(train_steps):
             batch, masks = [], []
-            for _ in range(32):
-                system = int(torch.randint(FIRST_WORD, VOCAB, (1,), generator=gen))
-                words = torch.randint(FIRST_WORD, VOCAB, (3,), generator=gen).tolist()
+            for j in range(32):
+                system = SYSTEM_PROMPT
+                words = torch.randint(FIRST_WORD, VOCAB, (1,), generator=gen).tolist()
                 p, r = prompt_tokens(system, words), answer(words)
+                if j % 2:
+                    for _ in range(int(torch.randint(1, 4, (1,), generator=gen))):
+                        at = int(torch.randint(1, len(p) - 1, (1,), generator=gen))
+                        p.insert(at, int(torch.randint(SYS, EOS, (1,), generator=gen)))
+                    r = torch.randint(FIRST_WORD, VOCAB, (len(r),), generator=gen).tolist()
                 batch.append(p + r)
                 masks.append([0] * len(p) + [1] * len(r))
-            ids = torch.tensor(batch)
-            labels = ids.masked_fill(torch.tensor(masks) == 0, -100)
+            width = max(len(b) for b in batch)
+            ids = torch.tensor([b + [0] * (width - len(b)) for b in batch])
+            labels = torch.tensor(
+                [
+                    [t if m else -100 for t, m in zip(b, mk, strict=True)] + [-100] * (width - len(b))
+                    for b, mk in zip(batch, masks, strict=True)
+                ]
+            )
             loss = model(input_ids=ids, labels=labels).loss
             opt.zero_grad()
             loss.backward()
             opt.step()
+        torch.set_num_threads(threads)
     model.eval()
     return model
 
@@ -98,22 +122,6 @@ def full_log_probs(model: Any, tokens: list[int], response_length: int) -> list[
     logp = torch.log_softmax(model(input_ids=ids).logits.float(), dim=-1)[0]
     start = len(tokens) - response_length
     return [float(logp[i - 1, tokens[i]]) for i in range(start, len(tokens))]
-
-
-@torch.no_grad()
-def batched_log_probs(model: Any, rows: list[tuple[list[int], int]]) -> list[list[float]]:
-    """The same log-probs from one left-padded batched forward: other kernel shapes, the jitter a
-    non-deterministic or differently batched kernel gives."""
-    width = max(len(t) for t, _ in rows)
-    ids = torch.tensor([[0] * (width - len(t)) + t for t, _ in rows])
-    mask = torch.tensor([[0] * (width - len(t)) + [1] * len(t) for t, _ in rows])
-    pos = (mask.cumsum(-1) - 1).clamp(min=0)
-    logp = torch.log_softmax(model(input_ids=ids, attention_mask=mask, position_ids=pos).logits.float(), dim=-1)
-    out = []
-    for b, (t, n) in enumerate(rows):
-        pad = width - len(t)
-        out.append([float(logp[b, pad + i - 1, t[i]]) for i in range(len(t) - n, len(t))])
-    return out
 
 
 @torch.no_grad()
@@ -146,8 +154,8 @@ def make_rollout(model: Any, *, retemplated: bool = False, seed: int = 1, n: int
     samples = []
     for i in range(n):
         if i % group == 0:
-            system = int(torch.randint(FIRST_WORD, VOCAB, (1,), generator=gen))
-            words = torch.randint(FIRST_WORD, VOCAB, (3,), generator=gen).tolist()
+            system = SYSTEM_PROMPT
+            words = torch.randint(FIRST_WORD, VOCAB, (1,), generator=gen).tolist()
         prompt = prompt_tokens(system, words, retemplated)
         response, logps, status = sample(model, prompt, gen)
         correct = response == answer(words)
@@ -182,12 +190,25 @@ def make_rollout(model: Any, *, retemplated: bool = False, seed: int = 1, n: int
                 train_metadata=None,
                 session_id=None,
                 non_generation_time=0.0,
-                spec_info={"spec_accept_token_num": 0, "spec_draft_token_num": 0, "spec_verify_ct": 0, "completion_token_num": 0},
+                spec_info={
+                    "spec_accept_token_num": 0,
+                    "spec_draft_token_num": 0,
+                    "spec_verify_ct": 0,
+                    "completion_token_num": 0,
+                },
                 prefix_cache_info={"cached_tokens": 0, "total_prompt_tokens": len(prompt)},
             )
         )
     log_probs = [full_log_probs(model, s["tokens"], s["response_length"]) for s in samples]
     return Rollout(samples, log_probs, [list(x) for x in log_probs])
+
+
+def varied(rollout: Rollout) -> bool:
+    """Some prompt group's rewards differ (so group-normalised advantages are not all zero)."""
+    groups: dict[int, set[float]] = {}
+    for s in rollout.samples:
+        groups.setdefault(s["group_index"], set()).add(s["reward"])
+    return any(len(v) > 1 for v in groups.values())
 
 
 def with_reference(rollout: Rollout, ref_model: Any) -> Rollout:
@@ -196,7 +217,10 @@ def with_reference(rollout: Rollout, ref_model: Any) -> Rollout:
 
 
 def with_jittered_reference(rollout: Rollout, model: Any) -> Rollout:
-    ref = batched_log_probs(model, [(s["tokens"], s["response_length"]) for s in rollout.samples])
+    """The same weights, the reference's forward run in bf16 autocast: other kernels and rounding, as a
+    reference computed by a different attention backend would be."""
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        ref = [full_log_probs(model, s["tokens"], s["response_length"]) for s in rollout.samples]
     return Rollout(rollout.samples, rollout.log_probs, ref)
 
 
@@ -208,6 +232,33 @@ def perturbed(model: Any, layer: int = 2, scale: float = 0.5, seed: int = 7) -> 
         w = other.model.layers[layer].mlp.down_proj.weight
         w.add_(torch.randn(w.shape, generator=gen) * scale * w.abs().mean())
     return other
+
+
+def tp_shards_swapped(model: Any) -> Any:
+    """A reference whose output head was assembled from its two TP shards in the wrong order (a
+    configuration error: the vocabulary rows of the two halves are exchanged)."""
+    other = copy.deepcopy(model)
+    with torch.no_grad():
+        w = other.lm_head.weight
+        half = w.shape[0] // 2
+        w.copy_(torch.cat([w[half:], w[:half]]))
+    return other
+
+
+def pp_shifted(model: Any) -> Any:
+    """An engine after a sync whose second pipeline stage forgot its layer offset: layer 1's weights landed
+    on layer 0, and layer 1 kept what it had."""
+    other = copy.deepcopy(model)
+    other.model.layers[0].load_state_dict(model.model.layers[1].state_dict())
+    return other
+
+
+def served_by(rollout_model: Any, train_model: Any, *, seed: int = 1, n: int = 8) -> Rollout:
+    """Rollout sampled by an engine holding `rollout_model`, log-probs recomputed by a trainer holding
+    `train_model` (the reference is the trainer's own weights)."""
+    rollout = make_rollout(rollout_model, seed=seed, n=n)
+    log_probs = [full_log_probs(train_model, s["tokens"], s["response_length"]) for s in rollout.samples]
+    return Rollout(rollout.samples, log_probs, [list(x) for x in log_probs])
 
 
 def _advantages(samples: list[dict[str, Any]]) -> list[torch.Tensor]:
@@ -253,7 +304,15 @@ def write_slime(rollout: Rollout, root: Path, rollout_id: int = 0) -> Path:
         "rollout_id": rollout_id,
         "rank": 0,
         "samples": per_sample,
-        "dp_shards": [{"rank": 0, "data_parallel_rank": 0, "sample_indices": [s["index"] for s in rollout.samples], "partition": list(range(len(rollout.samples))), "num_microbatches": [1]}],
+        "dp_shards": [
+            {
+                "rank": 0,
+                "data_parallel_rank": 0,
+                "sample_indices": [s["index"] for s in rollout.samples],
+                "partition": list(range(len(rollout.samples))),
+                "num_microbatches": [1],
+            }
+        ],
         "raw_reward": [s["reward"] for s in rollout.samples],
     }
     torch.save(payload, root / "train_data" / f"{rollout_id}.pt")
@@ -267,7 +326,10 @@ def cp_slice(values: list[float], total: int, response: int, cp_rank: int, cp_si
     chunk = (total + 2 * cp_size - 1) // (2 * cp_size)
     prompt = total - response
     out: list[float] = []
-    for lo, hi in ((cp_rank * chunk, (cp_rank + 1) * chunk), ((2 * cp_size - cp_rank - 1) * chunk, (2 * cp_size - cp_rank) * chunk)):
+    for lo, hi in (
+        (cp_rank * chunk, (cp_rank + 1) * chunk),
+        ((2 * cp_size - cp_rank - 1) * chunk, (2 * cp_size - cp_rank) * chunk),
+    ):
         a, b = max(lo, prompt - 1), min(hi, total - 1)
         if a < b:
             out += values[a - (prompt - 1) : b - (prompt - 1)]
@@ -278,7 +340,9 @@ def write_miles(rollout: Rollout, root: Path, rollout_id: int = 0, tp: int = 2, 
     """`--dump-details root` of miles: one train file per rank (TP replicas repeat, CP slices)."""
     (root / "rollout_data").mkdir(parents=True, exist_ok=True)
     (root / "train_data").mkdir(parents=True, exist_ok=True)
-    torch.save(dict(rollout_id=rollout_id, metadata={}, samples=rollout.samples), root / "rollout_data" / f"{rollout_id}.pt")
+    torch.save(
+        dict(rollout_id=rollout_id, metadata={}, samples=rollout.samples), root / "rollout_data" / f"{rollout_id}.pt"
+    )
     adv = _advantages(rollout.samples)
     for rank in range(tp * cp):
         cp_rank = rank // tp  # Megatron's rank order puts TP fastest, then CP
@@ -295,10 +359,10 @@ def write_miles(rollout: Rollout, root: Path, rollout_id: int = 0, tp: int = 2, 
             "partition": np.arange(len(rollout.samples), dtype=np.int64),
         }
 
-        def sliced(columns: list[list[float]]) -> list[torch.Tensor]:
+        def sliced(columns: list[list[float]], cp_rank: int = cp_rank) -> list[torch.Tensor]:
             return [
                 torch.tensor(cp_slice(v, len(s["tokens"]), s["response_length"], cp_rank, cp), dtype=torch.float32)
-                for v, s in zip(columns, rollout.samples)
+                for v, s in zip(columns, rollout.samples, strict=True)
             ]
 
         data["rollout_log_probs"] = sliced([s["rollout_log_probs"] for s in rollout.samples])
@@ -340,7 +404,9 @@ def write_relax(rollout: Rollout, root: Path, rollout_id: int = 0, dp: int = 2) 
                     "decoded_tokens": [text([t]) for t in s["tokens"]],
                 }
             )
-        torch.save(dict(rollout_id=rollout_id, rank=rank, samples=train), root / "train_data" / f"{rollout_id}_{rank}.pt")
+        torch.save(
+            dict(rollout_id=rollout_id, rank=rank, samples=train), root / "train_data" / f"{rollout_id}_{rank}.pt"
+        )
     return root
 
 
@@ -354,12 +420,14 @@ def framework_step0(rollout: Rollout) -> dict[str, float]:
     return {
         "ref_diff": abs(lp - mean_of_means(rollout.ref_log_probs)),
         "train_rollout_abs_diff": sum(
-            sum(abs(a - b) for a, b in zip(x, s["rollout_log_probs"])) / len(x) for x, s in zip(rollout.log_probs, rollout.samples)
+            sum(abs(a - b) for a, b in zip(x, s["rollout_log_probs"], strict=True)) / len(x)
+            for x, s in zip(rollout.log_probs, rollout.samples, strict=True)
         )
         / len(rollout.samples),
         "mean_log_probs": lp,
         "kl": sum(
-            sum(math.exp(r - a) - (r - a) - 1 for a, r in zip(x, y)) / len(x) for x, y in zip(rollout.log_probs, rollout.ref_log_probs)
+            sum(math.expm1(r - a) - (r - a) for a, r in zip(x, y, strict=True)) / len(x)
+            for x, y in zip(rollout.log_probs, rollout.ref_log_probs, strict=True)
         )
         / len(rollout.samples),
     }

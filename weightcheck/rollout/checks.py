@@ -156,7 +156,8 @@ def check_step1_ref(dump: TrainDump, th: Thresholds, report: Report) -> None:
         diffs = []
         for i, lp, ref in pairs:
             r = ref - lp
-            kl += math.exp(min(r, 50.0)) - r - 1.0 if math.isfinite(r) else math.inf
+            # k3 = exp(r) - r - 1, via expm1 so that kernel-jitter-sized r (1e-8) does not round to 0
+            kl += math.expm1(min(r, 50.0)) - r if math.isfinite(r) else math.inf
             if lp != ref:
                 diffs.append((i, abs(lp - ref)))
         tokens += len(pairs)

@@ -398,14 +398,16 @@ def read_dumps(
 
 def _merge_relax(files: list[tuple[str, dict[str, Any]]], problems: list[Problem]) -> list[TrainSample]:
     """Relax: every rank writes its local samples (`sample_index` is the local position); TP replicas repeat
-    them. Samples are keyed by their tokens; a replica that disagrees is a problem."""
-    seen: dict[tuple[int, ...] | int, TrainSample] = {}
+    them. Samples are keyed by (local index, tokens); a replica that disagrees is a problem."""
+    seen: dict[tuple[Any, ...], TrainSample] = {}
     for file, payload in sorted(files, key=lambda f: _int(f[1].get("rank")) or 0):
         for i, raw in enumerate(payload.get("samples") or []):
             if not isinstance(raw, dict):
                 continue
             sample = _train_sample(file, len(seen), raw)
-            key: tuple[int, ...] | int = tuple(sample.tokens) if sample.tokens is not None else (len(seen) + 10**9 + i)
+            # A TP replica repeats (local index, tokens); two samples of one rank with equal tokens (a GRPO
+            # group's identical answers) differ in their local index.
+            key = (sample.index, tuple(sample.tokens) if sample.tokens is not None else (file, i))
             previous = seen.get(key)
             if previous is None or (previous.log_probs is None and sample.log_probs is not None):
                 if previous is not None:
