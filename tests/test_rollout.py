@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import argparse
 import json
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -21,37 +20,6 @@ from click.testing import CliRunner
 from weightcheck.cli import cli
 from weightcheck.findings import Result, Severity
 from weightcheck.rollout import Thresholds, check_rollout
-
-
-@pytest.fixture(scope="session")
-def world() -> Iterator[dict[str, Any]]:
-    """The trained tiny model and the rollouts every case writes (built once: ~1 minute on a shared CPU)."""
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)  # tiny matrices: threads only contend with the other test workers
-    try:
-        model = rf.build_model()
-        # The first sampling seed whose rewards vary within a prompt group: a real GRPO batch has such
-        # groups; one where every group is constant is itself a finding (WC811).
-        seed, clean = next(
-            (seed, r)
-            for seed, r in ((seed, rf.make_rollout(model, seed=seed)) for seed in range(1, 40))
-            if rf.varied(r)
-        )
-        # Preconditions that make a clean verdict mean something: the model follows its template (low
-        # per-token NLL, completed answers).
-        assert rf.framework_step0(clean)["mean_log_probs"] > -0.8, rf.framework_step0(clean)
-        assert all(s["status"] == "completed" for s in clean.samples)
-        yield {
-            "model": model,
-            "clean": clean,
-            "retemplated": rf.make_rollout(model, retemplated=True),
-            "perturbed": rf.with_reference(clean, rf.perturbed(model, layer=1, scale=4.0)),
-            "jitter": rf.with_jittered_reference(clean, model),
-            "swapped": rf.with_reference(clean, rf.tp_shards_swapped(model)),
-            "shifted_engine": rf.served_by(rf.pp_shifted(model), model, seed=seed),
-        }
-    finally:
-        torch.set_num_threads(threads)
 
 
 def codes(result: Result) -> set[str]:
@@ -66,40 +34,40 @@ WRITERS = {"slime": rf.write_slime, "miles": rf.write_miles, "relax": rf.write_r
 
 
 @pytest.mark.parametrize("framework", sorted(WRITERS))
-def test_clean_dumps_are_clean(world: dict[str, Any], tmp_path: Path, framework: str) -> None:
-    root = WRITERS[framework](world["clean"], tmp_path / framework)
-    step0 = rf.framework_step0(world["clean"])
+def test_clean_dumps_are_clean(rollout_world: dict[str, Any], tmp_path: Path, framework: str) -> None:
+    root = WRITERS[framework](rollout_world["clean"], tmp_path / framework)
+    step0 = rf.framework_step0(rollout_world["clean"])
     assert step0["ref_diff"] == 0.0 and step0["train_rollout_abs_diff"] <= 0.1  # slime/miles would pass
     result = check_rollout(root)
     assert result.findings == [], [f.message for f in result.findings]
     assert result.exit_code() == 0 and not result.nothing_checked
-    assert result.checked["step1_samples"] == len(world["clean"].samples)
-    assert result.checked["train_rollout_samples"] == len(world["clean"].samples)
+    assert result.checked["step1_samples"] == len(rollout_world["clean"].samples)
+    assert result.checked["train_rollout_samples"] == len(rollout_world["clean"].samples)
 
 
-def test_miles_cp_slices_are_put_back_in_order(world: dict[str, Any], tmp_path: Path) -> None:
+def test_miles_cp_slices_are_put_back_in_order(rollout_world: dict[str, Any], tmp_path: Path) -> None:
     """TP replicas dropped and zigzag CP slices reassembled: the merged values are the unsliced ones."""
     from weightcheck.rollout.readers import read_dumps
 
-    root = rf.write_miles(world["perturbed"], tmp_path / "m", tp=2, cp=2)
+    root = rf.write_miles(rollout_world["perturbed"], tmp_path / "m", tp=2, cp=2)
     dumps = read_dumps(sorted((root / "train_data").glob("*.pt")))
     assert not dumps.problems
     (train,) = dumps.trains
-    assert [s.position for s in train.samples] == list(range(len(world["clean"].samples)))
-    expected_all = zip(world["perturbed"].log_probs, world["perturbed"].ref_log_probs, strict=True)
+    assert [s.position for s in train.samples] == list(range(len(rollout_world["clean"].samples)))
+    expected_all = zip(rollout_world["perturbed"].log_probs, rollout_world["perturbed"].ref_log_probs, strict=True)
     for sample, (expected, ref) in zip(train.samples, expected_all, strict=True):
         assert sample.log_probs == pytest.approx(expected, abs=0) and sample.ref_log_probs == pytest.approx(ref, abs=0)
 
 
-def test_miles_missing_cp_rank_is_reported(world: dict[str, Any], tmp_path: Path) -> None:
-    root = rf.write_miles(world["clean"], tmp_path / "m", tp=1, cp=2)
+def test_miles_missing_cp_rank_is_reported(rollout_world: dict[str, Any], tmp_path: Path) -> None:
+    root = rf.write_miles(rollout_world["clean"], tmp_path / "m", tp=1, cp=2)
     (root / "train_data" / "0_1.pt").unlink()
     result = check_rollout(root)
     assert "WC813" in codes(result) and "CP ranks [1] of 2 missing" in by_code(result, "WC813")[0].message
 
 
-def test_template_mismatch_is_diagnosed(world: dict[str, Any], tmp_path: Path) -> None:
-    bad = world["retemplated"]
+def test_template_mismatch_is_diagnosed(rollout_world: dict[str, Any], tmp_path: Path) -> None:
+    bad = rollout_world["retemplated"]
     step0 = rf.framework_step0(bad)
     # slime's CI sanity bound (-1 < mean log_probs < 0) fails on this rollout; KL is still 0.
     assert step0["mean_log_probs"] < -1 and step0["ref_diff"] == 0.0
@@ -114,8 +82,8 @@ def test_template_mismatch_is_diagnosed(world: dict[str, Any], tmp_path: Path) -
     assert result.exit_code() == 1
 
 
-def test_reference_differing_in_one_layer(world: dict[str, Any], tmp_path: Path) -> None:
-    data = world["perturbed"]
+def test_reference_differing_in_one_layer(rollout_world: dict[str, Any], tmp_path: Path) -> None:
+    data = rollout_world["perturbed"]
     step0 = rf.framework_step0(data)
     assert step0["ref_diff"] >= 1e-8 and 1e-4 <= step0["kl"] <= 1  # slime/miles would fail; above jitter
     result = check_rollout(rf.write_miles(data, tmp_path / "m"))
@@ -128,8 +96,8 @@ def test_reference_differing_in_one_layer(world: dict[str, Any], tmp_path: Path)
     assert codes(result) == {"WC802"}
 
 
-def test_jitter_gets_the_framework_verdict(world: dict[str, Any], tmp_path: Path) -> None:
-    data = world["jitter"]
+def test_jitter_gets_the_framework_verdict(rollout_world: dict[str, Any], tmp_path: Path) -> None:
+    data = rollout_world["jitter"]
     step0 = rf.framework_step0(data)
     assert 0 < step0["kl"] < 1e-4 and data.log_probs != data.ref_log_probs
     result = check_rollout(rf.write_relax(data, tmp_path / "r"))
@@ -143,16 +111,16 @@ def test_jitter_gets_the_framework_verdict(world: dict[str, Any], tmp_path: Path
     assert by_code(relaxed, "WC801")[0].severity == Severity.WARNING
 
 
-def test_configuration_error_is_large_kl(world: dict[str, Any], tmp_path: Path) -> None:
-    data = world["swapped"]
+def test_configuration_error_is_large_kl(rollout_world: dict[str, Any], tmp_path: Path) -> None:
+    data = rollout_world["swapped"]
     assert rf.framework_step0(data)["kl"] > 1
     result = check_rollout(rf.write_slime(data, tmp_path / "s"))
     (finding,) = by_code(result, "WC803")
     assert "configuration error" in finding.details["cause"]
 
 
-def test_engine_serving_other_weights_is_a_train_rollout_diff(world: dict[str, Any], tmp_path: Path) -> None:
-    data = world["shifted_engine"]
+def test_engine_serving_other_weights_is_a_train_rollout_diff(rollout_world: dict[str, Any], tmp_path: Path) -> None:
+    data = rollout_world["shifted_engine"]
     step0 = rf.framework_step0(data)
     assert step0["train_rollout_abs_diff"] > 0.1  # slime's --ci-train-rollout-logprob-abs-diff-threshold fails
     result = check_rollout(rf.write_slime(data, tmp_path / "s"))
@@ -162,8 +130,10 @@ def test_engine_serving_other_weights_is_a_train_rollout_diff(world: dict[str, A
     assert "WC802" not in codes(result) and "WC803" not in codes(result)  # actor == reference
 
 
-def test_dump_needing_an_arbitrary_class_is_refused_with_the_class_named(world: dict[str, Any], tmp_path: Path) -> None:
-    samples = [dict(s) for s in world["clean"].samples]
+def test_dump_needing_an_arbitrary_class_is_refused_with_the_class_named(
+    rollout_world: dict[str, Any], tmp_path: Path
+) -> None:
+    samples = [dict(s) for s in rollout_world["clean"].samples]
     samples[0]["metadata"] = {"adapter": argparse.Namespace(name="lora-a")}  # any object a custom hook stores
     (tmp_path / "rollout_data").mkdir()
     torch.save({"rollout_id": 0, "samples": samples}, tmp_path / "rollout_data" / "0.pt")
@@ -173,10 +143,10 @@ def test_dump_needing_an_arbitrary_class_is_refused_with_the_class_named(world: 
     assert result.exit_code() == 1
 
 
-def test_numpy_arrays_of_miles_and_relax_dumps_load(world: dict[str, Any], tmp_path: Path) -> None:
+def test_numpy_arrays_of_miles_and_relax_dumps_load(rollout_world: dict[str, Any], tmp_path: Path) -> None:
     import numpy as np
 
-    samples = [dict(s) for s in world["clean"].samples]
+    samples = [dict(s) for s in rollout_world["clean"].samples]
     for s in samples:  # R3 routing as miles/Relax keep it, and a numpy scalar reward
         s["rollout_routed_experts"] = np.zeros((len(s["tokens"]) - 1, 2, 2), dtype=np.int32)
         s["reward"] = np.float32(s["reward"])
@@ -186,8 +156,8 @@ def test_numpy_arrays_of_miles_and_relax_dumps_load(world: dict[str, Any], tmp_p
     assert result.findings == [] and result.checked["rewards"] == len(samples)
 
 
-def test_cli_formats_and_exit_codes(world: dict[str, Any], tmp_path: Path) -> None:
-    root = rf.write_miles(world["perturbed"], tmp_path / "m")
+def test_cli_formats_and_exit_codes(rollout_world: dict[str, Any], tmp_path: Path) -> None:
+    root = rf.write_miles(rollout_world["perturbed"], tmp_path / "m")
     runner = CliRunner()
     out = runner.invoke(cli, ["rollout", str(root), "--format", "json"])
     assert out.exit_code == 1, out.output
