@@ -117,8 +117,12 @@ def load_dump(path: Path, *, limit: int = MAX_DUMP_BYTES, name: str | None = Non
     else:
         extra = []
     buffer.seek(0)
+    import warnings
+
     try:
-        with torch.serialization.safe_globals(extra):
+        # torch warns about pickle protocols it may not support; a failure is reported as a finding anyway
+        with warnings.catch_warnings(), torch.serialization.safe_globals(extra):
+            warnings.simplefilter("ignore")
             return torch.load(buffer, map_location="cpu", weights_only=True)
     except Exception as exc:  # the restricted unpickler refused it, or the file is damaged
         text = str(exc)
