@@ -186,3 +186,21 @@ def test_every_rollout_rule_has_doc_and_examples() -> None:
     for rule in mine:
         assert rule.doc and rule.bad and rule.good and rule.fix_text(), rule.code
         assert rule.command in ("rollout", "doctor")
+
+
+def test_routing_replay_relaxes_to_miles_bound(rollout_world: dict[str, Any], tmp_path: Path) -> None:
+    data = rollout_world["perturbed"]
+    root = rf.write_miles(data, tmp_path / "m")
+    result = check_rollout(root, Thresholds(routing_replay=True))
+    (finding,) = by_code(result, "WC802")
+    fails = rf.framework_step0(data)["ref_diff"] >= 5e-3  # miles under --use-rollout-routing-replay
+    assert finding.severity == (Severity.ERROR if fails else Severity.WARNING)
+
+
+def test_eval_dump_is_told_apart(rollout_world: dict[str, Any], tmp_path: Path) -> None:
+    (tmp_path / "rollout_data").mkdir()
+    samples = [dict(s, reward=0.0) for s in rollout_world["clean"].samples]
+    torch.save({"rollout_id": 0, "samples": samples}, tmp_path / "rollout_data" / "eval_0.pt")
+    result = check_rollout(tmp_path)
+    (constant,) = by_code(result, "WC811")
+    assert constant.message.startswith("rollout eval_0:")

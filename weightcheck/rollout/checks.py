@@ -228,6 +228,9 @@ def check_step1_ref(dump: TrainDump, th: Thresholds, report: Report) -> None:
             f"actor and reference differ — {detail}",
             file=file,
             where=where,
+            # Under routing replay the reference does not replay the routes, so the two legitimately differ
+            # (miles relaxes its assertion to 5e-3): only the assertion's verdict makes it an error then.
+            severity=Severity.WARNING if th.routing_replay and not assertion_fails else None,
             cause="reference model differs from the actor (--ref-load vs --load, a layer not loaded or converted "
             "differently)",
             **common,

@@ -373,6 +373,8 @@ def read_dumps(
             out.problems.append(Problem(file, "not a rollout or train dump (no 'samples' list or 'rollout_data' dict)"))
             continue
         rollout_id = payload.get("rollout_id")
+        if path.stem.startswith("eval_"):  # eval rollouts carry the train rollout's id; the file name tells them apart
+            rollout_id = path.stem
         if layout.startswith("rollout:"):
             samples_raw = payload["samples"]
             samples = [
