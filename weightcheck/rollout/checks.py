@@ -92,12 +92,14 @@ class Report:
 
         rule = get_rule(code)
         assert rule is not None, code
+        cause = details.get("cause")
         self.findings.append(
             Finding(
                 code=code,
                 name=rule.name,
                 severity=severity or rule.severity,
-                message=message,
+                # the guides' cause this points at, in the text report too
+                message=f"{message} [points at: {cause}]" if cause else message,
                 location=Location(file=file, tensor=where),
                 details={k: v for k, v in details.items() if v is not None},
             )
@@ -568,6 +570,11 @@ def run_checks(dumps: DumpSet, th: Thresholds, enabled: Callable[[str], bool] | 
         )
     elif step1 and "step1_samples" not in report.checked:
         report.notes.append("step-1 check not run: the train dump has no ref_log_probs (no reference model loaded?)")
+    if not dumps.trains and dumps.rollouts:
+        report.notes.append(
+            "no train dump: log_probs vs ref_log_probs and trainer vs engine log-probs not checked "
+            "(the run needs --save-debug-train-data or --dump-details)"
+        )
     for dump in dumps.trains:
         check_train_rollout(dump, th, report)
     trains_by_id = {str(d.rollout_id): d for d in dumps.trains}
