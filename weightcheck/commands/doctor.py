@@ -65,19 +65,27 @@ def doctor(
     settings = resolve_settings(run, config_path, command=None, select=select, ignore=ignore, fail_on=fail_on, fmt=fmt)
     where = f" in {settings.source}" if settings.source else ""
     th = thresholds_from(settings.rollout, values, where)
-    if not run.exists():
-        raise click.UsageError(f"{run} does not exist")
-    for option, value in (
-        ("--checkpoint", checkpoint),
-        ("--records", records),
-        ("--dumps", dumps),
-        ("--manifests", manifests),
-        *(("--load", p) for p in load),
-        *(("--log", p) for p in log),
-    ):
+    # A missing path is "nothing checked" for its line (exit 3 when nothing at all was), as for lint.
+    missing: list[str] = []
+
+    def present(option: str, value: Path | None) -> Path | None:
         if value is not None and not value.exists():
-            raise click.UsageError(f"{option} {value} does not exist")
+            missing.append(f"{option} {value} does not exist")
+            return None
+        return value
+
+    checkpoint, records, dumps, manifests = (
+        present("--checkpoint", checkpoint),
+        present("--records", records),
+        present("--dumps", dumps),
+        present("--manifests", manifests),
+    )
+    load = tuple(p for p in load if present("--load", p) is not None)
+    log = tuple(p for p in log if present("--log", p) is not None)
+    if not run.exists():
+        missing.append(f"{run} does not exist")
     inputs = discover(run, checkpoint=checkpoint, load=load, records=records, manifests=manifests, dumps=dumps, log=log)
+    inputs.notes.extend(missing)
     lines: list[Any] = []
     try:
         result, lines = run_doctor(inputs, thresholds=th, select=settings.select, ignore=settings.ignore)

@@ -87,8 +87,6 @@ def rollout(
     )
     where = f" in {settings.source}" if settings.source else ""
     th = thresholds_from(settings.rollout, values, where)
-    if not dumps.exists():
-        raise click.UsageError(f"{dumps} does not exist")
     try:
         result = check_rollout(dumps, th, select=settings.select, ignore=settings.ignore)
     except Exception as exc:  # a bug must surface as exit 2 with the usual report, not a traceback

@@ -105,7 +105,8 @@ def check_rollout_verdicts(
     result.findings.extend(report.findings)
     result.notes.extend(report.notes)
     result.checked = {"files": dumps.files_read, **report.checked}
-    result.checked["samples"] = sum(len(d.samples) for d in dumps.rollouts) + sum(len(d.samples) for d in dumps.trains)
+    result.checked["samples"] = sum(len(d.samples) for d in dumps.rollouts)
+    result.checked["train_samples"] = sum(len(d.samples) for d in dumps.trains)
     # Files were read but no check had anything to look at (empty dumps): not a pass. A refused dump is a
     # finding (WC800), a verdict on that file.
     if not report.checked and not result.findings:
