@@ -6,6 +6,7 @@ a trainer log without Megatron's load line and an SGLang log with an illegal mem
 from __future__ import annotations
 
 import json
+import os
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -135,3 +136,34 @@ def test_cli_text_and_json(run_dir: Path) -> None:
     doc = json.loads(runner.invoke(cli, ["doctor", str(run_dir), "--format", "json"]).output)
     assert [line["key"] for line in doc["checklist"]] == [key for key, _ in CHECKLIST]
     assert doc["checklist"][3]["verdict"] == "not checked" and doc["checklist"][3]["not_checked_because"]
+
+
+def test_log_signal_phrases_each_on_the_log_line(tmp_path: Path) -> None:
+    """Lines in the form their writers print them (torch ProcessGroupNCCL's watchdog, Ray's exception names,
+    an inductor traceback ending in JSONDecodeError); an env dump naming NCCL_TIMEOUT is not a timeout."""
+    logs = tmp_path / "ray" / "session_latest" / "logs"
+    logs.mkdir(parents=True)
+    (logs / "worker-01.err").write_text(
+        "NCCL_TIMEOUT=900 NCCL_DEBUG=INFO\n"
+        "[rank3]:[E1120 10:00:00.1 ProcessGroupNCCL.cpp:632] [Rank 3] Watchdog caught collective operation timeout: "
+        "WorkNCCL(SeqNum=5, OpType=BROADCAST, NumelIn=1, NumelOut=1, Timeout(ms)=600000) ran for 600081 milliseconds "
+        "before timing out.\n"
+    )
+    (logs / "worker-02.err").write_text(
+        "Traceback (most recent call last):\n"
+        '  File "/usr/lib/python3/site-packages/torch/_inductor/codecache.py", line 5042, in load\n'
+        "    cmd_parts, error_output = json.loads(cache_entry.error_json)\n"
+        "json.decoder.JSONDecodeError: Expecting value: line 1 column 1 (char 0)\n"
+    )
+    (logs / "driver.out").write_text("ray.exceptions.WorkerCrashedError: The worker died unexpectedly\n")
+    (logs / "other.err").write_text("json.decoder.JSONDecodeError: unrelated to the compiler\n")
+    os.mkfifo(logs / "stuck.log")  # a FIFO must not hang the read
+    (logs / "long.log").write_bytes(b"x" * (3 * 64 * 1024) + b"\nillegal memory access\n")
+    result, lines = api.doctor(tmp_path, config=False)
+    by = {f.code: f for f in result.findings}
+    assert by["WC853"].location.file.endswith("worker-01.err") and "worker-01.err:2" in by["WC853"].message
+    assert "worker-02.err:4" in by["WC854"].message and "other.err" not in by["WC854"].message
+    assert "driver.out:1" in by["WC852"].message
+    assert "long.log:2" in by["WC851"].message  # the over-long line is skipped, the next one still read
+    assert any("stuck.log" in n for n in result.notes)
+    assert next(x for x in lines if x.key == "log-signals").verdict == PROBLEM

@@ -215,14 +215,12 @@ class Signal:
 SIGNALS = (
     Signal("WC851", "illegal-memory-access", re.compile(r"illegal memory access", re.I)),
     Signal("WC852", "worker-crashed", re.compile(r"WorkerCrashed|RaySystemError")),
+    # torch ProcessGroupNCCL's watchdog: "[Rank N] Watchdog caught collective operation timeout: WorkNCCL(...)"
+    # and its abort message; an env dump such as NCCL_TIMEOUT=900 must not match.
     Signal(
         "WC853",
         "nccl-timeout",
-        re.compile(
-            r"Watchdog caught collective operation timeout|NCCL (?:communicator )?timeout|NCCL_TIMEOUT|ncclTimeout"
-            r"|timed out.*NCCL|NCCL.*timed out",
-            re.I,
-        ),
+        re.compile(r"Watchdog caught collective operation timeout|Some NCCL operations have failed or timed out"),
     ),
     Signal(None, "weight-sync", re.compile(r"weight_sync")),
 )

@@ -333,7 +333,8 @@ _rule(
     "A collective timed out (NCCL watchdog).",
     """
     miles: "NCCL hang during weight sync — NCCL_TIMEOUT=900; check NCCL_DEBUG=INFO". Matched on the NCCL
-    watchdog's messages (`Watchdog caught collective operation timeout`, `NCCL timeout`).
+    watchdog's messages (`Watchdog caught collective operation timeout`, `Some NCCL operations have failed or
+    timed out`, torch `ProcessGroupNCCL.cpp`).
     """,
     "trainer.log:2210: [Rank 3] Watchdog caught collective operation timeout: WorkNCCL(SeqNum=5, OpType=BROADCAST)",
     "(no such line)",
