@@ -96,45 +96,33 @@ def load_dump(path: Path, *, limit: int = MAX_DUMP_BYTES, name: str | None = Non
     except safe_io.UnsafePath as exc:
         raise DumpRefused(label, exc.reason) from None
     buffer = io.BytesIO(raw)
-    try:
-        needed = torch.serialization.get_unsafe_globals_in_checkpoint(buffer)
-    except Exception as exc:  # not a zip-format torch file (legacy pickle, garbage): weights_only decides below
-        needed = None
-        probe_error = f"{type(exc).__name__}: {str(exc)[:200]}"
-    else:
-        probe_error = ""
-    if needed is not None:
-        refused = sorted(g for g in needed if not _allowed(g))
-        if refused:
-            raise DumpRefused(
-                label,
-                "needs unpickling of " + ", ".join(refused) + " (weightcheck only loads with weights_only=True)",
-                refused,
-            )
-        extra = [obj for obj in (_resolve_numpy(g) for g in needed) if obj is not None]
-        if extra:
-            extra.extend(_numpy_dtype_classes())
-    else:
-        extra = []
-    buffer.seek(0)
+    # Common case first: the restricted unpickler with the numpy allow-list. Only when it refuses is the
+    # pickle scanned for every global it would import (a second pass, so the refusal can name them all).
+    allowed = [obj for obj in (_resolve_numpy(g) for g in _NUMPY_SAFE) if obj is not None]
+    allowed += _numpy_dtype_classes()
     import warnings
 
     try:
         # torch warns about pickle protocols it may not support; a failure is reported as a finding anyway
-        with warnings.catch_warnings(), torch.serialization.safe_globals(extra):
+        with warnings.catch_warnings(), torch.serialization.safe_globals(allowed):
             warnings.simplefilter("ignore")
             return torch.load(buffer, map_location="cpu", weights_only=True)
     except Exception as exc:  # the restricted unpickler refused it, or the file is damaged
         text = str(exc)
-        hint = f" ({probe_error})" if probe_error and "weights_only" not in text else ""
-        unsafe = _globals_in_message(text)
-        first_line = text.splitlines()[0][:240] if text else ""
-        reason = (
-            "needs unpickling of " + ", ".join(unsafe) + " (weightcheck only loads with weights_only=True)"
-            if unsafe
-            else f"cannot be loaded with weights_only=True: {type(exc).__name__}: {first_line}"
+        error = f"{type(exc).__name__}: {text.splitlines()[0][:240] if text else ''}"
+    buffer.seek(0)
+    try:
+        needed = torch.serialization.get_unsafe_globals_in_checkpoint(buffer)
+    except Exception:  # not a zip-format torch file: the restricted unpickler's message is all there is
+        needed = _globals_in_message(text)
+    refused = sorted(g for g in needed if not _allowed(g)) or _globals_in_message(text)
+    if refused:
+        raise DumpRefused(
+            label,
+            "needs unpickling of " + ", ".join(refused) + " (weightcheck only loads with weights_only=True)",
+            refused,
         )
-        raise DumpRefused(label, reason + hint, unsafe) from None
+    raise DumpRefused(label, f"cannot be loaded with weights_only=True: {error}")
 
 
 def _globals_in_message(text: str) -> list[str]:
@@ -207,13 +195,15 @@ def as_float_list(value: Any) -> list[float] | None:
     if value is None:
         return None
     if hasattr(value, "detach"):
-        value = value.detach().to("cpu").float().reshape(-1).tolist()
+        value = value.detach().to("cpu").double().reshape(-1).tolist()
     elif hasattr(value, "tolist") and not isinstance(value, (list, tuple)):
         value = value.tolist()
         if not isinstance(value, list):
             value = [value]
     if not isinstance(value, (list, tuple)):
         return None
+    if all(type(item) in (float, int) for item in value):  # the usual case, without a per-item try
+        return [float(item) for item in value]
     out: list[float] = []
     for item in value:
         if isinstance(item, bool) or not isinstance(item, (int, float)):
@@ -226,6 +216,11 @@ def as_float_list(value: Any) -> list[float] | None:
 
 
 def as_int_list(value: Any) -> list[int] | None:
+    if isinstance(value, list) and all(type(item) is int for item in value):  # token ids as the dumps hold them
+        return list(value)
+    if hasattr(value, "dtype") and not getattr(value.dtype, "is_floating_point", True) and hasattr(value, "tolist"):
+        out = value.tolist()  # an integer tensor: exact, no float round trip
+        return out if isinstance(out, list) and all(type(x) is int for x in out) else None
     floats = as_float_list(value)
     if floats is None:
         return None
