@@ -71,6 +71,7 @@ def run_dir(rollout_world: dict[str, Any], tmp_path: Path) -> Iterator[Path]:
 
 
 def test_doctor_names_each_planted_problem_on_its_line(run_dir: Path) -> None:
+    (run_dir / "checkpoint" / "merges.txt").write_text("illegal memory access\n")  # a tokenizer file, not a log
     result, lines = api.doctor(run_dir, config=False)
     assert [line.key for line in lines] == [key for key, _ in CHECKLIST]  # the guides' order
     verdicts = {line.key: line for line in lines}
@@ -93,6 +94,7 @@ def test_doctor_names_each_planted_problem_on_its_line(run_dir: Path) -> None:
     logs = verdicts["log-signals"]
     assert logs.verdict == PROBLEM and any("WC851" in e and "sglang.log:3" in e for e in logs.evidence)
     assert any("1 weight_sync event line" in e for e in logs.evidence)
+    assert any("2 log file(s)" in e for e in logs.evidence)
     assert {"WC850", "WC725", "WC802", "WC851"} <= {f.code for f in result.findings}
     assert result.exit_code() == 1
 

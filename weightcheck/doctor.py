@@ -200,6 +200,9 @@ def discover(run: Path, **given: Any) -> RunInputs:
     inputs.records = given.get("records") or found_records
     inputs.manifests = given.get("manifests") or found_manifests
     inputs.dumps = given.get("dumps") or found_dumps
+    # Text files inside the checkpoint or the dumps (merges.txt, vocab.txt) are not logs.
+    inside = [p for p in (inputs.checkpoint, inputs.dumps) if p is not None]
+    logs = [p for p in logs if not any(folder in p.parents for folder in inside)]
     inputs.logs = list(given.get("log") or ()) or sorted(logs)
     return inputs
 
