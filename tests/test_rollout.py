@@ -204,3 +204,45 @@ def test_eval_dump_is_told_apart(rollout_world: dict[str, Any], tmp_path: Path) 
     result = check_rollout(tmp_path)
     (constant,) = by_code(result, "WC811")
     assert constant.message.startswith("rollout eval_0:")
+
+
+def _rollout_dump(path: Path, samples: list[dict[str, Any]]) -> Path:
+    """A rollout dump as slime's save_debug_rollout_data writes it."""
+    path.mkdir(parents=True)
+    torch.save({"rollout_id": 0, "samples": samples}, path / "0.pt")
+    return path
+
+
+def test_degenerate_rewards_and_masks(rollout_world: dict[str, Any], tmp_path: Path) -> None:
+    clean = [dict(s) for s in rollout_world["clean"].samples]
+    assert check_rollout(_rollout_dump(tmp_path / "good", clean)).findings == []
+
+    looping = [dict(s) for s in clean]
+    s = looping[3]
+    prompt = s["tokens"][: len(s["tokens"]) - s["response_length"]]
+    loop = [rf.FIRST_WORD, rf.FIRST_WORD + 1, rf.FIRST_WORD + 2] * 14  # a 3-token n-gram, 42 tokens
+    rows = rf.full_log_probs(rollout_world["model"], prompt + loop, len(loop))
+    s.update(tokens=prompt + loop, response_length=len(loop), loss_mask=[1] * len(loop), rollout_log_probs=rows)
+    (finding,) = by_code(check_rollout(_rollout_dump(tmp_path / "loop", looping)), "WC809")
+    assert "sample 3 (index 3) tokens 0..41 repeat a 3-token n-gram 14 times" in finding.message
+
+    nan = [dict(s) for s in clean]
+    nan[5]["reward"] = float("nan")
+    (finding,) = by_code(check_rollout(_rollout_dump(tmp_path / "nan", nan)), "WC810")
+    assert finding.details["samples"] == [5]
+
+    masks = [dict(s) for s in clean]
+    masks[2]["loss_mask"] = masks[2]["loss_mask"][:-1]
+    (finding,) = by_code(check_rollout(_rollout_dump(tmp_path / "mask", masks)), "WC812")
+    assert "loss_mask has 1 entries, response_length 2" in finding.message
+
+    empty = [dict(s) for s in clean]
+    empty[0].update(
+        tokens=empty[0]["tokens"][: -empty[0]["response_length"]],
+        response_length=0,
+        loss_mask=[],
+        rollout_log_probs=[],
+        response="",
+        status="aborted",
+    )
+    assert "WC807" in codes(check_rollout(_rollout_dump(tmp_path / "empty", empty)))
