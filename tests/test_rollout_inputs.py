@@ -140,3 +140,12 @@ def test_rules_listing_is_light() -> None:
     )
     assert proc.returncode == 0, proc.stderr
     assert "WC802" in proc.stdout and "step1-kl-elevated" in proc.stdout and "WC850" in proc.stdout
+
+
+def test_pt_dumps_without_torch_are_one_usage_error(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    from weightcheck import deps
+
+    torch.save({"rollout_id": 0, "samples": []}, tmp_path / "0.pt")
+    monkeypatch.setattr(deps, "installed", lambda module: module != "torch")
+    with pytest.raises(deps.MissingDependency, match=r"weightcheck\[content\]"):
+        check_rollout(tmp_path)

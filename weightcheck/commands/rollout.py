@@ -80,6 +80,7 @@ def rollout(
     DUMPS: a --dump-details folder (rollout_data/, train_data/), a folder of dumps, one .pt file, or a Relax
     rollout_result/ folder of JSONL files. Dumps are loaded with torch.load(weights_only=True) only.
     """
+    from weightcheck.deps import MissingDependency
     from weightcheck.rollout import check_rollout
 
     settings = resolve_settings(
@@ -89,6 +90,8 @@ def rollout(
     th = thresholds_from(settings.rollout, values, where)
     try:
         result = check_rollout(dumps, th, select=settings.select, ignore=settings.ignore)
+    except MissingDependency:
+        raise
     except Exception as exc:  # a bug must surface as exit 2 with the usual report, not a traceback
         result = Result(target=str(dumps), command="rollout")
         result.findings.append(internal_error("rollout", exc))

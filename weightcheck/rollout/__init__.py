@@ -92,6 +92,10 @@ def check_rollout_verdicts(
         result.nothing_checked = True
         result.notes.append(f"no rollout or train dump (.pt, .jsonl) found under {target}")
         return result, {}
+    if any(p.suffix == ".pt" for p in paths):
+        from weightcheck.deps import require
+
+        require("rollout on .pt dumps", "content", ("torch",))  # one usage error, not a crash per file
     root = target if target.is_dir() else target.parent
     dumps = read_dumps(paths, reward_key=th.reward_key, root=root)
     rules = all_rules()
