@@ -149,3 +149,50 @@ def test_pt_dumps_without_torch_are_one_usage_error(tmp_path: Path, monkeypatch:
     monkeypatch.setattr(deps, "installed", lambda module: module != "torch")
     with pytest.raises(deps.MissingDependency, match=r"weightcheck\[content\]"):
         check_rollout(tmp_path)
+
+
+def miles_parquet(rollout_world: dict[str, Any], root: Path, samples: list[dict[str, Any]]) -> Path:
+    """miles's dashboard_columns sidecar: the schema of `save_dashboard_columns` (radixark/miles@31f1ca96
+    `miles/ray/rollout/debug_data.py`). miles writes it with polars; pyarrow writes the same parquet schema."""
+    pa = pytest.importorskip("pyarrow")
+    import pyarrow.parquet as pq
+
+    schema = pa.schema(
+        [
+            ("sample_index", pa.int32()),
+            ("response_length", pa.int32()),
+            ("total_length", pa.int32()),
+            ("tokens", pa.list_(pa.int32())),
+            ("loss_mask", pa.list_(pa.int8())),
+            ("rollout_log_probs", pa.list_(pa.float32())),
+        ]
+    )
+    rows = [
+        dict(
+            sample_index=s["index"],
+            response_length=s["response_length"],
+            total_length=len(s["tokens"]),
+            tokens=s["tokens"],
+            loss_mask=s["loss_mask"],
+            rollout_log_probs=s["rollout_log_probs"],
+        )
+        for s in samples
+    ]
+    (root / "dashboard_columns").mkdir(parents=True)
+    pq.write_table(pa.Table.from_pylist(rows, schema=schema), root / "dashboard_columns" / "rollout_0.parquet")
+    return root
+
+
+def test_miles_parquet_sidecar(rollout_world: dict[str, Any], tmp_path: Path) -> None:
+    clean = miles_parquet(rollout_world, tmp_path / "clean", rollout_world["clean"].samples)
+    result = check_rollout(clean)
+    assert result.findings == [] and result.checked["nll_tokens"] > 0
+    bad = miles_parquet(rollout_world, tmp_path / "bad", rollout_world["retemplated"].samples)
+    assert "WC805" in codes(check_rollout(bad))  # the template signature from the torch-free sidecar alone
+    # Beside the .pt rollout dump it mirrors, the sidecar is not read twice.
+    (bad / "rollout_data").mkdir()
+    torch.save(
+        dict(rollout_id=0, metadata={}, samples=rollout_world["retemplated"].samples), bad / "rollout_data" / "0.pt"
+    )
+    both = check_rollout(bad)
+    assert [f.code for f in both.findings].count("WC805") == 1

@@ -16,15 +16,15 @@ from weightcheck.rollout.checks import Thresholds
 __all__ = ["Thresholds", "check_rollout", "check_rollout_verdicts", "discover"]
 
 # Folders a `--dump-details` directory (or a run directory) holds that are not dumps weightcheck reads.
-_SKIP_DIRS = {"tokenizer", "events", "trajectory", "policy_loss_debug", "dashboard_columns", "__pycache__"}
+_SKIP_DIRS = {"tokenizer", "events", "trajectory", "policy_loss_debug", "__pycache__"}
 _MAX_FILES = 10_000
 _MAX_DEPTH = 4
 
 
 def discover(target: Path) -> tuple[list[Path], list[str]]:
     """Dump files under `target` (a file, a `--dump-details` folder, a folder of `.pt` files, a Relax
-    `rollout_result/` folder): `.pt` and `.jsonl` files, symlinks out of the folder refused. Returns
-    (paths, notes)."""
+    `rollout_result/` folder): `.pt` and `.jsonl` files, and miles's `dashboard_columns/rollout_{id}.parquet`;
+    symlinks out of the folder refused. Returns (paths, notes)."""
     notes: list[str] = []
     if target.is_file():
         return [target], notes
@@ -51,7 +51,9 @@ def discover(target: Path) -> tuple[list[Path], list[str]]:
                 if entry.name in _SKIP_DIRS or depth + 1 > _MAX_DEPTH:
                     continue
                 stack.append((entry, depth + 1))
-            elif entry.suffix in (".pt", ".jsonl"):
+            elif entry.suffix in (".pt", ".jsonl") or (
+                entry.suffix == ".parquet" and entry.parent.name == "dashboard_columns"
+            ):
                 found.append(entry)
                 if len(found) >= _MAX_FILES:
                     notes.append(f"more than {_MAX_FILES} dump files: only the first {_MAX_FILES} are read")

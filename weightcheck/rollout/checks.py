@@ -555,6 +555,7 @@ def check_rewards(dump: RolloutDump, report: Report) -> None:
 # ---------------------------------------------------------------- entry point
 def run_checks(dumps: DumpSet, th: Thresholds, enabled: Callable[[str], bool] | None = None) -> Report:
     report = Report()
+    report.notes.extend(dumps.notes)
     for problem in dumps.problems:
         code = "WC813" if problem.kind == "ranks" else "WC800"
         msg = problem.message

@@ -28,7 +28,14 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from weightcheck.rollout.loading import DumpRefused, as_float_list, as_int_list, load_dump, read_jsonl
+from weightcheck.rollout.loading import (
+    DumpRefused,
+    as_float_list,
+    as_int_list,
+    load_dump,
+    read_jsonl,
+    read_parquet_rows,
+)
 
 # Per-token train fields that miles slices by context-parallel rank (miles `slice_log_prob_with_cp` callers).
 _CP_FIELDS = ("log_probs", "ref_log_probs", "rollout_log_probs", "advantages", "returns", "values", "entropy", "kl")
@@ -108,6 +115,7 @@ class DumpSet:
     trains: list[TrainDump] = field(default_factory=list)
     problems: list[Problem] = field(default_factory=list)
     files_read: int = 0
+    notes: list[str] = field(default_factory=list)
 
 
 def _int(value: Any) -> int | None:
@@ -361,6 +369,9 @@ def read_dumps(
             if samples:
                 out.rollouts.append(RolloutDump(file, _stem_id(path), "relax-jsonl", samples))
             continue
+        if path.suffix == ".parquet":
+            _read_parquet(path, file, out)
+            continue
         try:
             payload = load_dump(path, name=file, **({"limit": limit} if limit else {}))
         except DumpRefused as exc:
@@ -390,12 +401,44 @@ def read_dumps(
             per_rank.setdefault((str(path.parent), rollout_id), []).append((file, payload))
         else:
             per_rank_samples.setdefault((str(path.parent), rollout_id), []).append((file, payload))
+    # miles's parquet sidecar mirrors its .pt rollout dump: read only where the .pt of that rollout is absent.
+    have = {str(d.rollout_id) for d in out.rollouts if d.framework != "miles-parquet"}
+    out.rollouts = [d for d in out.rollouts if d.framework != "miles-parquet" or str(d.rollout_id) not in have]
     for (_, rollout_id), files in per_rank.items():
         merged = _merge_miles(sorted(files, key=lambda f: _int(f[1].get("rank")) or 0), out.problems)
         out.trains.append(TrainDump([f for f, _ in files], rollout_id, "miles", merged))
     for (_, rollout_id), files in per_rank_samples.items():
         out.trains.append(TrainDump([f for f, _ in files], rollout_id, "relax", _merge_relax(files, out.problems)))
     return out
+
+
+def _read_parquet(path: Path, file: str, out: DumpSet) -> None:
+    """miles `dashboard_columns/rollout_{id}.parquet` (`miles/ray/rollout/debug_data.py:save_dashboard_columns`:
+    sample_index, response_length, total_length, tokens, loss_mask, rollout_log_probs), when pyarrow is there."""
+    try:
+        rows = read_parquet_rows(path)
+    except DumpRefused as exc:
+        out.files_read += 1
+        out.problems.append(Problem(file, exc.reason))
+        return
+    if rows is None:
+        out.notes.append(f"{file}: not read (pyarrow is not installed)")
+        return
+    out.files_read += 1
+    samples = [
+        RolloutSample(
+            file=file,
+            position=i,
+            index=_int(row.get("sample_index")),
+            tokens=as_int_list(row.get("tokens")),
+            response_length=_int(row.get("response_length")),
+            loss_mask=as_int_list(row.get("loss_mask")),
+            rollout_log_probs=as_float_list(row.get("rollout_log_probs")),
+        )
+        for i, row in enumerate(rows)
+    ]
+    stem = path.stem.removeprefix("rollout_")
+    out.rollouts.append(RolloutDump(file, int(stem) if stem.isdigit() else stem, "miles-parquet", samples))
 
 
 def _merge_relax(files: list[tuple[str, dict[str, Any]]], problems: list[Problem]) -> list[TrainSample]:
