@@ -331,9 +331,8 @@ def _merge_miles(files: list[tuple[str, dict[str, Any]]], problems: list[Problem
                             file, f"sample {order[key]}: {name} CP slices do not fit the zigzag layout", kind="ranks"
                         )
                     )
-                    full = None
                 if hasattr(base, name):  # TrainSample keeps the per-token fields the checks read
-                    setattr(base, name, full)
+                    setattr(base, name, full if ok else None)
         samples.append(base)
     return samples
 
