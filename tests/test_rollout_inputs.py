@@ -196,3 +196,21 @@ def test_miles_parquet_sidecar(rollout_world: dict[str, Any], tmp_path: Path) ->
     )
     both = check_rollout(bad)
     assert [f.code for f in both.findings].count("WC805") == 1
+
+
+@pytest.mark.parametrize(
+    ("prompt", "doubled"),
+    [
+        ("<s>[INST] What is 2+2? [/INST]", False),  # Mistral / Llama-2 opening
+        ("<s>[INST] a [/INST] b</s><s>[INST] c [/INST]", False),  # their multi-turn form
+        ("<|im_start|>system\nS<|im_end|>\n<|im_start|>user\nQ<|im_end|>\n<|im_start|>assistant\n", False),
+        ("<|begin_of_text|><|start_header_id|>user<|end_header_id|>\n\nQ<|eot_id|>", False),
+        ("<s><s>[INST] What is 2+2? [/INST]", True),
+        ("<|begin_of_text|><|begin_of_text|><|start_header_id|>user<|end_header_id|>\n\nQ", True),
+        ("<|im_start|>user\n<|im_start|>system\nS<|im_end|>\n<|im_start|>user\nQ<|im_end|>\n<|im_end|>\n", True),
+    ],
+)
+def test_double_template_markers(prompt: str, doubled: bool) -> None:
+    from weightcheck.rollout.checks import double_template
+
+    assert (double_template(prompt) is not None) is doubled

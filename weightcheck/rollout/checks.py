@@ -361,7 +361,9 @@ def double_template(prompt: str) -> str | None:
     for marker in _BOT:
         if prompt.count(marker) >= 2:
             return f"{marker!r} appears {prompt.count(marker)} times"
-    if prompt.startswith("<s>") and prompt.count("<s>") >= 2 and prompt[3:].lstrip().startswith(("<s>", "[INST]")):
+    # "<s>[INST]" is Llama-2/Mistral's normal opening (and every turn of theirs repeats it): only a doubled
+    # "<s><s>" at the very start is a second template.
+    if prompt.startswith("<s>") and prompt[3:].lstrip().startswith("<s>"):
         return "'<s>' appears twice at the start"
     for marker in _SYSTEM:
         if prompt.count(marker) >= 2:
