@@ -7,8 +7,9 @@ from __future__ import annotations
 
 import json
 import shutil
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -158,3 +159,38 @@ def make_quant(_built_quantized: Callable[..., Path], tmp_path: Path) -> Callabl
         return dest
 
     return make
+
+
+# ---- weightcheck rollout / doctor: a tiny Qwen2 fine-tuned on a toy chat template (tests/rollout_fixtures.py)
+@pytest.fixture(scope="session")
+def rollout_world() -> Iterator[dict[str, Any]]:
+    """The trained tiny model and the rollouts every case writes (built once: ~1 minute on a shared CPU)."""
+    import rollout_fixtures as rf
+    import torch
+
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)  # tiny matrices: threads only contend with the other test workers
+    try:
+        model = rf.build_model()
+        # The first sampling seed whose rewards vary within a prompt group: a real GRPO batch has such
+        # groups; one where every group is constant is itself a finding (WC811).
+        seed, clean = next(
+            (seed, r)
+            for seed, r in ((seed, rf.make_rollout(model, seed=seed)) for seed in range(1, 40))
+            if rf.varied(r)
+        )
+        # Preconditions that make a clean verdict mean something: the model follows its template (low
+        # per-token NLL, completed answers).
+        assert rf.framework_step0(clean)["mean_log_probs"] > -0.8, rf.framework_step0(clean)
+        assert all(s["status"] == "completed" for s in clean.samples)
+        yield {
+            "model": model,
+            "clean": clean,
+            "retemplated": rf.make_rollout(model, retemplated=True),
+            "perturbed": rf.with_reference(clean, rf.perturbed(model, layer=1, scale=4.0)),
+            "jitter": rf.with_jittered_reference(clean, model),
+            "swapped": rf.with_reference(clean, rf.tp_shards_swapped(model)),
+            "shifted_engine": rf.served_by(rf.pp_shifted(model), model, seed=seed),
+        }
+    finally:
+        torch.set_num_threads(threads)

@@ -341,3 +341,59 @@ def verify(
                 )
             )
     return _noted(result, settings, baseline, write_baseline)
+
+
+def rollout(
+    dumps: PathLike,
+    *,
+    thresholds: dict[str, Any] | None = None,
+    select: Iterable[str] | None = None,
+    ignore: Iterable[str] | None = None,
+    config: ConfigArg = None,
+) -> Result:
+    """`weightcheck rollout DUMPS`: the step-1 checks on rollout/train debug dumps (needs torch for `.pt`).
+    `thresholds` uses the config file's `[tool.weightcheck.rollout]` keys (`ref-tol`, `jitter-kl`, ...)."""
+    from weightcheck.rollout import Thresholds, check_rollout
+
+    root = Path(dumps)
+    settings = _settings(root, config, "rollout", select, ignore)
+    th = Thresholds().updated(settings.rollout).updated(thresholds or {})
+    return _noted(check_rollout(root, th, select=settings.select, ignore=settings.ignore), settings)
+
+
+def doctor(
+    run: PathLike,
+    *,
+    checkpoint: PathLike | None = None,
+    load: Iterable[PathLike] = (),
+    records: PathLike | None = None,
+    manifests: PathLike | None = None,
+    dumps: PathLike | None = None,
+    log: Iterable[PathLike] = (),
+    thresholds: dict[str, Any] | None = None,
+    config: ConfigArg = None,
+) -> tuple[Result, list[Any]]:
+    """`weightcheck doctor RUN`: the guides' step-1 checklist for one run. Returns the Result (every finding)
+    and the checklist lines (`weightcheck.doctor.Line`: key, title, verdict, evidence, next_step)."""
+    from weightcheck.doctor import discover
+    from weightcheck.doctor import doctor as run_doctor
+    from weightcheck.rollout import Thresholds
+
+    root = Path(run)
+    settings = _settings(root, config, "doctor", None, None)
+    th = Thresholds().updated(settings.rollout).updated(thresholds or {})
+
+    def opt(value: PathLike | None) -> Path | None:
+        return Path(value) if value is not None else None
+
+    inputs = discover(
+        root,
+        checkpoint=opt(checkpoint),
+        load=[Path(p) for p in load],
+        records=opt(records),
+        manifests=opt(manifests),
+        dumps=opt(dumps),
+        log=[Path(p) for p in log],
+    )
+    result, lines = run_doctor(inputs, thresholds=th, select=settings.select, ignore=settings.ignore)
+    return _noted(result, settings), lines

@@ -324,6 +324,8 @@ LAZY_COMMANDS: dict[str, str] = {
     "diff": "weightcheck.commands.diff",
     "verify": "weightcheck.commands.verify",
     "explain-ignore": "weightcheck.commands.quant",
+    "rollout": "weightcheck.commands.rollout",
+    "doctor": "weightcheck.commands.doctor",
 }
 COMMAND_MODULES = tuple(dict.fromkeys(LAZY_COMMANDS.values()))
 

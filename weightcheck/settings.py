@@ -33,6 +33,8 @@ else:  # pragma: no cover
 KNOWN_KEYS = {"select", "ignore", "extend-select", "fail-on", "format", "pattern", "allow-skip", "map", "validate-with"}
 # Suppression and targets (see docs/suppression.md).
 KNOWN_KEYS |= {"per-tensor-ignores", "consumers", "baseline"}
+# `weightcheck rollout` thresholds: a `[tool.weightcheck.rollout]` table, keys checked by weightcheck.rollout.
+KNOWN_KEYS |= {"rollout"}
 
 
 class SettingsError(ValueError):
@@ -52,6 +54,8 @@ class Settings:
     per_tensor_ignores: dict[str, list[str]] = field(default_factory=dict)
     consumers: list[str] | None = None
     baseline: str | None = None
+    # `[tool.weightcheck.rollout]`: threshold overrides for `weightcheck rollout` (validated there).
+    rollout: dict[str, Any] = field(default_factory=dict)
     source: str | None = None
     # A settings file found inside the target and not applied (see the module docstring).
     not_applied: str | None = None
@@ -204,6 +208,10 @@ def load_settings(target: Path | None = None, explicit: Path | None = None) -> S
     if "map" in table:
         settings.map = _str_list(table["map"], "map")
     _load_triage(settings, table, path)
+    if "rollout" in table:
+        if not isinstance(table["rollout"], dict):
+            raise SettingsError(f"{where}: rollout must be a table of thresholds")
+        settings.rollout = dict(table["rollout"])
     return settings
 
 

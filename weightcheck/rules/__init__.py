@@ -33,6 +33,7 @@ RULE_MODULES = (
     "weightcheck.rules.expert_layout",
     "weightcheck.rules.content",
     "weightcheck.rules.verify",
+    "weightcheck.rules.rollout",
     "weightcheck.fixes",
 )
 
@@ -45,6 +46,7 @@ FAMILIES = {
     "WC5": "dtype and shape",
     "WC6": "tensor content",
     "WC7": "diff and live-sync verification",
+    "WC8": "rollout dumps and run diagnosis (rollout, doctor)",
 }
 
 
