@@ -350,15 +350,21 @@ def rollout(
     select: Iterable[str] | None = None,
     ignore: Iterable[str] | None = None,
     config: ConfigArg = None,
+    fail_on: str | Severity | None = None,
+    consumers: Iterable[str] | None = None,
+    baseline: PathLike | None = None,
+    write_baseline: PathLike | None = None,
 ) -> Result:
     """`weightcheck rollout DUMPS`: the step-1 checks on rollout/train debug dumps (needs torch for `.pt`).
-    `thresholds` uses the config file's `[tool.weightcheck.rollout]` keys (`ref-tol`, `jitter-kl`, ...)."""
+    `thresholds` takes the CLI's threshold options by their attribute names or the config file's
+    `[tool.weightcheck.rollout]` keys (`ref_tol` / `ref-tol`, `routing_replay`, ...)."""
     from weightcheck.rollout import Thresholds, check_rollout
 
     root = Path(dumps)
-    settings = _settings(root, config, "rollout", select, ignore)
+    settings = _settings(root, config, "rollout", select, ignore, fail_on, consumers)
     th = Thresholds().updated(settings.rollout).updated(thresholds or {})
-    return _noted(check_rollout(root, th, select=settings.select, ignore=settings.ignore), settings)
+    result = check_rollout(root, th, select=settings.select, ignore=settings.ignore)
+    return _noted(result, settings, baseline, write_baseline)
 
 
 def doctor(
@@ -371,7 +377,13 @@ def doctor(
     dumps: PathLike | None = None,
     log: Iterable[PathLike] = (),
     thresholds: dict[str, Any] | None = None,
+    select: Iterable[str] | None = None,
+    ignore: Iterable[str] | None = None,
     config: ConfigArg = None,
+    fail_on: str | Severity | None = None,
+    consumers: Iterable[str] | None = None,
+    baseline: PathLike | None = None,
+    write_baseline: PathLike | None = None,
 ) -> tuple[Result, list[Any]]:
     """`weightcheck doctor RUN`: the guides' step-1 checklist for one run. Returns the Result (every finding)
     and the checklist lines (`weightcheck.doctor.Line`: key, title, verdict, evidence, next_step)."""
@@ -380,7 +392,7 @@ def doctor(
     from weightcheck.rollout import Thresholds
 
     root = Path(run)
-    settings = _settings(root, config, "doctor", None, None)
+    settings = _settings(root, config, "doctor", select, ignore, fail_on, consumers)
     th = Thresholds().updated(settings.rollout).updated(thresholds or {})
 
     def opt(value: PathLike | None) -> Path | None:
@@ -396,4 +408,4 @@ def doctor(
         log=[Path(p) for p in log],
     )
     result, lines = run_doctor(inputs, thresholds=th, select=settings.select, ignore=settings.ignore)
-    return _noted(result, settings), lines
+    return _noted(result, settings, baseline, write_baseline), lines
