@@ -790,9 +790,20 @@ SURROGATES = ["\\ud800", "\\udfff", "model.layers.0.\\udc80.weight", "\\ud83d", 
 def mut_unencodable_names(draw: Draw, case: Case, tree: str) -> None:
     """A name spelled with a lone UTF-16 surrogate escape (valid JSON text, but no UTF-8 string): in a
     header, an index, a record or a manifest. Each must be a finding, never an encoding traceback."""
-    where = _pick(draw, ["header", "index-key", "index-value", "record", "manifest"], "where")
+    where = _pick(draw, ["header", "index-key", "index-value", "record", "manifest", "shard-file", "record-file"],
+                  "where")  # fmt: skip
     bad = _pick(draw, SURROGATES, "name")
-    if where == "header":
+    if where in ("shard-file", "record-file"):  # a file name that is not UTF-8 (os.listdir: lone surrogates)
+        victim = (_pick(draw, _shards(case.root / tree), "shard") if where == "shard-file"
+                  else next((case.root / "records").rglob("*.jsonl")))  # fmt: skip
+        raw = os.fsencode(victim.name)
+        new = _pick(draw, [b"\xff" + raw, raw.replace(b"model", b"mod\xe9l"), b"\xed\xa0\x80" + raw], "bytes")
+        os.rename(os.fsencode(victim), os.fsencode(victim.parent) + b"/" + new)
+        # A renamed shard leaves index entries without a file (WC201) and a file outside the index (WC105).
+        case.expect = frozenset({"WC105", "WC201"}) if where == "shard-file" else frozenset()
+        case.argv = ["lint", tree, "--format", "json"] if where == "shard-file" else ["verify", "records", "--format",
+                                                                                    "json"]  # fmt: skip
+    elif where == "header":
         shard = _pick(draw, _shards(case.root / tree), "shard")
         header, data = read_shard(shard)
         victim = _pick(draw, [k for k in header if k != "__metadata__"], "victim")
@@ -873,20 +884,15 @@ def mut_counts(draw: Draw, case: Case, tree: str) -> None:
     case.notes.append(f"{kind} {' '.join(case.argv)}")
 
 
-def _copy_sync(src: Path, dest: Path, seq: int | None = None, stem: str | None = None) -> None:
-    """A copy of a sync folder (kept-tensors files hard-linked: only the records are read per copy)."""
+def _copy_sync(src: Path, dest: Path, seq: int | None = None) -> None:
+    """A copy of a sync folder's records (without the kept tensors: 10^4 copies of those would make the
+    harness's before/after snapshot hash gigabytes), renumbered to sync `seq`."""
     dest.mkdir(parents=True, exist_ok=True)
-    for f in src.iterdir():
-        name = f.name if stem is None else stem + f.suffix
-        if f.suffix == ".jsonl":
-            text = f.read_text()
-            if seq is not None:
-                text = text.replace('"sync":{"seq":0,', f'"sync":{{"seq":{seq},', 1)
-            if stem is not None:
-                text = text.replace(f'"tensors_file":"{f.stem}.safetensors"', f'"tensors_file":"{stem}.safetensors"')
-            (dest / name).write_text(text)
-        else:
-            os.link(f, dest / name)
+    for f in src.glob("*.jsonl"):
+        text = re.sub(r'"tensors_file":"[^"]*"', '"tensors_file":null', f.read_text(), count=1)
+        if seq is not None:
+            text = text.replace('"sync":{"seq":0,', f'"sync":{{"seq":{seq},', 1)
+        (dest / f.name).write_text(text)
 
 
 def mut_record_counts(draw: Draw, case: Case, _tree: str) -> None:

@@ -294,3 +294,23 @@ def test_schema_1_0_record_keeps_its_param_order_unchecked(corpus: Path, tmp_pat
     path.write_text("\n".join(lines) + "\n")
     with pytest.raises(RecordError, match="appears twice"):
         read_record(path)
+
+
+@pytest.mark.parametrize("fmt", ["json", "text", "sarif", "github"])
+def test_file_name_that_is_not_utf8_is_reported_not_a_crash(corpus: Path, tmp_path: Path, fmt: str) -> None:
+    # os.listdir returns such a name with lone surrogates; every report writer must still write it.
+    def setup(case: Case) -> None:
+        shard = first_shard(case)
+        os.rename(os.fsencode(shard), os.fsencode(shard.parent) + b"/\xff" + os.fsencode(shard.name))
+
+    case = new_case(corpus, tmp_path / "case", "regression", ("ckpt",))
+    setup(case)
+    case.argv = ["lint", "ckpt", "--format", fmt]
+    outcome = run_case(case)
+    violations = [v for v in outcome.violations if not v.startswith("stdout is not JSON")]  # text, github
+    assert violations == [], (violations, outcome.stderr[-2000:])
+    assert outcome.rc == 1
+    if fmt in ("json", "sarif"):
+        assert "\\udcff" in outcome.stdout and json.loads(outcome.stdout)
+    if fmt == "json":
+        assert {"WC105", "WC201"} <= {code for code, _ in findings(outcome.stdout)}
