@@ -134,10 +134,22 @@ def _no_duplicates(pairs: list[tuple[str, object]]) -> dict[str, object]:
     return out
 
 
+def _key_tokens(text: str) -> int:
+    """The `"...":` key tokens of the header text, an upper bound on its keys. The Rust writer (and every
+    real header) is compact, so a plain count suffices unless a quote is followed by whitespace somewhere."""
+    if '" ' in text or '"\n' in text or '"\t' in text or '"\r' in text:
+        return sum(1 for _ in _KEY_TOKEN.finditer(text))
+    return text.count('":')
+
+
 def _parsed_keys(doc: dict[str, object]) -> int:
     """Keys of the header and of its entries (and `__metadata__`). Deeper objects are not counted: a header
-    holding any makes the count fall short of the text's key tokens and takes the exact, slow path."""
-    return len(doc) + sum(len(v) for v in doc.values() if type(v) is dict)
+    holding any makes the count fall short of the text's key tokens and takes the exact, slow path. A value
+    that is not an object (a list's or string's length counted instead) is an invalid entry, reported anyway."""
+    try:
+        return len(doc) + sum(map(len, doc.values()))  # type: ignore[arg-type]
+    except TypeError:  # a number or null as a value: invalid (reported), and the exact check decides
+        return -1
 
 
 def _is_int(value: object) -> bool:
@@ -235,7 +247,7 @@ def _parse(fh: RangeReader, report: HeaderReport) -> None:
         # A dict silently keeps the last of duplicate keys (serde refuses them), at any level: `__metadata__`
         # twice, a tensor twice, `dtype` twice in one entry. Only when the key tokens in the text outnumber
         # the keys parsed, pay for the slow pairs-hook parse that names the duplicate.
-        if isinstance(doc, dict) and len(_KEY_TOKEN.findall(text)) != _parsed_keys(doc):
+        if isinstance(doc, dict) and _key_tokens(text) != _parsed_keys(doc):
             json.loads(text, object_pairs_hook=_no_duplicates)
     except _DuplicateKey as dup:
         report.problems.append(HeaderProblem("InvalidHeaderDeserialization", "duplicate key in header", tensor=dup.key))
@@ -264,8 +276,8 @@ def _parse(fh: RangeReader, report: HeaderReport) -> None:
             )
             return
 
-    long_name = next((name for name in doc if len(name) > MAX_NAME_CHARS), None)
-    if long_name is not None:
+    if doc and max(map(len, doc)) > MAX_NAME_CHARS:
+        long_name = max(doc, key=len)
         report.problems.append(
             HeaderProblem(
                 "NameTooLong",
