@@ -315,3 +315,23 @@ def test_file_name_that_is_not_utf8_is_reported_not_a_crash(corpus: Path, tmp_pa
         assert "\\udcff" in outcome.stdout and json.loads(outcome.stdout)
     if fmt == "json":
         assert {"WC105", "WC201"} <= {code for code, _ in findings(outcome.stdout)}
+
+
+def test_shards_past_the_checkpoint_tensor_cap_are_reported_not_parsed(
+    corpus: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # In process with a small cap (real checkpoints sit far below 2^19; that the rest is reported is tested).
+    import weightcheck
+    from weightcheck import checkpoint
+
+    monkeypatch.setattr(checkpoint, "MAX_CHECKPOINT_TENSORS", 10)
+    ckpt = checkpoint.load_checkpoint(corpus / "ckpt")
+    skipped = [n for n, r in ckpt.shards.items() if any(p.kind == "TooManyTensors" for p in r.problems)]
+    read = [n for n, r in ckpt.shards.items() if r.names_known]
+    assert skipped and read and sum(len(ckpt.shards[n].tensors) for n in read) <= 10 + max(
+        len(ckpt.shards[n].tensors) for n in read
+    )
+    result = weightcheck.lint(corpus / "ckpt")
+    assert any(f.code == "WC102" and "TooManyTensors" in f.message for f in result.findings)
+    monkeypatch.undo()
+    assert weightcheck.lint(corpus / "ckpt").findings == []  # the good fixture: the same checkpoint, clean
