@@ -8,15 +8,29 @@
   machine with it;
 - a `sys.addaudithook` that logs every `open` whose real path lies under one of the FORBIDDEN prefixes
   (honeypots outside the target, /etc/passwd, /proc/self/environ) as `OUTSIDE path`, and every open for
-  writing anywhere as `WRITE path`. The log is written through a file descriptor opened before the hook.
+  writing anywhere as `WRITE path`. The log is written through a file descriptor opened before the hook;
+- at exit, the peak resident set size (`MAXRSS kilobytes`, VmHWM of /proc/self/status) is logged, so the
+  harness can hold every case to the memory budget of docs/security.md (RLIMIT_AS alone only catches
+  blow-ups far above it: torch maps ~1.5 GB of address space it never touches). Not getrusage's
+  ru_maxrss: Linux keeps it across execve, so it would report the fuzzing parent's peak at fork time.
 """
 
 from __future__ import annotations
 
+import atexit
 import json
 import os
 import resource
 import sys
+
+
+def peak_rss_kb() -> int:
+    """This process's peak resident memory in kB since its execve (VmHWM; a new address space starts at 0)."""
+    with open("/proc/self/status", encoding="ascii") as fh:
+        for line in fh:
+            if line.startswith("VmHWM:"):
+                return int(line.split()[1])
+    raise RuntimeError("no VmHWM in /proc/self/status")
 
 
 def main() -> None:
@@ -50,6 +64,9 @@ def main() -> None:
     resource.setrlimit(resource.RLIMIT_AS, (int(mem), int(mem)))
     resource.setrlimit(resource.RLIMIT_CPU, (int(cpu), int(cpu) + 5))
     sys.addaudithook(hook)
+    # SystemExit (the CLI's normal way out) runs atexit handlers; a kill by a limit leaves no line, which the
+    # harness already reports as a violation.
+    atexit.register(lambda: os.write(log_fd, f"MAXRSS {peak_rss_kb()}\n".encode()))
     sys.argv = ["weightcheck", *args]
     from weightcheck.cli import main as cli_main
 

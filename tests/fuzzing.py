@@ -34,6 +34,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from weightcheck.safe_io import MAX_INDEX_ENTRIES
+from weightcheck.safetensors_header import MAX_HEADER_TENSORS
+
 REPO = Path(__file__).resolve().parent.parent
 CHILD = Path(__file__).resolve().parent / "fuzz_child.py"
 ALLOWED_EXIT = {0, 1, 3}
@@ -44,6 +47,12 @@ MEM_LIMIT = int(os.environ.get("WC_FUZZ_MEM", str(3 * 1024**3)))
 CPU_LIMIT_S = int(os.environ.get("WC_FUZZ_CPU", "60"))
 TIMEOUT_S = float(os.environ.get("WC_FUZZ_TIMEOUT", "600"))
 FORBIDDEN_SYSTEM = ["/etc/passwd", "/proc/self/environ"]
+# The memory budget of docs/security.md: peak resident memory of one command on the corpus, whatever the
+# mutation (counts in the input are capped before they cost memory). torch's import is ~250 MB of it.
+RSS_BUDGET = int(os.environ.get("WC_FUZZ_RSS", str(512 * 1024**2)))
+# ... plus this much per tensor name a mutation adds that weightcheck really holds (below its caps): memory
+# may grow with the real content, never with a count it refuses.
+RSS_PER_NAME = 4 * 1024
 
 FAMILIES = (
     "header-bytes",
@@ -55,9 +64,15 @@ FAMILIES = (
     "filesystem",
     "records",
     "manifests",
+    "json-keys",
+    "unencodable-names",
+    "counts",
+    "record-counts",
+    "record-lines",
 )
 COUNTS: Counter[str] = Counter()
 CPU_SECONDS: Counter[str] = Counter()
+PEAK_RSS: Counter[str] = Counter()  # the largest peak RSS (bytes) of any case, per family
 
 
 # ---- corpus ------------------------------------------------------------------------------------------------
@@ -207,6 +222,16 @@ class Case:
     family: str
     argv: list[str] = field(default_factory=list)
     notes: list[str] = field(default_factory=list)
+    # Set by a mutation whose input is invalid by construction: the report must hold a finding with one of
+    # these codes (a silent pass, or a silently truncated "clean" check, is a violation).
+    expect: frozenset[str] = frozenset()
+    # Tensor names (header or index entries) the mutation added, as far as weightcheck reads them (its caps):
+    # each raises the memory budget by RSS_PER_NAME.
+    extra_names: int = 0
+
+    @property
+    def rss_budget(self) -> int:
+        return RSS_BUDGET + RSS_PER_NAME * self.extra_names
 
     @property
     def honeypot(self) -> Path:
@@ -256,6 +281,7 @@ class Outcome:
     stdout: str
     stderr: str
     violations: list[str]
+    peak_rss: int = 0  # bytes, from the child's own getrusage at exit (0 when it was killed)
 
 
 def _text(raw: bytes | str | None) -> str:
@@ -307,12 +333,20 @@ def run_case(case: Case, timeout: float = TIMEOUT_S, mem: int = MEM_LIMIT, cpu: 
             report = case.argv[0] in ("lint", "diff", "verify")  # explain-ignore prints its own JSON shape
             if not isinstance(doc, dict) or (report and ("findings" not in doc or "schema_version" not in doc)):
                 violations.append("stdout is JSON but not a weightcheck report")
+            codes = {f.get("code") for f in doc.get("findings", []) if isinstance(f, dict)}
+            if case.expect and not codes & case.expect:
+                violations.append(
+                    f"silent pass: rc={rc}, no {'/'.join(sorted(case.expect))} finding (codes: {sorted(codes)})"
+                )
         except ValueError:
             violations.append(f"stdout is not JSON: {out[:200]!r}")
     log = audit.read_text() if audit.exists() else ""
+    peak_rss = 0
     for line in sorted(set(log.splitlines())):
         kind, _, path = line.partition(" ")
-        if kind == "OUTSIDE":
+        if kind == "MAXRSS":
+            peak_rss = max(peak_rss, int(path) * 1024)  # Linux reports kilobytes
+        elif kind == "OUTSIDE":
             violations.append(f"opened outside the target: {path}")
         elif kind == "WRITE" and path != "/dev/null" and not path.startswith(str(tmpdir)):
             violations.append(f"opened for writing: {path}")
@@ -325,8 +359,12 @@ def run_case(case: Case, timeout: float = TIMEOUT_S, mem: int = MEM_LIMIT, cpu: 
     if after != before:
         changed = sorted(k for k in set(before) | set(after) if before.get(k) != after.get(k))
         violations.append(f"case directory changed: {changed[:5]}")
+    if rc is not None and rc in ALLOWED_EXIT and not peak_rss:
+        violations.append("no MAXRSS line from the child: memory was not measured")
+    if peak_rss > case.rss_budget:
+        violations.append(f"memory: peak RSS {peak_rss >> 20} MiB over the {case.rss_budget >> 20} MiB budget")
     audit.unlink(missing_ok=True)
-    return Outcome(rc, seconds, cpu_seconds, out, err, violations)
+    return Outcome(rc, seconds, cpu_seconds, out, err, violations, peak_rss)
 
 
 # ---- mutations ----------------------------------------------------------------------------------------------------
@@ -433,6 +471,7 @@ def mut_header_json(draw: Draw, case: Case, tree: str) -> None:
         text = dumps(header)[:-1] + ', "x": ' + "[" * 5000 + "]" * 5000 + "}"
     else:  # many tiny entries: a header that claims lots of tensors cheaply
         count = _pick(draw, [5_000, 50_000], "count")
+        case.extra_names = count
         extra = {f"model.layers.{i}.mlp.experts.{i}.w.weight": {"dtype": "F32", "shape": [0], "data_offsets": [0, 0]}
                  for i in range(count)}  # fmt: skip
         text = dumps({**header, **extra})
@@ -476,10 +515,12 @@ def mut_index_json(draw: Draw, case: Case, tree: str) -> None:
         doc.setdefault("metadata", {})["total_size"] = hostile_value(draw)
     elif kind == "ghosts":
         count = _pick(draw, [1000, 100_000, 1_000_000], "count")
+        case.extra_names = min(count, MAX_INDEX_ENTRIES)
         shard = next(iter(doc["weight_map"].values()))
         doc["weight_map"].update({f"model.layers.{i}.mlp.experts.{i}.up_proj.weight": shard for i in range(count)})
     elif kind == "shard-names":
         count = _pick(draw, [1000, 100_000], "count")
+        case.extra_names = count
         doc["weight_map"].update({f"ghost.{i}.weight": f"model-{i:05d}-of-99999.safetensors" for i in range(count)})
     elif kind == "escape":
         name = next(iter(doc["weight_map"]))
@@ -694,6 +735,221 @@ def mut_manifests(draw: Draw, case: Case, _tree: str) -> None:
     case.argv = ["verify", "records", "--against", against, "--format", "json"]
 
 
+# ---- families that found issue #19: duplicate keys, unencodable names, counts, record files and lines -------
+
+
+def _splice_key(text: str, key: str, value_json: str) -> str:
+    """`text` (a JSON object) with one more `"key": value` pair at its end: a duplicate when key exists."""
+    return text.rstrip()[:-1] + f", {json.dumps(key)}: {value_json}}}"
+
+
+def mut_json_keys(draw: Draw, case: Case, tree: str) -> None:
+    """A key written twice, anywhere in a header or an index: a dict keeps the last one silently, the
+    safetensors (serde) reader refuses the file. Every case must be a finding."""
+    base = case.root / tree
+    where = _pick(draw, ["metadata", "tensor", "entry-field", "metadata-field", "index-top", "index-entry"], "where")
+    if where.startswith("index"):
+        index = base / "model.safetensors.index.json"
+        doc = json.loads(index.read_text())
+        if where == "index-top":
+            text = _splice_key(dumps(doc), "weight_map", dumps(doc["weight_map"]))
+        else:
+            name, shard = next(iter(doc["weight_map"].items()))
+            wm = _splice_key(dumps(doc["weight_map"]), name, json.dumps(shard))
+            text = dumps({**doc, "weight_map": "__WM__"}).replace('"__WM__"', wm)
+        index.write_text(text)
+        case.expect = frozenset({"WC207"})
+    else:
+        shard = _pick(draw, _shards(base), "shard")
+        header, data = read_shard(shard)
+        header.setdefault("__metadata__", {"format": "pt"})
+        text = dumps(header)
+        if where == "metadata":  # the same __metadata__ twice (same or other content)
+            meta = _pick(draw, [header["__metadata__"], {"format": "pt", "x": "y"}, {}], "meta")
+            text = _splice_key(text, "__metadata__", json.dumps(meta))
+        elif where == "tensor":
+            name = _pick(draw, [k for k in header if k != "__metadata__"], "name")
+            text = _splice_key(text, name, json.dumps(header[name]))
+        elif where == "entry-field":  # {"dtype": "F32", ..., "dtype": "F32"} inside one entry
+            name = _pick(draw, [k for k in header if k != "__metadata__"], "name")
+            field_ = _pick(draw, ["dtype", "shape", "data_offsets"], "field")
+            entry = _splice_key(json.dumps(header[name]), field_, json.dumps(header[name][field_]))
+            text = text.replace(f"{json.dumps(name)}: {json.dumps(header[name])}", f"{json.dumps(name)}: {entry}")
+        else:
+            meta = _splice_key(json.dumps(header["__metadata__"]), "format", '"pt"')
+            text = text.replace(json.dumps(header["__metadata__"]), meta, 1)
+        write_shard(shard, text, data)
+        case.expect = frozenset({"WC102"})
+    case.argv = ["lint", tree, "--format", "json"]
+    case.notes.append(where)
+
+
+SURROGATES = ["\\ud800", "\\udfff", "model.layers.0.\\udc80.weight", "\\ud83d", "x\\ud800y"]
+
+
+def mut_unencodable_names(draw: Draw, case: Case, tree: str) -> None:
+    """A name spelled with a lone UTF-16 surrogate escape (valid JSON text, but no UTF-8 string): in a
+    header, an index, a record or a manifest. Each must be a finding, never an encoding traceback."""
+    where = _pick(draw, ["header", "index-key", "index-value", "record", "manifest", "shard-file", "record-file"],
+                  "where")  # fmt: skip
+    bad = _pick(draw, SURROGATES, "name")
+    if where in ("shard-file", "record-file"):  # a file name that is not UTF-8 (os.listdir: lone surrogates)
+        victim = (_pick(draw, _shards(case.root / tree), "shard") if where == "shard-file"
+                  else next((case.root / "records").rglob("*.jsonl")))  # fmt: skip
+        raw = os.fsencode(victim.name)
+        new = _pick(draw, [b"\xff" + raw, raw.replace(b"model", b"mod\xe9l"), b"\xed\xa0\x80" + raw], "bytes")
+        os.rename(os.fsencode(victim), os.fsencode(victim.parent) + b"/" + new)
+        # A renamed shard leaves index entries without a file (WC201) and a file outside the index (WC105).
+        case.expect = frozenset({"WC105", "WC201"}) if where == "shard-file" else frozenset()
+        case.argv = ["lint", tree, "--format", "json"] if where == "shard-file" else ["verify", "records", "--format",
+                                                                                    "json"]  # fmt: skip
+    elif where == "header":
+        shard = _pick(draw, _shards(case.root / tree), "shard")
+        header, data = read_shard(shard)
+        victim = _pick(draw, [k for k in header if k != "__metadata__"], "victim")
+        text = dumps(header).replace(json.dumps(victim), f'"{bad}"', 1)
+        write_shard(shard, text, data)
+        case.expect = frozenset({"WC102"})
+        case.argv = ["lint", tree, "--format", "json"]
+    elif where.startswith("index"):
+        index = case.root / tree / "model.safetensors.index.json"
+        text = index.read_text()
+        doc = json.loads(text)
+        name, shard = next(iter(doc["weight_map"].items()))
+        old = json.dumps(name) if where == "index-key" else json.dumps(shard)
+        index.write_text(text.replace(old, f'"{bad}"', 1))
+        case.expect = frozenset({"WC207"})
+        case.argv = ["lint", tree, "--format", "json"]
+    elif where == "record":
+        target = next((case.root / "records").rglob("*.jsonl"))
+        lines = target.read_text().splitlines()
+        i = next(k for k, line in enumerate(lines) if '"t":"tensor"' in line)
+        doc = json.loads(lines[i])
+        lines[i] = lines[i].replace(json.dumps(doc["name"]), f'"{bad}"', 1)
+        target.write_text("\n".join(lines) + "\n")
+        case.expect = frozenset({"WC720"})
+        case.argv = ["verify", "records", "--format", "json"]
+    else:
+        part = _pick(draw, sorted((case.root / "manifest").glob("*.json")), "part")
+        doc = json.loads(part.read_text())
+        name = next(iter(doc["tensors"]))
+        part.write_text(part.read_text().replace(json.dumps(name), f'"{bad}"', 1))
+        case.expect = frozenset({"WC721"})
+        case.argv = ["verify", "records", "--against", "manifest", "--format", "json"]
+    case.notes.append(f"{where} {bad}")
+
+
+def mut_counts(draw: Draw, case: Case, tree: str) -> None:
+    """Counts and lengths that cost memory or time in proportion: index entries, header entries, one very
+    long tensor name (in the header, the index, or both). Memory must stay within the budget."""
+    st = _st()
+    base = case.root / tree
+    kind = _pick(draw, ["index-entries", "long-name", "header-entries"], "kind")
+    index = base / "model.safetensors.index.json"
+    if kind == "index-entries":
+        count = _pick(draw, [200_000, 500_000, 1_000_000, 3_000_000], "count")
+        case.extra_names = min(count, MAX_INDEX_ENTRIES)
+        doc = json.loads(index.read_text())
+        shard = next(iter(doc["weight_map"].values()))
+        doc["weight_map"].update({f"model.layers.{i}.mlp.experts.{i}.up_proj.weight": shard for i in range(count)})
+        index.write_text(json.dumps(doc))
+        case.expect = frozenset({"WC202", "WC207"})  # ghost entries, or the entry cap
+    elif kind == "long-name":
+        length = _pick(draw, [5_000, 100_000, 1_000_000, 10_000_000], "length")
+        shard = _pick(draw, _shards(base), "shard")
+        header, data = read_shard(shard)
+        victim = _pick(draw, [k for k in header if k != "__metadata__"], "victim")
+        new = "model.layers.0." + "a" * length + ".weight"
+        header[new] = header.pop(victim)
+        write_shard(shard, json.dumps(header), data)
+        if draw(st.booleans(), label="index-too"):
+            doc = json.loads(index.read_text())
+            doc["weight_map"][new] = doc["weight_map"].pop(victim, shard.name)
+            index.write_text(json.dumps(doc))
+        case.expect = frozenset({"WC102"})
+    else:
+        count = _pick(draw, [100_000, 400_000], "count")  # under and over the per-header cap
+        case.extra_names = min(count, MAX_HEADER_TENSORS)
+        shard = _pick(draw, _shards(base), "shard")
+        header, data = read_shard(shard)
+        header.update({f"model.layers.{i}.mlp.experts.{i}.w.weight": {"dtype": "F32", "shape": [0],
+                       "data_offsets": [0, 0]} for i in range(count)})  # fmt: skip
+        write_shard(shard, json.dumps(header), data)
+        case.expect = frozenset({"WC102", "WC203"})  # the cap, or names missing from the index
+    how = _pick(draw, ["lint", "lint", "lint-content", "explain-ignore"], "command")
+    case.argv = {"lint": ["lint", tree], "lint-content": ["lint", tree, "--content"],
+                 "explain-ignore": ["explain-ignore", tree]}[how] + ["--format", "json"]  # fmt: skip
+    if how == "explain-ignore":
+        case.expect = frozenset()  # explain-ignore reports patterns, not checkpoint findings
+    case.notes.append(f"{kind} {' '.join(case.argv)}")
+
+
+def _copy_sync(src: Path, dest: Path, seq: int | None = None) -> None:
+    """A copy of a sync folder's records (without the kept tensors: 10^4 copies of those would make the
+    harness's before/after snapshot hash gigabytes), renumbered to sync `seq`."""
+    dest.mkdir(parents=True, exist_ok=True)
+    for f in src.glob("*.jsonl"):
+        text = re.sub(r'"tensors_file":"[^"]*"', '"tensors_file":null', f.read_text(), count=1)
+        if seq is not None:
+            text = text.replace('"sync":{"seq":0,', f'"sync":{{"seq":{seq},', 1)
+        (dest / f.name).write_text(text)
+
+
+def mut_record_counts(draw: Draw, case: Case, _tree: str) -> None:
+    """Thousands of sync folders, or thousands of rank files in one sync (copies of a real record). Memory
+    and time must stay bounded; the same rank recorded many times is a finding."""
+    records = case.root / "records"
+    sync0 = records / "sync-00000"
+    kind = _pick(draw, ["sync-dirs", "rank-files"], "kind")
+    count = _pick(draw, [1_000, 3_000, 10_000], "count")
+    if kind == "sync-dirs":
+        for i in range(1, count):
+            _copy_sync(sync0, records / f"sync-{i:05d}", seq=i)
+        case.expect = frozenset()  # many clean syncs are clean; the bound is on memory and time
+    else:
+        record = next(sync0.glob("*.jsonl"))
+        for i in range(1, count):
+            text = record.read_text().replace(f'"tensors_file":"{record.stem}.safetensors"', '"tensors_file":null')
+            (sync0 / f"tp0-pp0-ep0.host{i}.{i}.jsonl").write_text(text)
+        case.expect = frozenset({"WC720", "WC734"})  # one rank recorded thousands of times
+    against = _pick(draw, ["ckpt", "manifest", None], "against")
+    case.argv = ["verify", "records", "--format", "json"] + (["--against", against] if against else [])
+    case.notes.append(f"{kind} {count}")
+
+
+def mut_record_lines(draw: Draw, case: Case, _tree: str) -> None:
+    """A line of a record duplicated, two lines swapped, or a line moved: the file no longer is what the
+    tap wrote, and verify must say so."""
+    st = _st()
+    target = next((case.root / "records").rglob("*.jsonl"))
+    lines = target.read_text().splitlines()
+    body = list(range(1, len(lines) - 1))  # neither the header nor the end line
+    kind = _pick(draw, ["duplicate", "swap", "move"], "kind")
+    types = [json.loads(lines[i])["t"] for i in body]
+    want = _pick(draw, sorted(set(types)), "type")
+    same = [i for i, t in zip(body, types, strict=True) if t == want]
+    if kind == "duplicate":
+        i = _pick(draw, same, "line")
+        lines.insert(i + draw(st.integers(0, 1), label="after"), lines[i])
+    elif kind == "swap":
+        if len(same) < 2:
+            same = body
+        i, j = draw(st.lists(st.sampled_from(same), min_size=2, max_size=2, unique=True), label="pair")
+        lines[i], lines[j] = lines[j], lines[i]
+    else:
+        i = _pick(draw, body, "from")
+        line = lines.pop(i)
+        j = _pick(draw, [k for k in body if k != i], "to")
+        lines.insert(j, line)
+    if lines == target.read_text().splitlines():  # two identical lines swapped: nothing changed
+        lines.insert(1, lines[1])
+    target.write_text("\n".join(lines) + "\n")
+    case.expect = frozenset({"WC720"})
+    against = _pick(draw, ["ckpt", "manifest", None], "against")
+    case.argv = ["verify", "records", "--format", "json"] + (["--against", against] if against else [])
+    case.notes.append(f"{kind} {want}")
+
+
 MUTATORS: dict[str, tuple[Callable[[Draw, Case, str], None], tuple[str, ...]]] = {
     "header-bytes": (mut_header_bytes, ("ckpt", "moe")),
     "header-json": (mut_header_json, ("ckpt", "moe")),
@@ -704,21 +960,30 @@ MUTATORS: dict[str, tuple[Callable[[Draw, Case, str], None], tuple[str, ...]]] =
     "filesystem": (mut_filesystem, ("ckpt", "moe")),
     "records": (mut_records, ("records", "ckpt", "manifest")),
     "manifests": (mut_manifests, ("records", "manifest")),
+    "json-keys": (mut_json_keys, ("ckpt", "moe")),
+    "unencodable-names": (mut_unencodable_names, ("ckpt", "moe", "records", "manifest")),
+    "counts": (mut_counts, ("ckpt", "moe")),
+    "record-counts": (mut_record_counts, ("records", "ckpt", "manifest")),
+    "record-lines": (mut_record_lines, ("records", "ckpt", "manifest")),
 }
+# Families whose cases are judged as a whole (their own argv, no diff against a pristine copy).
+OWN_ARGV = ("records", "manifests", "json-keys", "unencodable-names", "counts", "record-counts", "record-lines")
 
 
 def fuzz_one(draw: Draw, corpus: Path, work: Path, family: str) -> tuple[Case, Outcome]:
     mutate, trees = MUTATORS[family]
-    tree = _pick(draw, list(trees[:2]) if family not in ("records", "manifests") else [trees[0]], "tree")
-    parts = trees if family in ("records", "manifests") else (tree,)
+    multi = family in ("records", "manifests", "record-counts", "record-lines")
+    tree = _pick(draw, list(trees[:2]) if not multi else [trees[0]], "tree")
+    parts = trees if multi or family == "unencodable-names" else (tree,)
     case = new_case(corpus, work, family, parts)
-    if family not in ("records", "manifests"):
+    if family not in OWN_ARGV:
         shutil.copytree(corpus / tree, case.root / f"{tree}-pristine", symlinks=True)
         _target_command(draw, case, tree)
     mutate(draw, case, tree)
-    if family in ("records", "manifests"):
+    if family in OWN_ARGV:
         case.notes.append(" ".join(case.argv))
     COUNTS[family] += 1
     outcome = run_case(case)
     CPU_SECONDS[family] += outcome.cpu_seconds
+    PEAK_RSS[family] = max(PEAK_RSS[family], outcome.peak_rss)
     return case, outcome

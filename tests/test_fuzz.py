@@ -8,6 +8,9 @@ A long local run (docs/security.md):
     WC_FUZZ_EXAMPLES=5 WC_FUZZ_SECONDS=1200 WC_FUZZ_RANDOM=1 WC_FUZZ_KEEP_GOING=/tmp/fuzz.log \\
         WC_FUZZ_STATS=/tmp/fuzz.json pytest -m fuzz tests/test_fuzz.py
 
+Every case is also held to the memory budget (peak RSS at most `WC_FUZZ_RSS`, 512 MiB by default:
+tests/fuzzing.py RSS_BUDGET, docs/security.md); families that build invalid input by construction also
+require the finding that says so (a silent pass is a violation).
 `WC_FUZZ_KEEP_GOING` logs contract violations to that file and carries on (instead of stopping at the
 first); `WC_FUZZ_STATS` receives the number of cases tried per family; `WC_FUZZ_SECONDS` shares a wall-time
 budget equally between the families (each runs batches of WC_FUZZ_EXAMPLES until its share is spent).
@@ -21,7 +24,7 @@ import time
 from pathlib import Path
 
 import pytest
-from fuzzing import COUNTS, CPU_SECONDS, FAMILIES, build_corpus, fuzz_one
+from fuzzing import COUNTS, CPU_SECONDS, FAMILIES, PEAK_RSS, build_corpus, fuzz_one
 from hypothesis import HealthCheck, Phase, given, settings
 from hypothesis import strategies as st
 
@@ -41,7 +44,9 @@ def corpus(tmp_path_factory: pytest.TempPathFactory) -> Path:
     yield path
     if STATS:
         cpu = {k: round(v, 1) for k, v in CPU_SECONDS.items()}
-        Path(STATS).write_text(json.dumps({"cases": dict(COUNTS), "cpu_seconds": cpu}, indent=1, sort_keys=True))
+        rss = {k: v >> 20 for k, v in PEAK_RSS.items()}
+        doc = {"cases": dict(COUNTS), "cpu_seconds": cpu, "peak_rss_mib": rss}
+        Path(STATS).write_text(json.dumps(doc, indent=1, sort_keys=True))
 
 
 @pytest.mark.parametrize("family", FAMILIES)

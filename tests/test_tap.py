@@ -531,7 +531,8 @@ def good_record(records: Path) -> Path:
         (lambda lines: lines[:-1], "truncated"),
         (lambda lines: [lines[0], "{not json", *lines[1:]], "not valid JSON"),
         (lambda lines: [lines[0].replace("weightcheck-sync-record", "other"), *lines[1:]], "not a weightcheck"),
-        (lambda lines: [lines[0].replace('"1.0"', '"2.0"'), *lines[1:]], "schema_version"),
+        (lambda lines: [re.sub(r'"schema_version":"[^"]*"', '"schema_version":"2.0"', lines[0]), *lines[1:]],
+         "schema_version"),
         (lambda lines: [lines[0], *lines[2:]], "the file holds"),
         (lambda lines: [lines[0], lines[2].replace('"xxh3_128":"', '"xxh3_128":"zz'), *lines[3:]], "xxh3_128"),
         # a sha256-long digest in an xxh3_128 record: the length is checked per algorithm

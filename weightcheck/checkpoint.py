@@ -13,7 +13,10 @@ from pathlib import Path
 from typing import Any, Protocol
 
 from weightcheck import safe_io
-from weightcheck.safetensors_header import HeaderReport, TensorInfo, read_header
+from weightcheck.safetensors_header import HeaderProblem, HeaderReport, TensorInfo, read_header
+
+# Tensors read from one checkpoint's headers (5x DeepSeek-V3's 92k); later shards are reported, not parsed.
+MAX_CHECKPOINT_TENSORS = 1 << 19
 
 INDEX_NAME = "model.safetensors.index.json"
 SINGLE_NAME = "model.safetensors"
@@ -134,7 +137,7 @@ def _read_json(root: Path, name: str, limit: int = safe_io.MAX_CONFIG_BYTES) -> 
     doc = JsonDoc(path=str(root / name))
     try:
         real = safe_io.confine(root, name, what="the checkpoint")
-        doc.data = safe_io.load_json(real, limit, name)
+        doc.data = safe_io.load_json(real, limit, name, **json_checks(name))
     except safe_io.UnsafePath as exc:
         doc.exists = exc.kind != "missing" or os.path.islink(root / name)
         doc.error = exc.reason if exc.kind in ("missing", "invalid", "too-large") else f"refused to open: {exc.reason}"
@@ -146,11 +149,20 @@ def json_limit(name: str) -> int:
     return safe_io.MAX_INDEX_BYTES if name.endswith(".index.json") else safe_io.MAX_CONFIG_BYTES
 
 
+def json_checks(name: str) -> dict[str, Any]:
+    """The index is read like the safetensors library reads a header: a repeated key is an error (a dict
+    would keep the last silently), and its entries are capped before parsing (memory budget)."""
+    if name.endswith(".index.json"):
+        # + a few keys for "metadata" and its fields
+        return {"unique_keys": True, "max_keys": safe_io.MAX_INDEX_ENTRIES + 64}
+    return {}
+
+
 def parse_json_doc(doc: JsonDoc, raw: bytes) -> JsonDoc:
     """Parse `raw` (already bounded by its json_limit) into `doc` with the same parser and messages as local
     files (a remote source's JSON); problems go to `doc.error`."""
     try:
-        doc.data = safe_io.parse_json(raw, doc.path)
+        doc.data = safe_io.parse_json(raw, doc.path, **json_checks(os.path.basename(doc.path)))
     except safe_io.UnsafePath as exc:
         doc.error = exc.reason
     return doc
@@ -209,9 +221,27 @@ class LocalSource:
     def read_headers(self, names: list[str]) -> dict[str, HeaderReport | PathRefusal]:
         out: dict[str, HeaderReport | PathRefusal] = {}
         bases = safe_io.allowed_bases(self.root)
+        total = 0
         for name in names:
             real, refusal = resolve_inside(self.root, name, bases)
-            out[name] = refusal if refusal is not None else read_header(real)  # type: ignore[arg-type]
+            if refusal is not None:
+                out[name] = refusal
+                continue
+            if total > MAX_CHECKPOINT_TENSORS:
+                # Memory grows with the tensors held (docs/security.md): shards past the cap are not parsed.
+                report = HeaderReport(path=str(real))
+                report.problems.append(
+                    HeaderProblem(
+                        "TooManyTensors",
+                        f"not read: the shards before it already hold {total} tensors, "
+                        f"more than the {MAX_CHECKPOINT_TENSORS} weightcheck reads in one checkpoint",
+                    )
+                )
+                out[name] = report
+                continue
+            report = read_header(real)  # type: ignore[arg-type]
+            total += len(report.tensors)
+            out[name] = report
         return out
 
 

@@ -21,6 +21,10 @@ def _split_codes(values: tuple[str, ...]) -> list[str]:
     return [c.strip() for v in values for c in v.split(",") if c.strip()]
 
 
+# Report files take non-UTF-8 names (lone surrogates) as escapes, like stdout (see main()).
+REPORT_FILE = click.File("w", errors="backslashreplace")
+
+
 def _debug_requested() -> bool:
     return "--debug" in sys.argv[1:] or os.environ.get("WEIGHTCHECK_DEBUG", "") not in ("", "0")
 
@@ -31,7 +35,7 @@ def config_and_output_options(
     """`--config` and `-o` for the commands with their own formats (rules, layout, explain-ignore)."""
 
     def apply(fn: Callable[..., Any]) -> Callable[..., Any]:
-        fn = click.option("--output", "-o", type=click.File("w"), default="-", help="Write here (default: stdout).")(fn)
+        fn = click.option("--output", "-o", type=REPORT_FILE, default="-", help="Write here (default: stdout).")(fn)
         return click.option(
             "--config", "config_path", type=click.Path(dir_okay=False, path_type=Path), default=None, help=config_help
         )(fn)
@@ -72,7 +76,7 @@ def output_options(fn: Callable[..., Any]) -> Callable[..., Any]:
             "target's folder upwards, then the working directory's).",
         ),
         click.option(
-            "--output", "-o", type=click.File("w"), default="-", help="Write the report here (default: stdout)."
+            "--output", "-o", type=REPORT_FILE, default="-", help="Write the report here (default: stdout)."
         ),
         click.option("--color/--no-color", default=None, help="Force colour on or off in text output."),
         click.option("--verbose", "-v", is_flag=True, help="Show every finding and every name in text output."),
@@ -568,6 +572,11 @@ def _load_commands() -> None:
 def main() -> None:
     from weightcheck.deps import MissingDependency
 
+    # A file name that is not UTF-8 comes back from os.listdir as a lone surrogate: reported as an escape
+    # (`\udcff`, valid inside a JSON string), never an encoding crash of the report writer.
+    for stream in (sys.stdout, sys.stderr):
+        if hasattr(stream, "reconfigure"):
+            stream.reconfigure(errors="backslashreplace")
     try:
         cli.main(standalone_mode=False)
     except click.exceptions.Exit as exc:

@@ -78,7 +78,8 @@ class Finding:
         for value in (self.location.file, self.location.tensor, self.location.module):
             value = value or ""
             parts.append(value[len(base) :] if base and value.startswith(base) else value)
-        return hashlib.sha256("\x1f".join(parts).encode()).hexdigest()[:16]
+        # surrogatepass: a non-UTF-8 file name (a lone surrogate from os.listdir) still hashes; valid text is unchanged
+        return hashlib.sha256("\x1f".join(parts).encode("utf-8", "surrogatepass")).hexdigest()[:16]
 
     def as_dict(self) -> dict[str, Any]:
         out: dict[str, Any] = {

@@ -34,6 +34,10 @@ MAX_INDEX_BYTES = 128 * 1024 * 1024
 MAX_RECORD_BYTES = 256 * 1024 * 1024
 MAX_MANIFEST_BYTES = 256 * 1024 * 1024
 MAX_TEXT_BYTES = 16 * 1024 * 1024  # name maps, policies, small side files
+# Entries of a model.safetensors.index.json: 5x the largest real index (Kimi-K2, ~140k; DeepSeek-V3 ~92k).
+# A 1M-entry index costs ~500 MB and tens of seconds in the rules; above the cap the file is refused before
+# it is parsed (docs/security.md, memory budget).
+MAX_INDEX_ENTRIES = 1 << 19
 # JSON nesting is bounded by the parsers themselves: orjson refuses more than 1024 levels and the stdlib
 # parser raises RecursionError (caught below), so neither can exhaust the stack.
 
@@ -170,24 +174,86 @@ def read_text(path: str | os.PathLike[str], limit: int = MAX_TEXT_BYTES, name: s
         raise UnsafePath(label, "not UTF-8 text", "invalid") from None
 
 
-def parse_json(raw: bytes | str, name: str) -> Any:
-    """Parse JSON text (depth bounded by the parsers). Raises UnsafePath(kind="invalid") with the parser's message."""
+_KEY_TOKEN = re.compile(r'"\s*:')
+_KEY_TOKEN_BYTES = re.compile(rb'"\s*:')
+
+
+def key_tokens(raw: bytes | str) -> int:
+    """How many `"...":` key tokens the JSON text holds: an upper bound on its object keys (a string value
+    may contain `":` too), counted without parsing."""
+    pattern = _KEY_TOKEN_BYTES if isinstance(raw, bytes) else _KEY_TOKEN
+    return sum(1 for _ in pattern.finditer(raw))  # not findall: a list of 10^6 matches is memory too
+
+
+def _all_keys(doc: Any) -> int:
+    count = 0
+    stack = [doc]
+    while stack:
+        node = stack.pop()
+        if type(node) is dict:
+            count += len(node)
+            stack.extend(v for v in node.values() if type(v) in (dict, list))
+        elif type(node) is list:
+            stack.extend(v for v in node if type(v) in (dict, list))
+    return count
+
+
+class _DuplicateKey(ValueError):
+    pass
+
+
+def _unique_pairs(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
+    out: dict[str, Any] = {}
+    for key, value in pairs:
+        if key in out:
+            raise _DuplicateKey(key)
+        out[key] = value
+    return out
+
+
+def parse_json(raw: bytes | str, name: str, *, unique_keys: bool = False, max_keys: int | None = None) -> Any:
+    """Parse JSON text (depth bounded by the parsers). Raises UnsafePath(kind="invalid") with the parser's message.
+
+    A lone UTF-16 surrogate escape ("\\ud800": valid JSON text, no UTF-8 string) is refused: orjson refuses it,
+    the stdlib fallback would let it through to crash a report writer. `max_keys` refuses (kind "too-large")
+    a text with more key tokens, before parsing; `unique_keys` refuses a key repeated in one object (a dict
+    keeps the last silently), paying for the slow exact parse only when the text's key tokens outnumber the
+    parsed keys."""
+    if max_keys is not None:
+        tokens = key_tokens(raw)
+        if tokens > max_keys:
+            raise UnsafePath(name, f"about {tokens} keys, more than the {max_keys} weightcheck reads", "too-large")
     try:
         try:
-            return fast_json_loads(raw)
+            doc = fast_json_loads(raw)
         except ValueError:
-            return json.loads(raw)  # the stdlib parser gives the reference verdict and message
+            doc = json.loads(raw)  # the stdlib parser gives the reference verdict and message
+            json.dumps(doc, ensure_ascii=False).encode("utf-8")  # a lone surrogate cannot be encoded
+        if unique_keys and key_tokens(raw) != _all_keys(doc):
+            json.loads(raw, object_pairs_hook=_unique_pairs)
+    except _DuplicateKey as dup:
+        raise UnsafePath(name, f"key {str(dup)[:120]!r} appears twice in one object", "invalid") from None
+    except UnicodeEncodeError:
+        raise UnsafePath(name, "a lone UTF-16 surrogate escape (not UTF-8 text)", "invalid") from None
     except UnicodeDecodeError:
         raise UnsafePath(name, "not UTF-8", "invalid") from None
     except (ValueError, RecursionError, OverflowError) as exc:
         raise UnsafePath(name, f"invalid JSON: {str(exc)[:160]}", "invalid") from None
+    return doc
 
 
-def load_json(path: str | os.PathLike[str], limit: int, name: str | None = None) -> Any:
+def load_json(
+    path: str | os.PathLike[str],
+    limit: int,
+    name: str | None = None,
+    *,
+    unique_keys: bool = False,
+    max_keys: int | None = None,
+) -> Any:
     """Read (bounded) and parse one JSON file. Raises UnsafePath."""
     label = name if name is not None else os.fspath(path)
     raw = read_bytes(path, limit, label)
-    return parse_json(raw, label)
+    return parse_json(raw, label, unique_keys=unique_keys, max_keys=max_keys)
 
 
 def is_dir_inside(

@@ -11,6 +11,7 @@ from __future__ import annotations
 import json
 import math
 import os
+import re
 import struct
 from dataclasses import dataclass, field
 from typing import NamedTuple, Protocol
@@ -50,6 +51,14 @@ DTYPE_BITS: dict[str, int] = {
 MAX_HEADER_BYTES = 100_000_000
 # Shapes or offsets beyond u64 overflow in the Rust validator.
 _U64_MAX = 2**64 - 1
+# Caps that keep memory bounded whatever a header claims (docs/security.md). The Rust reader has neither, so
+# they sit far above anything real: tensor names are < 300 characters (a VLM's deepest module path), and a
+# 163-shard DeepSeek-V3 holds ~92k tensors in all, a single-file checkpoint at most that.
+MAX_NAME_CHARS = 1024
+MAX_HEADER_TENSORS = 1 << 18
+# Every key of a JSON object is a string followed by ':' (whitespace allowed between). Counting these in
+# the text is an upper bound on the keys; equal to the keys the parser kept means no key was repeated.
+_KEY_TOKEN = re.compile(r'"\s*:')
 
 
 class TensorInfo(NamedTuple):
@@ -123,6 +132,24 @@ def _no_duplicates(pairs: list[tuple[str, object]]) -> dict[str, object]:
             raise _DuplicateKey(key)
         out[key] = value
     return out
+
+
+def _key_tokens(text: str) -> int:
+    """The `"...":` key tokens of the header text, an upper bound on its keys. The Rust writer (and every
+    real header) is compact, so a plain count suffices unless a quote is followed by whitespace somewhere."""
+    if '" ' in text or '"\n' in text or '"\t' in text or '"\r' in text:
+        return sum(1 for _ in _KEY_TOKEN.finditer(text))
+    return text.count('":')
+
+
+def _parsed_keys(doc: dict[str, object]) -> int:
+    """Keys of the header and of its entries (and `__metadata__`). Deeper objects are not counted: a header
+    holding any makes the count fall short of the text's key tokens and takes the exact, slow path. A value
+    that is not an object (a list's or string's length counted instead) is an invalid entry, reported anyway."""
+    try:
+        return len(doc) + sum(map(len, doc.values()))  # type: ignore[arg-type]
+    except TypeError:  # a number or null as a value: invalid (reported), and the exact check decides
+        return -1
 
 
 def _is_int(value: object) -> bool:
@@ -202,18 +229,33 @@ def _parse(fh: RangeReader, report: HeaderReport) -> None:
     if not text.startswith("{"):
         report.problems.append(HeaderProblem("InvalidHeaderStart", "header does not start with '{'"))
         return
+    # Bounded before parsing: the parsed form of a 100 MB header of tiny entries would be gigabytes.
+    claimed = text.count('"data_offsets"')
+    if claimed > MAX_HEADER_TENSORS:
+        report.problems.append(
+            HeaderProblem("TooManyTensors", f"header lists about {claimed} tensors, more than {MAX_HEADER_TENSORS}")
+        )
+        return
     try:
         try:
             doc = fast_json_loads(text)
         except ValueError:
             doc = json.loads(text)  # the stdlib parser gives the reference verdict and message
-        # A dict silently keeps the last of duplicate keys. Every entry has exactly one "data_offsets"
-        # key, so a count mismatch means a duplicate (or a name containing that string): only then pay
-        # for the slow pairs-hook parse that names the duplicate.
-        if isinstance(doc, dict) and text.count('"data_offsets"') != len(doc) - ("__metadata__" in doc):
+            # The stdlib accepts a lone surrogate escape ("\ud800"), which no UTF-8 string can hold (serde
+            # refuses it too): such a name would crash every report writer.
+            json.dumps(doc, ensure_ascii=False).encode("utf-8")
+        # A dict silently keeps the last of duplicate keys (serde refuses them), at any level: `__metadata__`
+        # twice, a tensor twice, `dtype` twice in one entry. Only when the key tokens in the text outnumber
+        # the keys parsed, pay for the slow pairs-hook parse that names the duplicate.
+        if isinstance(doc, dict) and _key_tokens(text) != _parsed_keys(doc):
             json.loads(text, object_pairs_hook=_no_duplicates)
     except _DuplicateKey as dup:
         report.problems.append(HeaderProblem("InvalidHeaderDeserialization", "duplicate key in header", tensor=dup.key))
+        return
+    except UnicodeEncodeError:
+        report.problems.append(
+            HeaderProblem("InvalidHeaderDeserialization", "header has a lone UTF-16 surrogate escape (not UTF-8 text)")
+        )
         return
     except (ValueError, RecursionError) as exc:
         report.problems.append(
@@ -233,6 +275,17 @@ def _parse(fh: RangeReader, report: HeaderReport) -> None:
                 HeaderProblem("InvalidHeaderDeserialization", "__metadata__ must map strings to strings")
             )
             return
+
+    if doc and max(map(len, doc)) > MAX_NAME_CHARS:
+        long_name = max(doc, key=len)
+        report.problems.append(
+            HeaderProblem(
+                "NameTooLong",
+                f"a tensor name of {len(long_name)} characters (more than {MAX_NAME_CHARS})",
+                tensor=long_name[:200] + "...",
+            )
+        )
+        return
 
     tensors: dict[str, TensorInfo] = {}
     spans: list[tuple[int, int, str]] = []

@@ -44,6 +44,7 @@ from weightcheck.tap.records import (
     RecordError,
     SyncRecord,
     TensorEntry,
+    bound_record_files,
     find_record_files,
     read_record,
     record_algorithm,
@@ -1586,6 +1587,10 @@ def verify(
         result.nothing_checked = True
         result.notes.append(f"reference {against}: no such file or directory")
         return result
+    # Memory budget: thousands of sync folders or rank files are not all loaded (newest first, the rest reported).
+    files, left_out = bound_record_files(files)
+    if left_out:
+        findings.add("WC720", left_out, file=str(root))
     loaded: list[SyncRecord] = []
     for paths in files.values():
         for path in paths:
@@ -1634,13 +1639,14 @@ def verify(
     layout = trainer or TrainerLayout()
     tensors = params = 0
     replicas: list[tuple[str | None, str, list[SyncRecord]]] = []
+    several_engines = len({e for _, e in selected}) > 1  # once, not per sync: 10^4 syncs made it quadratic
     for seq, engine in selected:
         label = f"sync {seq}"
         view_records = groups[(seq, engine)]
         version = Counter(r.weight_version for r in view_records if r.weight_version).most_common(1)
         if version:
             label += f" ({version[0][0]})"
-        if len({e for _, e in selected}) > 1:
+        if several_engines:
             label += f" [{engine}]"
         file = f"sync-{seq:05d}"
         view_records = _dedupe_ranks(view_records, findings, label, file)

@@ -488,14 +488,16 @@ def _write_record(current: _Sync, config: TapConfig, *, incomplete: bool, with_s
     if current.runner != "target":  # absent means target: records written before runners stay valid
         header["runner"] = current.runner
     entries = [current.entries[seq] for seq in sorted(current.entries)]
-    params = [coverage.as_line(name) for name, coverage in current.params.items()]
+    # Schema 1.1 order (calls by index, params and states by name): the reader checks it, so a line duplicated,
+    # swapped or moved after writing is detected (weightcheck/tap/records.py).
+    params = [current.params[name].as_line(name) for name in sorted(current.params)]
     states: list[dict[str, Any]] = []
     model = _STATE.model() if _STATE.model is not None and with_state else None
     if config.state and model is not None:
         from weightcheck.tap.state import engine_state
 
         state_from = time.perf_counter()
-        states = engine_state(model, config.digest)
+        states = sorted(engine_state(model, config.digest), key=lambda line: str(line["name"]))
         if current.profile is not None:
             current.profile.add("state", time.perf_counter() - state_from)
             written_from += time.perf_counter() - state_from
@@ -505,7 +507,7 @@ def _write_record(current: _Sync, config: TapConfig, *, incomplete: bool, with_s
 
     def lines() -> Iterator[bytes]:
         yield encode_bytes(header)
-        for call in current.calls:
+        for call in sorted(current.calls, key=lambda line: int(line["call"])):
             yield encode_bytes(call)
         for entry in entries:
             yield encode_bytes(entry)

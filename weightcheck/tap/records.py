@@ -3,7 +3,7 @@
 One JSON-lines file per engine rank per sync, written once, atomically (temp file + `os.replace`), under
 `$WEIGHTCHECK_DIR/sync-{seq:05d}/`. Lines, in order::
 
-    {"t": "header", "kind": "weightcheck-sync-record", "schema_version": "1.0",
+    {"t": "header", "kind": "weightcheck-sync-record", "schema_version": "1.1",
      "sync": {"seq": 3, "source": "session", "weight_version": "step-7", "started": 1.7e9, "ended": 1.7e9},
      "rank": {"tp_rank": 0, "tp_size": 2, "pp_rank": 1, "pp_size": 2, "ep_rank": 0, "ep_size": 1, ...},
      "engine": "host:30000", "host": "...", "pid": 1234, "model": {"class": "Qwen3ForCausalLM",
@@ -17,6 +17,13 @@ One JSON-lines file per engine rank per sync, written once, atomically (temp fil
      "tracked": true, "writes": 3, "shards_expected": ["k", "q", "v"], "shards_written": ["k", "q", "v"],
      "experts_local": null, "experts_written": null}
     {"t": "end", "calls": 1, "tensors": 25, "params": 19}
+
+Integrity of the line sequence: line kinds come in the order above; tensor lines in increasing `seq`;
+from schema 1.1 on, call lines in non-decreasing `call` (two threads may share one) and param/state lines
+in increasing `name` (1.0 records: param and state names unique, their order not checked, as it meant
+nothing). A duplicated, swapped or moved line is a RecordError, like a count that disagrees with the `end`
+line. These catch accidents (a botched copy or concatenation), not a forger, who can rewrite any file
+consistently.
 
 The header's `digest` names the algorithm (`weightcheck.digest.ALGORITHMS`; `sha256` when absent, as in
 records written before there was a choice) and each tensor line carries its hex digest under that key.
@@ -45,7 +52,12 @@ from weightcheck.digest import ALGORITHMS, HEX_LENGTH, SHA256, is_hex_digest
 from weightcheck.safe_io import MAX_RECORD_BYTES, UnsafePath, confine, parse_json, read_text
 
 RECORD_KIND = "weightcheck-sync-record"
-RECORD_SCHEMA_VERSION = "1.0"
+# 1.1: call lines sorted by call index, param and state lines sorted by name (so that a line duplicated,
+# swapped or moved breaks an order the reader checks). 1.0 records are still read: their tensor lines were
+# always in `seq` order and every file in the kind order below; their call/param/state order carried nothing.
+RECORD_SCHEMA_VERSION = "1.1"
+# The kinds of body lines, in the order every writer emitted them.
+LINE_ORDER = {"call": 0, "tensor": 1, "param": 2, "state": 3}
 RECORD_SUFFIX = ".jsonl"
 SYNC_DIR_RE = re.compile(r"^sync-([0-9]{1,12})$")  # ASCII and bounded: a 5,000-digit name is not a sync
 
@@ -246,6 +258,12 @@ class SyncRecord:
         return label if self.runner == "target" else f"{self.runner} {label}"
 
 
+# What one `verify` run reads (docs/security.md, memory budget): its memory grows with the records it holds,
+# so thousands of sync folders or rank files must not all be loaded. Newest syncs are read first; what is
+# left out is reported (never a silent truncation). A real 8-rank sync of a 92k-tensor model is ~240 MB.
+MAX_RECORD_FILES = 2048
+MAX_RECORDS_BYTES = 512 * 1024 * 1024
+
 # Bounds for numbers that the verifier expands into ranges (ranks, layers, local experts).
 MAX_RANKS = 1 << 20
 MAX_COUNT = 1 << 20
@@ -415,6 +433,23 @@ def _parse_param(doc: dict[str, Any]) -> ParamEntry:
     )
 
 
+def _minor_version(header: Mapping[str, Any]) -> int:
+    minor = str(header.get("schema_version", "")).split(".")[1:2]
+    return int(minor[0]) if minor and minor[0].isascii() and minor[0].isdigit() and len(minor[0]) < 6 else 0
+
+
+def _kind_name(order: int) -> str:
+    return next(kind for kind, rank in LINE_ORDER.items() if rank == order)
+
+
+def _check_name_order(name: str, last: Any, seen: Mapping[str, Any], ordered: bool, kind: str) -> None:
+    """A param/state name seen twice (any schema), or out of name order (schema >= 1.1)."""
+    if name in seen:
+        raise RecordError(f"{kind} {name[:200]!r} appears twice (a line duplicated)")
+    if ordered and last is not None and name < last:
+        raise RecordError(f"{kind} {name[:200]!r} after {str(last)[:200]!r}: not in name order (a line moved)")
+
+
 def read_record(path: str | os.PathLike[str]) -> SyncRecord:
     """Read and validate one record file. Raises RecordError (never a bare OSError/JSON error)."""
     target = Path(path)
@@ -430,6 +465,9 @@ def read_record(path: str | os.PathLike[str]) -> SyncRecord:
     params: dict[str, ParamEntry] = {}
     states: dict[str, StateEntry] = {}
     end: dict[str, Any] | None = None
+    ordered = False  # schema >= 1.1: calls, params and states sorted too
+    last_kind = -1
+    last_key: Any = None
     for lineno, line in enumerate(text.splitlines(), 1):
         if not line.strip():
             continue
@@ -447,18 +485,38 @@ def read_record(path: str | os.PathLike[str]) -> SyncRecord:
                 if kind != "header":
                     raise RecordError("the first line must be the header")
                 header = _parse_header(doc)
-            elif kind == "call":
-                calls.append(_parse_call(doc))
+                ordered = _minor_version(header) >= 1
+                continue
+            if kind in LINE_ORDER and LINE_ORDER[kind] < last_kind:
+                raise RecordError(f"a {kind!r} line after the {_kind_name(last_kind)!r} lines (a line moved)")
+            if kind in LINE_ORDER and LINE_ORDER[kind] != last_kind:
+                last_kind, last_key = LINE_ORDER[kind], None
+            if kind == "call":
+                call = _parse_call(doc)
+                # Not strictly: loads on two threads inside one sync can share a call index. A duplicated call
+                # line is caught by the 'end' line's count.
+                if ordered and last_key is not None and call.call < last_key:
+                    raise RecordError(f"call {call.call} after call {last_key} (a line moved)")
+                last_key = call.call
+                calls.append(call)
             elif kind == "tensor":
-                tensors.append(_parse_tensor(doc, record_algorithm(header)))
+                tensor = _parse_tensor(doc, record_algorithm(header))
+                if last_key is not None and tensor.seq <= last_key:
+                    raise RecordError(f"tensor seq {tensor.seq} after seq {last_key} (a line duplicated or moved)")
+                last_key = tensor.seq
+                tensors.append(tensor)
             elif kind == "param":
                 entry = _parse_param(doc)
+                _check_name_order(entry.name, last_key, params, ordered, "param")
+                last_key = entry.name
                 params[entry.name] = entry
             elif kind == "state":
                 algorithm = header.get("state_digest")
                 if algorithm not in ALGORITHMS:
                     raise RecordError(f"state lines need a known header 'state_digest', got {algorithm!r}")
                 state = _parse_state(doc, algorithm)
+                _check_name_order(state.name, last_key, states, ordered, "state")
+                last_key = state.name
                 states[state.name] = state
             elif kind == "end":
                 end = doc
@@ -569,3 +627,39 @@ def _record_entries(folder: Path, real: Path | None = None) -> list[Path]:
     except OSError:
         return []
     return sorted(folder / n for n in names if n.endswith(RECORD_SUFFIX) and not n.startswith("."))
+
+
+def bound_record_files(files: Mapping[int, list[Path]]) -> tuple[dict[int, list[Path]], str | None]:
+    """The record files one verify run reads: the newest syncs first, until MAX_RECORD_FILES files or
+    MAX_RECORDS_BYTES bytes. Returns them (oldest sync first, as `scan_records` orders them) and, when some
+    were left out, a message saying which."""
+    kept: dict[int, list[Path]] = {}
+    count = size = 0
+    left: list[int] = []
+    left_files = 0
+    for seq in sorted(files, reverse=True):
+        paths = files[seq]
+        if left:
+            left.append(seq)
+            left_files += len(paths)
+            continue
+        for i, path in enumerate(paths):
+            try:
+                nbytes = os.lstat(path).st_size  # not followed: read_record confines and caps each file
+            except OSError:
+                nbytes = 0
+            if count + 1 > MAX_RECORD_FILES or size + nbytes > MAX_RECORDS_BYTES:
+                left.append(seq)
+                left_files += len(paths) - i
+                break
+            kept.setdefault(seq, []).append(path)
+            count += 1
+            size += nbytes
+    if not left:
+        return dict(sorted(kept.items())), None
+    message = (
+        f"{left_files} record files of {len(left)} sync folder(s) (sync {min(left)} to {max(left)}) not read: "
+        f"one verify run reads at most {MAX_RECORD_FILES} record files and {MAX_RECORDS_BYTES >> 20} MB of "
+        f"records, newest syncs first; move older sync folders out of the records folder to check them"
+    )
+    return dict(sorted(kept.items())), message
