@@ -1,0 +1,447 @@
+"""Every rule's fix text, applied (issue #19 item 9): for each registered code with a fix text, a real
+checkpoint (transformers `save_pretrained`, llm-compressor `oneshot`) is damaged so the rule fires, the edit
+the finding's fix text prescribes is applied literally in code, and the checkpoint is linted again: the
+code must be gone and no new error may appear. "Re-export" / "re-copy" / "re-quantize" are applied as what
+they mean for a user who still has the producer's output: the tensors or files *the finding names* are
+written again from the untouched export, so the test also proves that the finding points at the right
+thing. Codes that no edit can clear mechanically are listed in EXCLUDED with the reason, and the meta-test
+keeps table + exclusions equal to the registry."""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import shutil
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import pytest
+from conftest import read_index, shards, write_index
+from helpers import rewrite_shard
+from quantized import dequantize_module_in_place, edit_tensors, quant_config, quantize_modules_in_place, set_ignore
+
+from weightcheck.findings import Finding, Severity
+from weightcheck.lint import lint
+
+Ctx = dict[str, Any]  # per-case scratch: "target" (what to lint), "options" (lint options), anything else
+
+
+@dataclass(frozen=True)
+class Case:
+    code: str
+    fixture: str  # "llama", "qwen3_moe", "qwen3_tied" (make_ckpt) or "q:<family>:<scheme>" (make_quant)
+    damage: Callable[[Path, Ctx], None]
+    # (checkpoint, pristine copy, the findings of `code`, ctx): apply what the fix text says.
+    apply: Callable[[Path, Path, list[Finding], Ctx], None]
+    said: str  # the words of the fix text this application follows (asserted present in the finding's fix)
+    content: bool = False
+
+
+# ---- reading and writing tensors with safetensors' own API ---------------------------------------------
+def _tensors_of(path: Path) -> dict[str, str]:
+    """tensor name → shard file, from the index or from the single model.safetensors."""
+    if (path / "model.safetensors.index.json").exists():
+        return read_index(path)["weight_map"]
+    from safetensors import safe_open
+
+    with safe_open(str(path / "model.safetensors"), framework="pt") as fh:
+        return dict.fromkeys(fh.keys(), "model.safetensors")
+
+
+def _get(path: Path, name: str):
+    from safetensors import safe_open
+
+    with safe_open(str(path / _tensors_of(path)[name]), framework="pt") as fh:
+        return fh.get_tensor(name)
+
+
+def _put(path: Path, name: str, tensor) -> None:
+    """Overwrite one stored tensor in its shard (same name), keeping the shard's metadata."""
+    rewrite_shard(path / _tensors_of(path)[name], add={name: tensor})
+
+
+def _reexport_named(path: Path, pristine: Path, findings: list[Finding]) -> None:
+    """"Re-export X": write again, from the producer's output, exactly the tensors the findings name (a
+    tensor named but absent from the export is dropped: the export never had it)."""
+    names = set().union(*(f.subjects() for f in findings))
+    if not names:
+        names = {f.location.tensor for f in findings if f.location.tensor}
+    source = _tensors_of(pristine)
+    wanted = {n for n in names if n in source}
+    assert wanted, f"the finding names no tensor of the export: {names}"
+    here = _tensors_of(path)
+    drop = {n for n in names if n in here}
+    edit_tensors(path, drop=drop, add={n: _get(pristine, n) for n in wanted})
+
+
+def _recopy_files(path: Path, pristine: Path, findings: list[Finding]) -> None:
+    """"Re-copy / restore the shard": copy the files the findings name from the source."""
+    files = {f.location.file for f in findings if f.location.file}
+    assert files, "the finding names no file"
+    for name in files:
+        dest = path / name
+        if dest.is_symlink() or dest.exists():
+            dest.unlink()
+        shutil.copy2(pristine / name, dest)
+
+
+def _module_tensors(path: Path, module: str) -> set[str]:
+    return {n for n in _tensors_of(path) if n.startswith(module + ".")}
+
+
+def _restore_modules(path: Path, pristine: Path, modules: list[str]) -> None:
+    """Store the modules exactly as the quantizer wrote them (the re-run the fix text asks for)."""
+    drop = set().union(*(_module_tensors(path, m) for m in modules))
+    add = {n: _get(pristine, n) for m in modules for n in _module_tensors(pristine, m)}
+    edit_tensors(path, drop=drop, add=add)
+
+
+def _config(path: Path) -> dict:
+    return json.loads((path / "config.json").read_text())
+
+
+def _write_config(path: Path, cfg: dict) -> None:
+    (path / "config.json").write_text(json.dumps(cfg, indent=2))
+
+
+def _ignore(path: Path) -> list[str]:
+    return list(quant_config(path)["ignore"])
+
+
+# ---- WC1xx files --------------------------------------------------------------------------------------
+def _truncate(path: Path, ctx: Ctx) -> None:
+    victim = shards(path)[1]
+    os.truncate(victim, victim.stat().st_size - 100)
+
+
+def _corrupt_header(path: Path, ctx: Ctx) -> None:
+    victim = shards(path)[0]
+    data = bytearray(victim.read_bytes())
+    data[8] = ord("[")  # the header's opening `{` → not a JSON object
+    victim.write_bytes(bytes(data))
+
+
+def _reexport_shard_files(path: Path, pristine: Path, found: list[Finding], ctx: Ctx) -> None:
+    """"Re-export the shard with the safetensors library": save_file the export's tensors into it."""
+    from safetensors import safe_open
+    from safetensors.torch import save_file
+
+    for f in found:
+        name = f.location.file
+        with safe_open(str(pristine / name), framework="pt") as fh:
+            tensors = {k: fh.get_tensor(k) for k in fh.keys()}
+            meta = fh.metadata()
+        save_file(tensors, str(path / name), metadata=meta)
+
+
+def _overlap_offsets(path: Path, ctx: Ctx) -> None:
+    """Hand-damaged header (malformed input): the second tensor's range starts inside the first's."""
+    victim = shards(path)[0]
+    data = victim.read_bytes()
+    n = int.from_bytes(data[:8], "little")
+    header = json.loads(data[8 : 8 + n])
+    entries = sorted((v["data_offsets"][0], k) for k, v in header.items() if k != "__metadata__")
+    second = header[entries[1][1]]
+    second["data_offsets"] = [second["data_offsets"][0] - 4, second["data_offsets"][1] - 4]
+    text = json.dumps(header, separators=(",", ":")).encode()
+    text += b" " * (n - len(text))
+    assert len(text) == n
+    victim.write_bytes(data[:8] + text + data[8 + n :])
+
+
+def _symlink_out(path: Path, ctx: Ctx) -> None:
+    victim = shards(path)[1]
+    outside = path.parent / "outside.safetensors"
+    shutil.move(victim, outside)
+    victim.symlink_to(outside)
+
+
+def _fifo_shard(path: Path, ctx: Ctx) -> None:
+    victim = shards(path)[1]
+    victim.unlink()
+    os.mkfifo(victim)
+
+
+def _replace_by_regular(path: Path, pristine: Path, found: list[Finding], ctx: Ctx) -> None:
+    _recopy_files(path, pristine, found)  # "Replace the file with the regular shard it should be"
+
+
+def _stray_file(path: Path, ctx: Ctx) -> None:
+    import torch
+    from safetensors.torch import save_file
+
+    save_file({"model.extra_head.weight": torch.zeros(4, 4)}, str(path / "extra.safetensors"), {"format": "pt"})
+
+
+def _delete_stray(path: Path, pristine: Path, found: list[Finding], ctx: Ctx) -> None:
+    for f in found:
+        (path / f.location.file).unlink()  # "delete the stray file"
+
+
+def _drop_shard_and_entries(path: Path, ctx: Ctx) -> None:
+    gone = shards(path)[1]
+    index = read_index(path)
+    index["weight_map"] = {k: v for k, v in index["weight_map"].items() if v != gone.name}
+    write_index(path, index)
+    gone.unlink()
+
+
+def _restore_other_export(path: Path, pristine: Path, found: list[Finding], ctx: Ctx) -> None:
+    """"restore the missing shard files": copy every shard the numbering says is missing, and the index
+    that lists their tensors (a restore of the export, not of one file)."""
+    for shard in shards(pristine):
+        if not (path / shard.name).exists():
+            shutil.copy2(shard, path / shard.name)
+    shutil.copy2(pristine / "model.safetensors.index.json", path / "model.safetensors.index.json")
+
+
+def _config_broken(path: Path, ctx: Ctx) -> None:
+    (path / "config.json").write_text('{"hidden_size": 64,')
+
+
+def _write_config_with_save_pretrained(path: Path, pristine: Path, found: list[Finding], ctx: Ctx) -> None:
+    from transformers import AutoConfig
+
+    (path / "config.json").unlink()
+    AutoConfig.from_pretrained(pristine).save_pretrained(path)  # "save_pretrained writes one"
+
+
+def _metadata_torch(path: Path, ctx: Ctx) -> None:
+    victim = shards(path)[0]
+    rewrite_shard(victim)
+    from safetensors import safe_open
+    from safetensors.torch import save_file
+
+    with safe_open(str(victim), framework="pt") as fh:
+        tensors = {k: fh.get_tensor(k) for k in fh.keys()}
+    save_file(tensors, str(victim), metadata={"format": "torch"})
+
+
+def _metadata_pt(path: Path, pristine: Path, found: list[Finding], ctx: Ctx) -> None:
+    from safetensors import safe_open
+    from safetensors.torch import save_file
+
+    for f in found:
+        file = path / f.location.file
+        with safe_open(str(file), framework="pt") as fh:
+            tensors = {k: fh.get_tensor(k) for k in fh.keys()}
+        save_file(tensors, str(file), metadata={"format": "pt"})  # literally the call the fix text gives
+
+
+def _pickled_only(path: Path, ctx: Ctx) -> None:
+    """The weights as a pickled pytorch_model.bin (what an old save wrote) and no safetensors."""
+    import torch
+
+    state = {name: _get(path, name) for name in _tensors_of(path)}
+    for shard in shards(path):
+        shard.unlink()
+    (path / "model.safetensors.index.json").unlink()
+    torch.save(state, path / "pytorch_model.bin")
+
+
+def _convert_bin(path: Path, pristine: Path, found: list[Finding], ctx: Ctx) -> None:
+    import torch
+    from safetensors.torch import save_file
+
+    state = torch.load(path / "pytorch_model.bin", weights_only=True)
+    save_file(state, str(path / "model.safetensors"), metadata={"format": "pt"})
+    (path / "pytorch_model.bin").unlink()
+
+
+# ---- WC2xx index --------------------------------------------------------------------------------------
+def _delete_shard(path: Path, ctx: Ctx) -> None:
+    shards(path)[1].unlink()
+
+
+def _restore_named_files(path: Path, pristine: Path, found: list[Finding], ctx: Ctx) -> None:
+    _recopy_files(path, pristine, found)  # "Copy the missing shard into the checkpoint"
+
+
+def _unindex(path: Path, ctx: Ctx) -> None:
+    index = read_index(path)
+    index["weight_map"].pop("model.norm.weight")
+    write_index(path, index)
+
+
+def _add_entries(path: Path, pristine: Path, found: list[Finding], ctx: Ctx) -> None:
+    """add "<tensor>": "<its shard>" to weight_map for each tensor (from the finding's own location)."""
+    index = read_index(path)
+    for f in found:
+        for tensor in f.subjects() - {f.location.file}:
+            index["weight_map"][tensor] = f.location.file
+    write_index(path, index)
+
+
+def _duplicate_tensor(path: Path, ctx: Ctx) -> None:
+    name = "model.layers.0.input_layernorm.weight"
+    home = read_index(path)["weight_map"][name]
+    other = next(s for s in shards(path) if s.name != home)
+    rewrite_shard(other, add={name: _get(path, name)})
+    ctx["stale"] = (other.name, name)
+
+
+def _delete_stale_copy(path: Path, pristine: Path, found: list[Finding], ctx: Ctx) -> None:
+    """"delete the stale copy and its index entry": the copy the index does not point at (its entry is the
+    other shard's, so there is no entry to delete)."""
+    [f] = found
+    wm = read_index(path)["weight_map"]
+    tensor = f.location.tensor
+    for shard in shards(path):
+        if shard.name != wm[tensor] and tensor in _keys(shard):
+            rewrite_shard(shard, drop={tensor})
+
+
+def _keys(shard: Path) -> set[str]:
+    from safetensors import safe_open
+
+    with safe_open(str(shard), framework="pt") as fh:
+        return set(fh.keys())
+
+
+def _bump_total(path: Path, ctx: Ctx) -> None:
+    index = read_index(path)
+    index["metadata"]["total_size"] += 4096
+    write_index(path, index)
+
+
+def _set_total(path: Path, pristine: Path, found: list[Finding], ctx: Ctx) -> None:
+    """The finding's text names the value: `set "metadata": {"total_size": N}`; write exactly that."""
+    [f] = found
+    total = int(re.search(r'"total_size": (\d+)', f.fix).group(1))
+    index = read_index(path)
+    index["metadata"]["total_size"] = total
+    write_index(path, index)
+
+
+def _nbytes(fh, key: str) -> int:
+    tensor = fh.get_tensor(key)
+    return tensor.numel() * tensor.element_size()
+
+
+def _escape_entry(path: Path, ctx: Ctx) -> None:
+    index = read_index(path)
+    index["weight_map"]["model.norm.weight"] = "../" + index["weight_map"]["model.norm.weight"]
+    write_index(path, index)
+
+
+def _entry_inside(path: Path, pristine: Path, found: list[Finding], ctx: Ctx) -> None:
+    """"rewrite the entry to a shard file inside the checkpoint folder": the shard that holds the tensor."""
+    index = read_index(path)
+    for name, shard in index["weight_map"].items():
+        if shard.startswith("../"):
+            index["weight_map"][name] = next(s.name for s in shards(path) if name in _keys(s))
+    write_index(path, index)
+
+
+def _index_garbage(path: Path, ctx: Ctx) -> None:
+    (path / "model.safetensors.index.json").write_text('{"weight_map": ')
+
+
+def _index_from_shards(path: Path, pristine: Path, found: list[Finding], ctx: Ctx) -> None:
+    """"Rewrite the index from the shards": weight_map from each shard's keys, total_size from their bytes
+    (what save_pretrained writes), then `lint --fix` would have nothing left to mend."""
+    weight_map, total = {}, 0
+    from safetensors import safe_open
+
+    for shard in shards(path):
+        with safe_open(str(shard), framework="pt") as fh:
+            for key in fh.keys():
+                weight_map[key] = shard.name
+                total += _nbytes(fh, key)
+    write_index(path, {"metadata": {"total_size": total}, "weight_map": dict(sorted(weight_map.items()))})
+
+
+CASES: list[Case] = [
+    Case("WC101", "llama", _truncate, _restore_named_files, "re-copy the shard"),
+    Case("WC102", "llama", _corrupt_header, _reexport_shard_files, "re-export the shard with the safetensors"),
+    Case("WC103", "llama", _overlap_offsets, _reexport_shard_files, "re-export the shard with the safetensors"),
+    Case("WC104", "llama", _fifo_shard, _replace_by_regular, "Replace the file with the regular shard"),
+    Case("WC105", "llama", _stray_file, _delete_stray, "delete the stray file"),
+    Case("WC106", "llama", _drop_shard_and_entries, _restore_other_export, "restore the missing shard files"),
+    Case("WC107", "llama", _config_broken, _write_config_with_save_pretrained, "save_pretrained writes one"),
+    Case("WC108", "llama", _metadata_torch, _metadata_pt, 'metadata={"format": "pt"}'),
+    Case("WC109", "llama", _pickled_only, _convert_bin, "convert pickled .bin weights to safetensors"),
+    Case("WC201", "llama", _delete_shard, _restore_named_files, "Copy the missing shard into the checkpoint"),
+    Case("WC203", "llama", _unindex, _add_entries, 'add "<tensor>": "<its shard>" to weight_map'),
+    Case("WC204", "llama", _duplicate_tensor, _delete_stale_copy, "delete the stale copy"),
+    Case("WC205", "llama", _bump_total, _set_total, 'set "metadata": {"total_size": '),
+    Case("WC206", "llama", _escape_entry, _entry_inside, "rewrite the entry to a shard file inside"),
+    Case("WC206", "llama", _symlink_out, _replace_by_regular, "by a regular copy of the shard"),
+    Case("WC207", "llama", _index_garbage, _index_from_shards, "Rewrite the index from the shards"),
+]
+
+# Codes whose fix text names no edit a test can make, with why (kept short: each is a judgement call).
+EXCLUDED: dict[str, str] = {
+    "WC000": "an internal error is a weightcheck bug: the text says to report it, nothing to apply",
+}
+# Codes whose fix texts are applied in tests/test_fix_texts.py (ghost entries need `lint --fix` or a
+# re-export; WC304/WC309's suggested entries are written there).
+APPLIED_ELSEWHERE = {"WC202", "WC304", "WC309"}
+
+
+# ---- the harness --------------------------------------------------------------------------------------
+def _lint(path: Path, ctx: Ctx, content: bool) -> list[Finding]:
+    options = {"content": content, **ctx.get("options", {})}
+    result = lint(ctx.get("target", path), options=options)
+    out: list[Finding] = []
+
+    def walk(fs: list[Finding]) -> None:
+        for f in fs:
+            out.append(f)
+            walk(f.related)
+
+    walk(result.findings)
+    return out
+
+
+def _errors(findings: list[Finding]) -> set[tuple]:
+    return {(f.code, f.location.file, f.location.tensor, f.location.module) for f in findings
+            if f.severity == Severity.ERROR}  # fmt: skip
+
+
+@pytest.fixture
+def source(make_ckpt, make_quant) -> Callable[[str], Path]:
+    def get(fixture: str) -> Path:
+        if fixture.startswith("q:"):
+            _, family, scheme = fixture.split(":")
+            return make_quant(family, scheme)
+        return make_ckpt(fixture)
+
+    return get
+
+
+@pytest.mark.parametrize("case", CASES, ids=lambda c: f"{c.code}-{c.damage.__name__.strip('_')}")
+def test_fix_text_applied_clears_the_finding(source, tmp_path: Path, case: Case) -> None:
+    pristine = source(case.fixture)
+    path = tmp_path / "ck"
+    shutil.copytree(pristine, path, symlinks=True)
+    ctx: Ctx = {}
+    clean = _lint(pristine, {}, case.content)
+    assert not _errors(clean), f"the untouched fixture is not clean: {_errors(clean)}"
+    case.damage(path, ctx)
+    before = _lint(path, ctx, case.content)
+    found = [f for f in before if f.code == case.code]
+    assert found, f"damage did not trigger {case.code}: {sorted({f.code for f in before})}"
+    for f in found:
+        assert case.said in f.fix, f"{case.code}'s fix text no longer says {case.said!r}: {f.fix}"
+    case.apply(path, pristine, found, ctx)
+    after = _lint(path, ctx, case.content)
+    left = [(f.code, f.message) for f in after if f.code == case.code]
+    assert not left, f"applying {case.code}'s fix text ({found[0].fix}) left: {left}"
+    new = _errors(after) - _errors(before)
+    assert not new, f"applying {case.code}'s fix text introduced errors: {new}"
+
+
+def test_every_fix_text_is_applied_or_excluded_with_a_reason() -> None:
+    from weightcheck.rules import all_rules
+
+    with_text = {code for code, rule in all_rules().items() if rule.fix_text()}
+    tabled = {c.code for c in CASES}
+    assert not tabled & set(EXCLUDED), "a code is both applied and excluded"
+    assert all(len(reason) > 30 for reason in EXCLUDED.values())
+    missing = with_text - tabled - set(EXCLUDED) - APPLIED_ELSEWHERE
+    assert not missing, f"fix texts no test applies: {sorted(missing)}"
+    assert not (tabled | set(EXCLUDED) | APPLIED_ELSEWHERE) - with_text, "table names unregistered codes"
