@@ -64,7 +64,7 @@ def _put(path: Path, name: str, tensor) -> None:
 
 
 def _reexport_named(path: Path, pristine: Path, findings: list[Finding]) -> None:
-    """"Re-export X": write again, from the producer's output, exactly the tensors the findings name (a
+    """ "Re-export X": write again, from the producer's output, exactly the tensors the findings name (a
     tensor named but absent from the export is dropped: the export never had it)."""
     names = set().union(*(f.subjects() for f in findings))
     if not names:
@@ -73,14 +73,17 @@ def _reexport_named(path: Path, pristine: Path, findings: list[Finding]) -> None
     wanted = {n for n in names if n in source}
     assert wanted, f"the finding names no tensor of the export: {names}"
     here = _tensors_of(path)
-    drop = {n for n in names if n in here}
-    edit_tensors(path, drop=drop, add={n: _get(pristine, n) for n in wanted})
+    for name in wanted & set(here):  # in place, in the shard the index names
+        _put(path, name, _get(pristine, name))
+    edit_tensors(path, drop={n for n in names if n in here and n not in wanted},
+                 add={n: _get(pristine, n) for n in wanted - set(here)})  # fmt: skip
 
 
 def _recopy_files(path: Path, pristine: Path, findings: list[Finding]) -> None:
-    """"Re-copy / restore the shard": copy the files the findings name from the source."""
+    """ "Re-copy / restore the shard": copy the files the findings name from the source."""
     files = {f.location.file for f in findings if f.location.file}
-    assert files, "the finding names no file"
+    files |= {n for f in findings for n in f.subjects() | set(f.details.get("shards", ())) if (pristine / n).is_file()}
+    assert files, f"the finding names no file: {[(f.message, f.details) for f in findings]}"
     for name in files:
         dest = path / name
         if dest.is_symlink() or dest.exists():
@@ -125,7 +128,7 @@ def _corrupt_header(path: Path, ctx: Ctx) -> None:
 
 
 def _reexport_shard_files(path: Path, pristine: Path, found: list[Finding], ctx: Ctx) -> None:
-    """"Re-export the shard with the safetensors library": save_file the export's tensors into it."""
+    """ "Re-export the shard with the safetensors library": save_file the export's tensors into it."""
     from safetensors import safe_open
     from safetensors.torch import save_file
 
@@ -190,7 +193,7 @@ def _drop_shard_and_entries(path: Path, ctx: Ctx) -> None:
 
 
 def _restore_other_export(path: Path, pristine: Path, found: list[Finding], ctx: Ctx) -> None:
-    """"restore the missing shard files": copy every shard the numbering says is missing, and the index
+    """ "restore the missing shard files": copy every shard the numbering says is missing, and the index
     that lists their tensors (a restore of the export, not of one file)."""
     for shard in shards(pristine):
         if not (path / shard.name).exists():
@@ -284,7 +287,7 @@ def _duplicate_tensor(path: Path, ctx: Ctx) -> None:
 
 
 def _delete_stale_copy(path: Path, pristine: Path, found: list[Finding], ctx: Ctx) -> None:
-    """"delete the stale copy and its index entry": the copy the index does not point at (its entry is the
+    """ "delete the stale copy and its index entry": the copy the index does not point at (its entry is the
     other shard's, so there is no entry to delete)."""
     [f] = found
     wm = read_index(path)["weight_map"]
@@ -328,7 +331,7 @@ def _escape_entry(path: Path, ctx: Ctx) -> None:
 
 
 def _entry_inside(path: Path, pristine: Path, found: list[Finding], ctx: Ctx) -> None:
-    """"rewrite the entry to a shard file inside the checkpoint folder": the shard that holds the tensor."""
+    """ "rewrite the entry to a shard file inside the checkpoint folder": the shard that holds the tensor."""
     index = read_index(path)
     for name, shard in index["weight_map"].items():
         if shard.startswith("../"):
@@ -341,7 +344,7 @@ def _index_garbage(path: Path, ctx: Ctx) -> None:
 
 
 def _index_from_shards(path: Path, pristine: Path, found: list[Finding], ctx: Ctx) -> None:
-    """"Rewrite the index from the shards": weight_map from each shard's keys, total_size from their bytes
+    """ "Rewrite the index from the shards": weight_map from each shard's keys, total_size from their bytes
     (what save_pretrained writes), then `lint --fix` would have nothing left to mend."""
     weight_map, total = {}, 0
     from safetensors import safe_open
@@ -353,6 +356,304 @@ def _index_from_shards(path: Path, pristine: Path, found: list[Finding], ctx: Ct
                 total += _nbytes(fh, key)
     write_index(path, {"metadata": {"total_size": total}, "weight_map": dict(sorted(weight_map.items()))})
 
+
+# ---- WC3xx quantization (llm-compressor W4A16 output; ignore = lm_head + routers) ---------------------
+O_PROJ = "model.layers.0.self_attn.o_proj"
+Q_PROJ = "model.layers.0.self_attn.q_proj"
+ROUTER = "model.layers.0.mlp.gate"
+EXPERT = "model.layers.0.mlp.experts.0.gate_proj"
+
+
+def _add_ignore(entry: str) -> Callable[[Path, Ctx], None]:
+    def damage(path: Path, ctx: Ctx) -> None:
+        set_ignore(path, [*_ignore(path), entry])
+        ctx["entry"] = entry
+
+    damage.__name__ = f"_ignore_{entry}"
+    return damage
+
+
+def _remove_entry(path: Path, pristine: Path, found: list[Finding], ctx: Ctx) -> None:
+    """ "remove the entry" / "remove the module from the ignore list": the one the finding names."""
+    entry = ctx["entry"]
+    assert any(entry in f.message or repr(entry) in f.message or entry == f.location.module for f in found), [f.message for f in found]
+    set_ignore(path, [e for e in _ignore(path) if e != entry])
+
+
+def _bad_validator_field(path: Path, ctx: Ctx) -> None:
+    cfg = _config(path)
+    cfg["quantization_config"]["config_groups"]["group_0"]["weights"]["pytorch_dtype"] = "fp4"
+    _write_config(path, cfg)
+
+
+def _fix_named_field(path: Path, pristine: Path, found: list[Finding], ctx: Ctx) -> None:
+    """ "fix the field the validator names": the field in the message gets the export's value (here the
+    export had none: the field goes)."""
+    [f] = found
+    assert "pytorch_dtype" in f.message, f.message
+    cfg = _config(path)
+    weights = cfg["quantization_config"]["config_groups"]["group_0"]["weights"]
+    original = _config(pristine)["quantization_config"]["config_groups"]["group_0"]["weights"]
+    if "pytorch_dtype" in original:
+        weights["pytorch_dtype"] = original["pytorch_dtype"]
+    else:
+        weights.pop("pytorch_dtype")
+    _write_config(path, cfg)
+
+
+def _unquantize(module: str) -> Callable[[Path, Ctx], None]:
+    def damage(path: Path, ctx: Ctx) -> None:
+        dequantize_module_in_place(path, module)
+
+    damage.__name__ = f"_unquantized_{module.rsplit('.', 2)[-2]}_{module.rsplit('.', 1)[-1]}"
+    return damage
+
+
+def _ignore_named_module(path: Path, pristine: Path, found: list[Finding], ctx: Ctx) -> None:
+    """ "add it to the ignore list": the module the finding names."""
+    modules = {f.location.module for f in found if f.location.module} or set().union(*(f.subjects() for f in found))
+    set_ignore(path, [*_ignore(path), *sorted(modules)])
+
+
+def _quantize(module: str) -> Callable[[Path, Ctx], None]:
+    def damage(path: Path, ctx: Ctx) -> None:
+        quantize_modules_in_place(path, [module])
+        ctx["module"] = module
+
+    damage.__name__ = f"_quantized_{module.rsplit('.', 1)[-1]}"
+    return damage
+
+
+def _requantize_named(path: Path, pristine: Path, found: list[Finding], ctx: Ctx) -> None:
+    """ "re-export / re-quantize / store unquantized (re-run the quantizer)": the modules the findings name
+    are written again exactly as the quantizer wrote them."""
+    named = {f.location.module for f in found if f.location.module}
+    named |= {t.rsplit(".", 1)[0] for f in found for t in f.subjects() if t.rsplit(".", 1)[-1].startswith("weight")}
+    named |= {t for f in found for t in f.subjects() if _module_tensors(pristine, t)}
+    modules = sorted(m for m in named if _module_tensors(pristine, m))
+    assert modules, f"the findings name no module of the export: {[f.message for f in found]}"
+    _restore_modules(path, pristine, modules)
+
+
+def _partial_fused(path: Path, ctx: Ctx) -> None:
+    """q_proj stored unquantized and ignored, k/v quantized: a fused qkv_proj half ignored."""
+    dequantize_module_in_place(path, Q_PROJ)
+    set_ignore(path, [*_ignore(path), Q_PROJ])
+
+
+def _ignore_none_of_group(path: Path, pristine: Path, found: list[Finding], ctx: Ctx) -> None:
+    """ "ignore ... none, and store the group to match": drop q_proj's entry and re-run the quantizer."""
+    set_ignore(path, [e for e in _ignore(path) if e != Q_PROJ])
+    _restore_modules(path, pristine, [Q_PROJ])
+
+
+def _ignore_fused_name(path: Path, pristine: Path, found: list[Finding], ctx: Ctx) -> None:
+    """ "ignore the fused name (`qkv_proj`) in addition to its shards": the name the finding gives."""
+    [f] = found
+    fused = re.search(r"model\.layers\.\d+\.self_attn\.qkv_proj", f.message).group(0)
+    set_ignore(path, [*_ignore(path), fused])
+
+
+def _drop_companion(path: Path, ctx: Ctx) -> None:
+    edit_tensors(path, drop={f"{O_PROJ}.weight_scale"})
+
+
+def _wrong_scale_shape(path: Path, ctx: Ctx) -> None:
+    import torch
+
+    scale = _get(path, f"{O_PROJ}.weight_scale")
+    _put(path, f"{O_PROJ}.weight_scale", torch.ones(scale.shape[0], scale.shape[1] + 1, dtype=scale.dtype))
+
+
+def _fused_packed(path: Path, ctx: Ctx) -> None:
+    name = f"{EXPERT}.weight_packed"
+    edit_tensors(path, add={"model.layers.0.mlp.experts.gate_up_proj_packed": _get(path, name)})
+
+
+def _drop_fused_packed(path: Path, pristine: Path, found: list[Finding], ctx: Ctx) -> None:
+    """ "unfuse the 3-D expert tensor into per-expert `weight_packed`": the per-expert tensors are what the
+    export already holds for every expert, so the fused one goes."""
+    [f] = found
+    fused = {t for t in _tensors_of(path) if t.endswith("_packed") and not t.endswith(".weight_packed")}
+    assert fused and all(t in f.message or t in f.subjects() for t in fused), f.message
+    edit_tensors(path, drop=fused)
+
+
+def _class_name_entry(path: Path, ctx: Ctx) -> None:
+    set_ignore(path, [*_ignore(path), "Qwen3MoeSparseMoeBlock"])
+
+
+def _class_to_regex(path: Path, pristine: Path, found: list[Finding], ctx: Ctx) -> None:
+    """ "replace the class name by a module-name regex (e.g. `re:.*mlp$`)": the MoE block is `mlp`."""
+    set_ignore(path, [e if e != "Qwen3MoeSparseMoeBlock" else "re:.*mlp$" for e in _ignore(path)])
+
+
+def _hf_quant_config_differs(path: Path, ctx: Ctx) -> None:
+    """The side file ModelOpt writes next to config.json, listing one module more than config.json does."""
+    side = {"producer": {"name": "modelopt"}, "quantization": {"exclude_modules": [*_ignore(path), O_PROJ]}}
+    (path / "hf_quant_config.json").write_text(json.dumps(side, indent=2))
+
+
+def _same_lists(path: Path, pristine: Path, found: list[Finding], ctx: Ctx) -> None:
+    """ "make config.json's ignore and hf_quant_config.json's exclude_modules list the same modules": the
+    one config.json describes the stored weights (o_proj is stored quantized), so the side file follows it."""
+    side = json.loads((path / "hf_quant_config.json").read_text())
+    side["quantization"]["exclude_modules"] = _ignore(path)
+    (path / "hf_quant_config.json").write_text(json.dumps(side, indent=2))
+
+
+# ---- WC4xx/WC5xx keys and shapes (transformers save_pretrained) ----------------------------------------
+def _drop(*names: str) -> Callable[[Path, Ctx], None]:
+    def damage(path: Path, ctx: Ctx) -> None:
+        edit_tensors(path, drop={n for n in _tensors_of(path) if any(n == x or n.startswith(x + ".") for x in names)})
+
+    damage.__name__ = "_drop_" + "_".join(n.replace("model.", "").replace(".", "_") for n in names)
+    return damage
+
+
+def _restore_missing(path: Path, pristine: Path, found: list[Finding], ctx: Ctx) -> None:
+    """ "re-export the missing layers / experts / weights": the export's tensors under what the findings name
+    (a tensor, a module, or a layer id in the message) are written again."""
+    here = set(_tensors_of(path))
+    missing = set(_tensors_of(pristine)) - here
+    names = set().union(*(f.subjects() for f in found)) | {f.location.tensor for f in found if f.location.tensor}
+    text = " ".join(f"{f.message} {f.details}" for f in found)
+    names |= set(re.findall(r"model\.layers\.\d+[\w.]*", text))
+    for layers, experts in re.findall(r"layers ([\d, ]+) lack experts ([\d, ]+)", text):  # WC403's wording
+        names |= {
+            f"model.layers.{i}.mlp.experts.{e}" for i in re.findall(r"\d+", layers) for e in re.findall(r"\d+", experts)
+        }
+    wanted = {m for m in missing if m in names or any(m.startswith(n.rstrip(".") + ".") for n in names)}
+    assert wanted, f"the findings name none of the missing tensors {sorted(missing)[:4]}: {text}"
+    edit_tensors(path, add={n: _get(pristine, n) for n in wanted})
+
+
+def _mtp_declared(path: Path, ctx: Ctx) -> None:
+    cfg = _config(path)
+    cfg["num_nextn_predict_layers"] = 1
+    _write_config(path, cfg)
+
+
+def _mtp_zero(path: Path, pristine: Path, found: list[Finding], ctx: Ctx) -> None:
+    cfg = _config(path)
+    cfg["num_nextn_predict_layers"] = 0  # "set the config's MTP count to 0 if the model has none"
+    _write_config(path, cfg)
+
+
+def _repeat_prefix(path: Path, ctx: Ctx) -> None:
+    name = "model.norm.weight"
+    edit_tensors(path, drop={name}, add={"model.model.norm.weight": _get(path, name)})
+
+
+def _strip_prefix(path: Path, pristine: Path, found: list[Finding], ctx: Ctx) -> None:
+    """ "strip the repeated prefix from the tensor names"."""
+    names = {t for f in found for t in f.subjects() | {f.location.tensor} if t and t in _tensors_of(path)}
+    assert names, [f.message for f in found]
+    fixed = {re.sub(r"\b((\w+)\.)\1", r"\1", n): _get(path, n) for n in names}
+    edit_tensors(path, drop=names, add=fixed)
+
+
+def _extra_layer(path: Path, ctx: Ctx) -> None:
+    import torch
+
+    edit_tensors(path, add={"model.layers.4.input_layernorm.weight": torch.ones(64)})
+
+
+def _drop_named(path: Path, pristine: Path, found: list[Finding], ctx: Ctx) -> None:
+    """ "drop the extra layers" / "drop them": the tensors the findings name (or the layers they give)."""
+    here = set(_tensors_of(path))
+    names = set().union(*(f.subjects() for f in found)) | {f.location.tensor for f in found if f.location.tensor}
+    layer_ids = {m.group(1) for f in found for m in re.finditer(r"layers? (\d+)\b", f.message)}
+    drop = {n for n in here if n in names or re.match(rf"model\.layers\.({'|'.join(layer_ids) or 'x'})\.", n)}
+    assert drop, [f.message for f in found]
+    edit_tensors(path, drop=drop)
+
+
+def _untie_without_head(path: Path, ctx: Ctx) -> None:
+    edit_tensors(path, drop={"lm_head.weight"})
+
+
+def _tie_in_config(path: Path, pristine: Path, found: list[Finding], ctx: Ctx) -> None:
+    cfg = _config(path)
+    cfg["tie_word_embeddings"] = True  # "set tie_word_embeddings to match the checkpoint" (no lm_head stored)
+    _write_config(path, cfg)
+
+
+def _unknown_tensor(path: Path, ctx: Ctx) -> None:
+    import torch
+
+    edit_tensors(path, add={"model.extra_proj.weight": torch.ones(64, 64)})
+
+
+def _wrong_shape(path: Path, ctx: Ctx) -> None:
+    import torch
+
+    name = "model.layers.0.mlp.down_proj.weight"
+    edit_tensors(path, drop={name}, add={name: torch.zeros(64, 96)})
+
+
+def _reexport_tensors(path: Path, pristine: Path, found: list[Finding], ctx: Ctx) -> None:
+    _reexport_named(path, pristine, found)
+
+
+# ---- WC6xx content (--content) -------------------------------------------------------------------------
+UP = "model.layers.0.mlp.up_proj.weight"
+
+
+def _set_values(value: float) -> Callable[[Path, Ctx], None]:
+    def damage(path: Path, ctx: Ctx) -> None:
+        weight = _get(path, UP).clone()
+        if value != value:  # NaN: one element is enough
+            weight[0, 0] = value
+        else:
+            weight.fill_(value)
+        _put(path, UP, weight)
+
+    damage.__name__ = f"_values_{value}"
+    return damage
+
+
+def _zero_scale(path: Path, ctx: Ctx) -> None:
+    scale = _get(path, f"{O_PROJ}.weight_scale").clone()
+    scale[0] = 0
+    _put(path, f"{O_PROJ}.weight_scale", scale)
+
+
+def _head_differs(path: Path, ctx: Ctx) -> None:
+    import torch
+
+    embed = _get(path, "model.embed_tokens.weight")
+    rewrite_shard(path / "model.safetensors", add={"lm_head.weight": torch.randn_like(embed)})
+
+
+def _untie_in_config(path: Path, pristine: Path, found: list[Finding], ctx: Ctx) -> None:
+    cfg = _config(path)
+    cfg["tie_word_embeddings"] = False  # "or set tie_word_embeddings to false"
+    _write_config(path, cfg)
+
+
+def _hash_then_change(path: Path, ctx: Ctx) -> None:
+    manifest = path.parent / "manifest.json"
+    lint(path, options={"content": True, "hash_out": manifest})
+    assert manifest.exists()
+    ctx["options"] = {"against_manifest": manifest}
+    _set_values(0.25)(path, ctx)
+
+
+def _garbage_manifest(path: Path, ctx: Ctx) -> None:
+    manifest = path.parent / "manifest.json"
+    manifest.write_text('{"tensors": ')
+    ctx["options"] = {"against_manifest": manifest}
+
+
+def _pass_hashed_manifest(path: Path, pristine: Path, found: list[Finding], ctx: Ctx) -> None:
+    """ "pass a manifest written by `weightcheck lint --content --hash FILE`"."""
+    manifest = path.parent / "good-manifest.json"
+    lint(path, options={"content": True, "hash_out": manifest})
+    ctx["options"] = {"against_manifest": manifest}
+
+
+QMOE = "q:qwen3_moe:W4A16"  # llm-compressor W4A16 of a tiny Qwen3-MoE (routers and lm_head ignored)
 
 CASES: list[Case] = [
     Case("WC101", "llama", _truncate, _restore_named_files, "re-copy the shard"),
@@ -371,6 +672,40 @@ CASES: list[Case] = [
     Case("WC206", "llama", _escape_entry, _entry_inside, "rewrite the entry to a shard file inside"),
     Case("WC206", "llama", _symlink_out, _replace_by_regular, "by a regular copy of the shard"),
     Case("WC207", "llama", _index_garbage, _index_from_shards, "Rewrite the index from the shards"),
+    Case("WC301", "q:llama:W4A16", _bad_validator_field, _fix_named_field, "fix the field the validator names"),
+    Case("WC302", QMOE, _add_ignore("model.layers.0.mlp.nonexistent"), _remove_entry, "or remove it"),
+    Case("WC303", QMOE, _add_ignore("re:.*mlp\\.gate("), _remove_entry, "or remove the entry"),
+    Case("WC306", QMOE, _add_ignore(O_PROJ), _remove_entry, "remove the module from the ignore list"),
+    Case("WC307", QMOE, _unquantize(O_PROJ), _ignore_named_module, "add it to the ignore list"),
+    Case("WC308", QMOE, _quantize(ROUTER), _requantize_named, "store the module unquantized"),
+    Case("WC310", QMOE, _quantize("lm_head"), _requantize_named, "keep lm_head and embeddings unquantized"),
+    Case("WC311", QMOE, _partial_fused, _ignore_none_of_group, "or none, and store the group to match"),
+    Case("WC313", QMOE, _drop_companion, _requantize_named, "re-export the module"),
+    Case("WC314", QMOE, _wrong_scale_shape, _requantize_named, "re-export the module"),
+    Case("WC315", QMOE, _unquantize(EXPERT), _requantize_named, "quantize every expert"),
+    Case("WC316", QMOE, _hf_quant_config_differs, _same_lists, "list the same modules"),
+    Case("WC317", QMOE, _fused_packed, _drop_fused_packed, "unfuse the 3-D expert tensor"),
+    Case("WC318", QMOE, _class_name_entry, _class_to_regex, "replace the class name by a module-name"),
+    Case("WC401", "llama", _drop("model.layers.3"), _restore_missing, "re-export the missing layers"),
+    Case("WC402", "llama", _drop("model.layers.1.post_attention_layernorm"), _restore_missing, "re-export the layers"),
+    Case(
+        "WC403", "qwen3_moe", _drop("model.layers.1.mlp.experts.3"), _restore_missing, "re-export the missing experts"
+    ),
+    Case("WC404", "qwen3_moe", _mtp_declared, _mtp_zero, "set the config's MTP count to 0"),
+    Case("WC405", "llama", _repeat_prefix, _strip_prefix, "strip the repeated prefix"),
+    Case("WC406", "llama", _extra_layer, _drop_named, "drop the extra layers"),
+    Case("WC407", "llama", _untie_without_head, _tie_in_config, "set tie_word_embeddings to match"),
+    Case("WC410", "llama", _drop("model.norm"), _restore_missing, "re-export the missing weights"),
+    Case("WC411", "llama", _unknown_tensor, _drop_named, "or drop them"),
+    Case("WC501", "llama", _wrong_shape, _reexport_tensors, "re-export with the config's dimensions"),
+    Case("WC601", "llama", _set_values(float("nan")), _reexport_tensors, "re-export", content=True),
+    Case("WC602", "llama", _set_values(0.0), _reexport_tensors, "re-export the weight", content=True),
+    Case("WC603", QMOE, _zero_scale, _requantize_named, "re-quantize", content=True),
+    Case("WC604", "llama", _set_values(0.5), _reexport_tensors, "re-export the weight", content=True),
+    Case("WC605", "qwen3_tied", _head_differs, _untie_in_config, "set tie_word_embeddings to false", content=True),
+    Case("WC606", "llama", _hash_then_change, _reexport_tensors, "re-copy the tensors from the source", content=True),
+    Case("WC607", "llama", _garbage_manifest, _pass_hashed_manifest, "--content --hash FILE", content=True),
+    Case("WC608", "llama", _truncate, _restore_named_files, "readable (see the WC1xx/WC2xx findings", content=True),
 ]
 
 # Codes whose fix text names no edit a test can make, with why (kept short: each is a judgement call).

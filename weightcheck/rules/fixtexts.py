@@ -39,7 +39,8 @@ FIX_TEXTS: dict[str, str] = {
     "WC309": "add the module (a regex such as `re:.*mlp\\.gate($|\\..*)`) to the ignore list",
     "WC310": "keep lm_head and embeddings unquantized and out of targets, unless every consumer you deploy "
     "to supports it",
-    "WC311": "ignore all shards of the fused group (q, k and v; gate and up) or none",
+    "WC311": "ignore all shards of the fused group (q, k and v; gate and up) or none, and store the group to "
+    "match (re-run the quantizer with that ignore list): an ignore edit alone leaves WC306/WC307",
     "WC312": "ignore the fused name (`qkv_proj`, `gate_up_proj`) in addition to its shards",
     "WC313": "re-export the module with every companion its format writes (scale, shape, zero point)",
     "WC314": "re-export the module: the packed weight and its scales come from different quantization runs",
@@ -120,8 +121,7 @@ FIX_TEXTS: dict[str, str] = {
     "WC742": "restore the buffer after memory release (resume with its tags) or recompute it after the sync",
     "WC743": "check the parameter's weight_loader (a transform or a write that did not land) and any write "
     "after load_weights",
-    "WC744": "expected for direct/custom/P2P transports; enable WEIGHTCHECK_STATE=1 so the state checks judge "
-    "them",
+    "WC744": "expected for direct/custom/P2P transports; enable WEIGHTCHECK_STATE=1 so the state checks judge them",
     "WC745": "make the trainer's quantizer follow the engine's quantization_config: leave modules the engine "
     "builds unquantized (routers, ignore list) in BF16, and quantize every module it serves quantized, with its scale",
 }
