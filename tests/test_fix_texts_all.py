@@ -376,7 +376,8 @@ def _add_ignore(entry: str) -> Callable[[Path, Ctx], None]:
 def _remove_entry(path: Path, pristine: Path, found: list[Finding], ctx: Ctx) -> None:
     """ "remove the entry" / "remove the module from the ignore list": the one the finding names."""
     entry = ctx["entry"]
-    assert any(entry in f.message or repr(entry) in f.message or entry == f.location.module for f in found), [f.message for f in found]
+    named = [f for f in found if entry in f.message or repr(entry) in f.message or entry == f.location.module]
+    assert named, [f.message for f in found]
     set_ignore(path, [e for e in _ignore(path) if e != entry])
 
 
@@ -653,6 +654,118 @@ def _pass_hashed_manifest(path: Path, pristine: Path, found: list[Finding], ctx:
     ctx["options"] = {"against_manifest": manifest}
 
 
+# ---- the rest: overreaching regexes, unknown architectures, stacked / fused experts ---------------------
+def _overreaching_router_entry(path: Path, ctx: Ctx) -> None:
+    """GLM-4 MoE: `re:.*mlp.gate` also reaches the dense layer's and shared experts' `gate_proj`."""
+    set_ignore(path, [*(e for e in _ignore(path) if not e.endswith("mlp.gate")), "re:.*mlp.gate"])
+
+
+def _anchor_regex(path: Path, pristine: Path, found: list[Finding], ctx: Ctx) -> None:
+    """ "anchor the regex so it matches only the intended modules": dots escaped, `$` where it ends."""
+    [f] = found
+    entry = f.details["entry"]
+    anchored = "re:" + entry[3:].replace("mlp.gate", "mlp\\.gate") + "$"
+    set_ignore(path, [anchored if e == entry else e for e in _ignore(path)])
+
+
+def _unquantized_qkv_ignored_by_shard_name(path: Path, ctx: Ctx) -> None:
+    """q/k/v of layer 0 stored unquantized and ignored by their shard names (a Qwen3, whose SGLang class has
+    no packed_modules_mapping)."""
+    qkv = [f"model.layers.0.self_attn.{p}_proj" for p in "qkv"]
+    for module in qkv:
+        dequantize_module_in_place(path, module)
+    set_ignore(path, [*_ignore(path), *qkv])
+
+
+def _unknown_model_type(path: Path, ctx: Ctx) -> None:
+    cfg = _config(path)
+    cfg["model_type"], cfg["architectures"] = "unheard_of", ["UnheardOfForCausalLM"]
+    _write_config(path, cfg)
+
+
+def _config_only_unknown(path: Path, ctx: Ctx) -> None:
+    """Config-only lint (a folder holding config.json alone) of a quantized model with no pattern."""
+    _unknown_model_type(path, ctx)
+    alone = path.parent / "config-only"
+    alone.mkdir()
+    shutil.copy2(path / "config.json", alone / "config.json")
+    ctx["target"] = alone
+
+
+def _pass_a_pattern(path: Path, pristine: Path, found: list[Finding], ctx: Ctx) -> None:
+    """ "add an architecture pattern for this model_type (`weightcheck lint --pattern FILE`)": the shipped
+    Llama pattern, declared for the renamed model_type (the weights are a Llama's)."""
+    import weightcheck
+
+    text = (Path(weightcheck.__file__).parent / "_patterns" / "llama.toml").read_text()
+    text = text.replace('model_types = ["llama", "mistral"]', 'model_types = ["unheard_of"]')
+    text = text.replace('architectures = ["LlamaForCausalLM", "MistralForCausalLM"]',
+                        'architectures = ["UnheardOfForCausalLM"]')  # fmt: skip
+    assert "unheard_of" in text
+    pattern = path.parent / "unheard_of.toml"
+    pattern.write_text(text)
+    ctx["options"] = {**ctx.get("options", {}), "pattern": str(pattern)}
+
+
+def _stack_short_of_an_expert(path: Path, ctx: Ctx) -> None:
+    from weightcheck.safetensors_header import read_header
+
+    stacked = sorted(n for s in sorted(path.glob("*.safetensors")) for n, i in read_header(s).tensors.items()
+                     if n.endswith("experts.gate_up_proj") and len(i.shape) == 3)  # fmt: skip
+    victim = stacked[0]
+    _put(path, victim, _get(path, victim)[:-1].clone())
+
+
+def _reexport_stack(path: Path, pristine: Path, found: list[Finding], ctx: Ctx) -> None:
+    """ "re-export the stacked experts / the stack's blocks and scales together": every tensor of the stack
+    the findings name, from the export."""
+    named = set().union(*(f.subjects() for f in found)) | set(
+        re.findall(r"model\.layers\.\d+\.mlp\.experts\.\w+", " ".join(f.message for f in found))
+    )
+    stacks = {n.removesuffix("_blocks").removesuffix("_scales") for n in named}
+    wanted = {t for t in _tensors_of(pristine) if t.removesuffix("_blocks").removesuffix("_scales") in stacks}
+    assert wanted, f"the findings name no stack of the export: {[f.message for f in found]}"
+    for name in wanted:
+        _put(path, name, _get(pristine, name))
+
+
+def _scales_short(path: Path, ctx: Ctx) -> None:
+    _put(path, MX_STACK + "_scales", _get(path, MX_STACK + "_scales")[..., :-1].clone())
+
+
+def _blocks_and_scales_lose_an_expert(path: Path, ctx: Ctx) -> None:
+    for part in ("_blocks", "_scales"):
+        _put(path, MX_STACK + part, _get(path, MX_STACK + part)[:-1].clone())
+
+
+MX_STACK = "model.layers.1.mlp.experts.down_proj"
+
+
+def _transformers5_in_memory_names(path: Path, ctx: Ctx) -> None:
+    """What an exporter that skips transformers' conversion writes: the in-memory fused expert names."""
+    from safetensors.torch import save_file
+    from transformers import AutoModelForCausalLM
+
+    model = AutoModelForCausalLM.from_pretrained(path)
+    for file in [*path.glob("*.safetensors"), path / "model.safetensors.index.json"]:
+        file.unlink()
+    state = {k: v.contiguous() for k, v in model.state_dict().items()}
+    save_file(state, str(path / "model.safetensors"), metadata={"format": "pt"})
+    ctx["options"] = {"consumers": ["sglang"]}
+
+
+def _save_pretrained_again(path: Path, pristine: Path, found: list[Finding], ctx: Ctx) -> None:
+    """ "transformers `save_pretrained` writes the per-expert names ... for a model built from its config
+    (`from_config` then `load_state_dict` of these tensors)": exactly that."""
+    from safetensors.torch import load_file
+    from transformers import AutoConfig, AutoModelForCausalLM
+
+    model = AutoModelForCausalLM.from_config(AutoConfig.from_pretrained(path))
+    model.load_state_dict(load_file(str(path / "model.safetensors")))
+    (path / "model.safetensors").unlink()
+    model.save_pretrained(path, max_shard_size="200KB")
+
+
 QMOE = "q:qwen3_moe:W4A16"  # llm-compressor W4A16 of a tiny Qwen3-MoE (routers and lm_head ignored)
 
 CASES: list[Case] = [
@@ -686,6 +799,8 @@ CASES: list[Case] = [
     Case("WC316", QMOE, _hf_quant_config_differs, _same_lists, "list the same modules"),
     Case("WC317", QMOE, _fused_packed, _drop_fused_packed, "unfuse the 3-D expert tensor"),
     Case("WC318", QMOE, _class_name_entry, _class_to_regex, "replace the class name by a module-name"),
+    Case("WC305", "q:glm4_moe:W4A16", _overreaching_router_entry, _anchor_regex, "anchor the regex"),
+    Case("WC312", "q:qwen3:W4A16", _unquantized_qkv_ignored_by_shard_name, _ignore_fused_name, "ignore the fused name"),
     Case("WC401", "llama", _drop("model.layers.3"), _restore_missing, "re-export the missing layers"),
     Case("WC402", "llama", _drop("model.layers.1.post_attention_layernorm"), _restore_missing, "re-export the layers"),
     Case(
@@ -697,6 +812,12 @@ CASES: list[Case] = [
     Case("WC407", "llama", _untie_without_head, _tie_in_config, "set tie_word_embeddings to match"),
     Case("WC410", "llama", _drop("model.norm"), _restore_missing, "re-export the missing weights"),
     Case("WC411", "llama", _unknown_tensor, _drop_named, "or drop them"),
+    Case("WC427", "llama", _unknown_model_type, _pass_a_pattern, "`weightcheck lint --pattern FILE`"),
+    Case("WC428", "tiny:gpt_oss", _stack_short_of_an_expert, _reexport_stack, "re-export the stacked expert"),
+    Case("WC429", "q:llama:W4A16", _config_only_unknown, _pass_a_pattern, "add an architecture pattern"),
+    Case("WC430", "mxfp4", _scales_short, _reexport_stack, "re-export the stack's blocks and scales together"),
+    Case("WC431", "mxfp4", _blocks_and_scales_lose_an_expert, _reexport_stack, "re-export the stacked experts"),
+    Case("WC432", "tiny:mixtral", _transformers5_in_memory_names, _save_pretrained_again, "`from_config` then"),
     Case("WC501", "llama", _wrong_shape, _reexport_tensors, "re-export with the config's dimensions"),
     Case("WC601", "llama", _set_values(float("nan")), _reexport_tensors, "re-export", content=True),
     Case("WC602", "llama", _set_values(0.0), _reexport_tensors, "re-export the weight", content=True),
@@ -737,12 +858,36 @@ def _errors(findings: list[Finding]) -> set[tuple]:
             if f.severity == Severity.ERROR}  # fmt: skip
 
 
+@pytest.fixture(scope="module")
+def _other_builds(tmp_path_factory: pytest.TempPathFactory) -> Callable[[str], Path]:
+    """Writers beyond conftest's: the project's tiny-architecture builder (transformers save_pretrained) and
+    the gpt-oss MXFP4 packer; each built once per module."""
+    cache: dict[str, Path] = {}
+
+    def get(fixture: str) -> Path:
+        if fixture not in cache:
+            out = tmp_path_factory.mktemp(fixture.replace(":", "-")) / "ckpt"
+            if fixture == "mxfp4":
+                from mxfp4_fixture import save_gpt_oss_mxfp4
+
+                cache[fixture] = save_gpt_oss_mxfp4(out)
+            else:
+                from weightcheck.arch.tiny import save
+
+                cache[fixture] = save(fixture.split(":")[1], out)
+        return cache[fixture]
+
+    return get
+
+
 @pytest.fixture
-def source(make_ckpt, make_quant) -> Callable[[str], Path]:
+def source(make_ckpt, make_quant, _other_builds, tmp_path: Path) -> Callable[[str], Path]:
     def get(fixture: str) -> Path:
         if fixture.startswith("q:"):
             _, family, scheme = fixture.split(":")
             return make_quant(family, scheme)
+        if fixture == "mxfp4" or fixture.startswith("tiny:"):
+            return Path(shutil.copytree(_other_builds(fixture), tmp_path / "pristine"))
         return make_ckpt(fixture)
 
     return get

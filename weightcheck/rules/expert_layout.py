@@ -57,9 +57,12 @@ def _deployed_sglang(consumers: list[str] | None) -> bool | None:
     "[8, 28672, 4096], served by SGLang (reads block_sparse_moe.experts.N.w1/w2/w3 only)",
     good="the same model written by save_pretrained: model.layers.0.block_sparse_moe.experts.0.w1.weight ...",
     also=(Severity.INFO,),
-    fix="write the checkpoint with the layout the engine reads (transformers `save_pretrained` converts "
-    "transformers 5's fused experts back to the per-expert names most engines read); for a fused stack "
-    "refused for its orientation, transpose its last two dims",
+    # Applied in tests/test_fix_texts_all.py: a model *loaded from* the fused files is saved back fused
+    # (transformers only reverses the conversion it applied on load), so the text names from_config.
+    fix="write the checkpoint with the layout the engine reads: transformers `save_pretrained` writes the "
+    "per-expert names most engines read for a model built from its config (`from_config` then "
+    "`load_state_dict` of these tensors); one loaded with `from_pretrained` from these fused files is saved "
+    "back fused. For a fused stack refused for its orientation, transpose its last two dims",
 )
 def expert_layout_unread(ctx: LintContext) -> None:
     """Judged against the engine's generated facts for the checkpoint's architecture: the layouts SGLang
@@ -121,23 +124,33 @@ def expert_layout_unread(ctx: LintContext) -> None:
         what = "in this orientation (the names are read, the last two dims are swapped)"
     else:
         what = f"({refused['style'].replace('_', '-')} layout)"
+
     def shown(lay: dict[str, Any]) -> str:
         dims_of = lay.get("dims") or {}
         return ", ".join(f"`{n}`" + (f" [{', '.join(dims_of[n])}]" if n in dims_of else "") for n in lay["names"])
 
-    reads = ("; it reads " + " or ".join(shown(lay) for lay in readable[:2])
-             if readable else "; it read none of the layouts tried: its routed experts stay uninitialised")
+    reads = (
+        "; it reads " + " or ".join(shown(lay) for lay in readable[:2])
+        if readable
+        else "; it read none of the layouts tried: its routed experts stay uninitialised"
+    )
     names = sorted(n for v in found.values() for n in v)
     severity = Severity.ERROR if deployed else Severity.INFO
     ctx.report(
         f"SGLang's {sglang_class} does not read routed experts stored as "
-        + ", ".join(f"`{t}`" for t in sorted(found)) + f" {what}: {how}{reads}"
-        + ("" if deployed else " (info: no consumers declared; declare consumers = [\"sglang\"] to gate on it)"),
+        + ", ".join(f"`{t}`" for t in sorted(found))
+        + f" {what}: {how}{reads}"
+        + ("" if deployed else ' (info: no consumers declared; declare consumers = ["sglang"] to gate on it)'),
         tensor=summarize(names, limit=3),
         count=len(names),
         severity=severity,
-        details={"engine_class": sglang_class, "stored": sorted(found), "refused_layout": refused["source"],
-                 "readable": [lay["names"] for lay in readable], "tensors": names[:200]},
+        details={
+            "engine_class": sglang_class,
+            "stored": sorted(found),
+            "refused_layout": refused["source"],
+            "readable": [lay["names"] for lay in readable],
+            "tensors": names[:200],
+        },
     )
 
 
