@@ -832,10 +832,192 @@ CASES: list[Case] = [
 # Codes whose fix text names no edit a test can make, with why (kept short: each is a judgement call).
 EXCLUDED: dict[str, str] = {
     "WC000": "an internal error is a weightcheck bug: the text says to report it, nothing to apply",
+    "WC339": "a method weightcheck cannot model: the text asks for a review by hand, and no edit of a correct "
+    "checkpoint of that method clears the warning (it reports what was not checked)",
 }
+# What each excluded text must say, so that an exclusion stays honest about the action.
+EXCLUDED_SAYS = {"WC000": "report the traceback", "WC339": "by hand"}
 # Codes whose fix texts are applied in tests/test_fix_texts.py (ghost entries need `lint --fix` or a
 # re-export; WC304/WC309's suggested entries are written there).
-APPLIED_ELSEWHERE = {"WC202", "WC304", "WC309"}
+APPLIED_ELSEWHERE = {"WC202", "WC304", "WC309", "WC110"}  # WC110: test_wc110_fix_text_applied below
+
+
+# ---- WC7xx diff: candidate B is the reference A after a faulty conversion step --------------------------
+W = "model.layers.1.self_attn.o_proj.weight"
+
+
+@dataclass(frozen=True)
+class DiffCase:
+    code: str
+    damage: Callable[[Path], None]  # (candidate)
+    apply: Callable[[Path, Path, list[Finding]], None]  # (candidate, reference, findings)
+    said: str
+
+
+def _b_set(tensor_of: Callable[[Any], Any], name: str = W) -> Callable[[Path], None]:
+    def damage(b: Path) -> None:
+        _put(b, name, tensor_of(_get(b, name)))
+
+    damage.__name__ = f"_b_{tensor_of.__name__}"
+    return damage
+
+
+def _rand01(w):
+    import torch
+
+    return torch.rand(w.shape).to(w.dtype)
+
+
+def _zeros(w):
+    return w * 0
+
+
+def _noise(w):
+    import torch
+
+    g = torch.Generator().manual_seed(1)
+    return (w.float() + torch.randn(w.shape, generator=g) * w.float().std()).to(w.dtype)
+
+
+def _nan(w):
+    out = w.clone()
+    out[3, 7] = float("nan")
+    return out
+
+
+def _transposed(w):
+    return w.T.contiguous()
+
+
+def _doubled(w):
+    return w * 2
+
+
+def _top_half(w):
+    out = w.clone()
+    out[out.shape[0] // 2 :] = 0
+    return out
+
+
+def _int8(w):
+    return (w.float() * 100).round().to(__import__("torch").int8)
+
+
+def _wrong_rows(w):
+    return w[:-8].clone()
+
+
+def _write_reference_tensor(b: Path, a: Path, found: list[Finding]) -> None:
+    """The corrected step's output for the tensors the findings name: what the reference holds."""
+    names = {f.location.tensor for f in found if f.location.tensor} | set().union(*(f.subjects() for f in found))
+    wanted = {n for n in names if n in _tensors_of(a)}
+    assert wanted, [f.message for f in found]
+    for name in wanted:
+        _put(b, name, _get(a, name))
+
+
+def _transpose_back(b: Path, a: Path, found: list[Finding]) -> None:
+    """ "transpose the tensor where it is written"."""
+    for f in found:
+        _put(b, f.location.tensor, _get(b, f.location.tensor).T.contiguous())
+
+
+def _unscale(b: Path, a: Path, found: list[Finding]) -> None:
+    """ "remove the extra scaling": divide by the factor the finding reports."""
+    for f in found:
+        for entry in f.details["tensors"]:
+            factor = float(entry["evidence"]["factor"])
+            _put(b, entry["tensor"], _get(b, entry["tensor"]) / factor)
+
+
+def _swap_layers_in_b(b: Path) -> None:
+    """A pipeline stage written without its offset: layers 1 and 2 of o_proj exchanged."""
+    one, two = W, W.replace(".1.", ".2.")
+    first, second = _get(b, one), _get(b, two)
+    _put(b, one, second)
+    _put(b, two, first)
+
+
+def _fix_offset(b: Path, a: Path, found: list[Finding]) -> None:
+    """ "fix the layer/expert offset where the candidate was written": each tensor's data goes to the name of
+    the reference tensor the finding says it holds."""
+    moves = {}
+    for f in found:
+        for entry in f.details["tensors"]:
+            moves[entry["evidence"]["reference"]] = _get(b, entry["tensor"])
+    assert moves, [f.message for f in found]
+    for name, tensor in moves.items():
+        _put(b, name, tensor)
+
+
+def _drop_in_b(b: Path) -> None:
+    edit_tensors(b, drop={W})
+
+
+def _export_missing(b: Path, a: Path, found: list[Finding]) -> None:
+    """ "export the tensor": the reference's tensor, under the name the finding gives."""
+    edit_tensors(b, add={f.location.tensor: _get(a, f.location.tensor) for f in found})
+
+
+def _extra_in_b(b: Path) -> None:
+    import torch
+
+    edit_tensors(b, add={"model.extra_proj.weight": torch.ones(8, 8)})
+
+
+def _drop_extra(b: Path, a: Path, found: list[Finding]) -> None:
+    """ "drop the tensor"."""
+    edit_tensors(b, drop={f.location.tensor for f in found})
+
+
+def _b_shard_symlinked_out(b: Path) -> None:
+    _symlink_out(b, {})
+
+
+def _regular_file(b: Path, a: Path, found: list[Finding]) -> None:
+    """ "replace the symlink with a regular file inside the checkpoint folder"."""
+    files = {f.location.file for f in found if f.location.file} | set().union(*(f.subjects() for f in found))
+    links = [p for p in b.iterdir() if p.is_symlink() and p.name in {Path(x).name for x in files}]
+    assert links, [f.message for f in found]
+    for link in links:
+        data = link.read_bytes()
+        link.unlink()
+        link.write_bytes(data)
+
+
+DIFF_CASES: list[DiffCase] = [
+    DiffCase("WC701", _b_set(_noise), _write_reference_tensor, "find the conversion step"),
+    DiffCase("WC702", _b_set(_rand01), _write_reference_tensor, "the tensor was never loaded"),
+    DiffCase("WC703", _b_set(_zeros), _write_reference_tensor, "zeroed or never copied"),
+    DiffCase("WC704", _b_set(_nan), _write_reference_tensor, "re-export"),
+    DiffCase("WC705", _swap_layers_in_b, _fix_offset, "fix the layer/expert offset"),
+    DiffCase("WC706", _b_set(_transposed), _transpose_back, "transpose the tensor where it is written"),
+    DiffCase("WC707", _b_set(_doubled), _unscale, "remove the extra scaling"),
+    DiffCase("WC708", _b_set(_top_half), _write_reference_tensor, "gather every tensor-parallel shard"),
+    DiffCase("WC709", _b_set(_int8), _write_reference_tensor, "convert with a lossless dtype path"),
+    DiffCase("WC710", _b_set(_wrong_rows), _write_reference_tensor, "re-export with the reference's shape"),
+    DiffCase("WC713", _drop_in_b, _export_missing, "export the tensor"),
+    DiffCase("WC714", _extra_in_b, _drop_extra, "drop the tensor"),
+    DiffCase("WC718", _b_shard_symlinked_out, _regular_file, "replace the symlink"),
+]
+
+
+@pytest.mark.parametrize("case", DIFF_CASES, ids=lambda c: c.code)
+def test_diff_fix_text_applied_clears_the_finding(make_ckpt, tmp_path: Path, case: DiffCase) -> None:
+    from weightcheck.diff import DiffOptions, diff
+
+    a = make_ckpt("llama")
+    b = Path(shutil.copytree(a, tmp_path / "candidate"))
+    assert not diff(a, b, DiffOptions()).findings
+    case.damage(b)
+    before = [f for f in diff(a, b, DiffOptions()).findings]
+    found = [f for f in before if f.code == case.code]
+    assert found, f"damage did not trigger {case.code}: {[(f.code, f.message) for f in before]}"
+    assert all(case.said in f.fix for f in found), found[0].fix
+    case.apply(b, a, found)
+    after = diff(a, b, DiffOptions()).findings
+    assert not [f for f in after if f.code == case.code], [(f.code, f.message) for f in after]
+    assert not _errors(after) - _errors(before), [(f.code, f.message) for f in after]
 
 
 # ---- the harness --------------------------------------------------------------------------------------
@@ -919,9 +1101,44 @@ def test_every_fix_text_is_applied_or_excluded_with_a_reason() -> None:
     from weightcheck.rules import all_rules
 
     with_text = {code for code, rule in all_rules().items() if rule.fix_text()}
-    tabled = {c.code for c in CASES}
+    tabled = {c.code for c in CASES} | {c.code for c in DIFF_CASES}
     assert not tabled & set(EXCLUDED), "a code is both applied and excluded"
     assert all(len(reason) > 30 for reason in EXCLUDED.values())
     missing = with_text - tabled - set(EXCLUDED) - APPLIED_ELSEWHERE
     assert not missing, f"fix texts no test applies: {sorted(missing)}"
     assert not (tabled | set(EXCLUDED) | APPLIED_ELSEWHERE) - with_text, "table names unregistered codes"
+    for code, words in EXCLUDED_SAYS.items():
+        assert words in all_rules()[code].fix_text(), (code, all_rules()[code].fix_text())
+    assert set(EXCLUDED_SAYS) == set(EXCLUDED)
+
+
+def test_wc110_fix_text_applied(make_ckpt) -> None:
+    """WC110 is `lint --fix` refusing to write through a link: its text says to replace the link by a
+    regular copy and run --fix again; done literally, --fix then mends the index and relint is clean."""
+    import subprocess
+    import sys
+
+    path = make_ckpt("llama")
+    index = read_index(path)
+    index["metadata"]["total_size"] += 1
+    inside = path / "shared-index.json"
+    inside.write_text(json.dumps(index, indent=2))
+    (path / "model.safetensors.index.json").unlink()
+    (path / "model.safetensors.index.json").symlink_to(inside.name)
+
+    def fix() -> list[dict]:
+        proc = subprocess.run([sys.executable, "-m", "weightcheck", "lint", str(path), "--fix", "--format", "json"],
+                              capture_output=True, text=True, timeout=300)  # fmt: skip
+        return json.loads(proc.stdout)["findings"]
+
+    [refused] = [f for f in fix() if f["code"] == "WC110"]
+    assert "replace the link by a regular copy of the file" in refused["fix"], refused["fix"]
+    link = path / "model.safetensors.index.json"
+    text = link.read_text()
+    link.unlink()
+    link.write_text(text)  # the regular copy
+    inside.unlink()  # the file the link pointed at is no longer part of the checkpoint
+    fix()
+    after = _lint(path, {}, False)
+    assert not [f for f in after if f.code in ("WC110", "WC205")], [(f.code, f.message) for f in after]
+    assert not _errors(after)
