@@ -835,6 +835,18 @@ EXCLUDED: dict[str, str] = {
     "WC339": "a method weightcheck cannot model: the text asks for a review by hand, and no edit of a correct "
     "checkpoint of that method clears the warning (it reports what was not checked)",
 }
+# Not applied yet (issue #19 item 9 is open for these): each needs a fixture this file does not build. Listed
+# so the meta-test names them; the list may only shrink.
+NOT_YET: dict[str, str] = {
+    **dict.fromkeys(("WC711", "WC712", "WC715", "WC716", "WC717"),
+                    "diff tiers, policy rules and quantized candidates: needs a --policy fixture"),
+    **dict.fromkeys(("WC720", "WC721", "WC730", "WC733", "WC734", "WC735", "WC737", "WC738", "WC739"),
+                    "verify records/ranks/interop: needs the multi-rank or SGLang interop bench"),
+    **dict.fromkeys(("WC740", "WC741", "WC742", "WC743", "WC744", "WC745"),
+                    "engine-state checks: need WEIGHTCHECK_STATE snapshots of a real engine"),
+    "WC736": "the test engine has no fused-pair loader: a correct sync still drops the pair, so the fix "
+    "cannot be shown clearing it",
+}  # fmt: skip
 # What each excluded text must say, so that an exclusion stays honest about the action.
 EXCLUDED_SAYS = {"WC000": "report the traceback", "WC339": "by hand"}
 # Codes whose fix texts are applied in tests/test_fix_texts.py (ghost entries need `lint --fix` or a
@@ -869,7 +881,7 @@ def _rand01(w):
 
 
 def _zeros(w):
-    return w * 0
+    return w.new_zeros(w.shape)  # not `w * 0`: negative entries give -0.0, whose bytes are not zero
 
 
 def _noise(w):
@@ -1010,20 +1022,20 @@ def test_diff_fix_text_applied_clears_the_finding(make_ckpt, tmp_path: Path, cas
     b = Path(shutil.copytree(a, tmp_path / "candidate"))
     assert not diff(a, b, DiffOptions()).findings
     case.damage(b)
-    before = [f for f in diff(a, b, DiffOptions()).findings]
+    before = _flat(diff(a, b, DiffOptions()).findings)
     found = [f for f in before if f.code == case.code]
     assert found, f"damage did not trigger {case.code}: {[(f.code, f.message) for f in before]}"
     assert all(case.said in f.fix for f in found), found[0].fix
     case.apply(b, a, found)
-    after = diff(a, b, DiffOptions()).findings
+    after = _flat(diff(a, b, DiffOptions()).findings)
     assert not [f for f in after if f.code == case.code], [(f.code, f.message) for f in after]
     assert not _errors(after) - _errors(before), [(f.code, f.message) for f in after]
 
 
 # ---- the harness --------------------------------------------------------------------------------------
-def _lint(path: Path, ctx: Ctx, content: bool) -> list[Finding]:
-    options = {"content": content, **ctx.get("options", {})}
-    result = lint(ctx.get("target", path), options=options)
+def _flat(findings: list[Finding]) -> list[Finding]:
+    """Findings with the follow-on findings they explain (shown with -v): a code folded under another is
+    still there."""
     out: list[Finding] = []
 
     def walk(fs: list[Finding]) -> None:
@@ -1031,8 +1043,13 @@ def _lint(path: Path, ctx: Ctx, content: bool) -> list[Finding]:
             out.append(f)
             walk(f.related)
 
-    walk(result.findings)
+    walk(findings)
     return out
+
+
+def _lint(path: Path, ctx: Ctx, content: bool) -> list[Finding]:
+    options = {"content": content, **ctx.get("options", {})}
+    return _flat(lint(ctx.get("target", path), options=options).findings)
 
 
 def _errors(findings: list[Finding]) -> set[tuple]:
@@ -1101,12 +1118,14 @@ def test_every_fix_text_is_applied_or_excluded_with_a_reason() -> None:
     from weightcheck.rules import all_rules
 
     with_text = {code for code, rule in all_rules().items() if rule.fix_text()}
-    tabled = {c.code for c in CASES} | {c.code for c in DIFF_CASES}
+    tabled = {c.code for c in CASES} | {c.code for c in DIFF_CASES} | {c.code for c in VERIFY_CASES}
     assert not tabled & set(EXCLUDED), "a code is both applied and excluded"
     assert all(len(reason) > 30 for reason in EXCLUDED.values())
-    missing = with_text - tabled - set(EXCLUDED) - APPLIED_ELSEWHERE
+    assert not tabled & set(NOT_YET), f"applied now: drop from NOT_YET: {sorted(tabled & set(NOT_YET))}"
+    missing = with_text - tabled - set(EXCLUDED) - APPLIED_ELSEWHERE - set(NOT_YET)
     assert not missing, f"fix texts no test applies: {sorted(missing)}"
-    assert not (tabled | set(EXCLUDED) | APPLIED_ELSEWHERE) - with_text, "table names unregistered codes"
+    assert not (tabled | set(EXCLUDED) | APPLIED_ELSEWHERE | set(NOT_YET)) - with_text, "unregistered codes"
+    assert not {c for c in NOT_YET if c < "WC700"}, "every lint rule's fix text is applied or excluded"
     for code, words in EXCLUDED_SAYS.items():
         assert words in all_rules()[code].fix_text(), (code, all_rules()[code].fix_text())
     assert set(EXCLUDED_SAYS) == set(EXCLUDED)
@@ -1142,3 +1161,105 @@ def test_wc110_fix_text_applied(make_ckpt) -> None:
     after = _lint(path, {}, False)
     assert not [f for f in after if f.code in ("WC110", "WC205")], [(f.code, f.message) for f in after]
     assert not _errors(after)
+
+
+# ---- WC72x-WC73x verify: a trainer bug in a tapped sync; the fix text applied to the trainer's sending ----
+import test_verify as _tv  # noqa: E402  (the tapped engine bench of tests/test_verify.py)
+
+bench = _tv.bench
+Sent = list[list[tuple[str, Any]]]  # load_weights calls, each a bucket of (name, tensor)
+V_NAME = "model.layers.1.post_attention_layernorm.weight"
+
+
+@dataclass(frozen=True)
+class VerifyCase:
+    code: str
+    kind: str  # make_ckpt fixture
+    buggy: Callable[[Any], Sent]  # (bench) → what the faulty trainer sends
+    fixed: Callable[[Any], Sent]  # (bench) → what it sends once the fix text is applied
+    said: str
+    reference: bool = True  # False: engine-side checks only (names the reference lacks are not judged)
+
+
+def _all(b) -> Sent:
+    return [list(b.stream)]
+
+
+def _without(b) -> Sent:
+    return [[(n, t) for n, t in b.stream if n != V_NAME]]
+
+
+def _extra_name(b) -> Sent:
+    import torch
+
+    return [[*b.stream, ("model.layers.0.mlp.up_proj.bias", torch.ones(2))]]
+
+
+def _twice(b) -> Sent:
+    return [[*b.stream, b.stream[0]]]
+
+
+def _pp_without_offset(b) -> Sent:
+    sent = [(n, t) for n, t in b.stream if (_tv.layer_of(n) or 0) < 2]
+    sent += [(_tv.relabel_layer(n, _tv.layer_of(n) - 2), t) for n, t in b.stream if (_tv.layer_of(n) or 0) >= 2]
+    return [sent]
+
+
+def _ep_without_offset(b) -> Sent:
+    sent = [(n, t) for n, t in b.stream if (_tv.expert_of(n) or 0) < 2]
+    sent += [(_tv._EXPERT.sub(f".experts.{_tv.expert_of(n) - 2}.", n), t)
+             for n, t in b.stream if (_tv.expert_of(n) or 0) >= 2]  # fmt: skip
+    return [sent]
+
+
+def _changed(how: Callable[[Any], Any]) -> Callable[[Any], Sent]:
+    def sent(b) -> Sent:
+        return [[(n, how(t) if n == "model.layers.0.mlp.up_proj.weight" else t) for n, t in b.stream]]
+
+    sent.__name__ = f"_sent_{how.__name__}"
+    return sent
+
+
+def _misnamed(b) -> Sent:
+    return [[(n + "_x" if n == V_NAME else n, t) for n, t in b.stream]]
+
+
+VERIFY_CASES: list[VerifyCase] = [
+    # "make the trainer send the tensor": the withheld one is sent.
+    VerifyCase("WC722", "llama", _without, _all, "make the trainer send the tensor"),
+    # "drop the tensor from the update": the name the reference lacks is not sent.
+    VerifyCase("WC723", "llama", _extra_name, _all, "or drop the tensor from the update"),
+    # "send each name once per sync".
+    VerifyCase("WC724", "llama", _twice, _all, "send each name once per sync"),
+    # "add the pipeline stage's layer offset where the trainer names its layers": stage 1 names 2..3.
+    VerifyCase("WC725", "llama", _pp_without_offset, _all, "add the pipeline stage's layer offset"),
+    # "add the expert-parallel rank's expert offset".
+    VerifyCase("WC726", "qwen3_moe", _ep_without_offset, _all, "add the expert-parallel rank's expert offset"),
+    # "find where the sent bytes diverge": the divergent step (here a doubling) removed.
+    VerifyCase("WC727", "llama", _changed(_doubled), _all, "find where the sent bytes diverge"),
+    # "check it is filled before the broadcast": the filled buffer is sent.
+    VerifyCase("WC728", "llama", _changed(_zeros), _all, "check it is filled before the broadcast"),
+    # "find the step that produced NaN/Inf before the sync": the finite tensor is sent.
+    VerifyCase("WC729", "llama", _changed(_nan), _all, "find the step that produced NaN/Inf"),
+    # "fix the engine-side name the tensor is sent under": the right name.
+    VerifyCase("WC731", "llama", _misnamed, _all, "fix the engine-side name the tensor is sent under"),
+    # "send the parameter in every sync".
+    VerifyCase("WC732", "llama", _without, _all, "send the parameter in every sync"),
+]
+
+
+@pytest.mark.parametrize("case", VERIFY_CASES, ids=lambda c: c.code)
+def test_verify_fix_text_applied_clears_the_finding(bench, case: VerifyCase) -> None:
+    from weightcheck.verify import verify
+
+    b = bench(case.kind)
+    b.push(case.buggy(b), version="buggy")
+    against = b.ckpt if case.reference else None
+    before = _flat(verify(b.records, against, weight_version="buggy").findings)
+    found = [f for f in before if f.code == case.code]
+    assert found, f"the bug did not trigger {case.code}: {[(f.code, f.message) for f in before]}"
+    assert all(case.said in f.fix for f in found), found[0].fix
+    b.push(case.fixed(b), version="fixed")
+    after = _flat(verify(b.records, against, weight_version="fixed").findings)
+    assert not [f for f in after if f.code == case.code], [(f.code, f.message) for f in after]
+    assert not _errors(after) - _errors(before), [(f.code, f.message) for f in after]
