@@ -840,7 +840,7 @@ EXCLUDED: dict[str, str] = {
 NOT_YET: dict[str, str] = {
     **dict.fromkeys(("WC711", "WC712", "WC715", "WC716", "WC717"),
                     "diff tiers, policy rules and quantized candidates: needs a --policy fixture"),
-    **dict.fromkeys(("WC720", "WC721", "WC730", "WC733", "WC734", "WC735", "WC737", "WC738", "WC739"),
+    **dict.fromkeys(("WC720", "WC721", "WC730", "WC733", "WC737", "WC739"),
                     "verify records/ranks/interop: needs the multi-rank or SGLang interop bench"),
     **dict.fromkeys(("WC740", "WC741", "WC742", "WC743", "WC744", "WC745"),
                     "engine-state checks: need WEIGHTCHECK_STATE snapshots of a real engine"),
@@ -851,7 +851,8 @@ NOT_YET: dict[str, str] = {
 EXCLUDED_SAYS = {"WC000": "report the traceback", "WC339": "by hand"}
 # Codes whose fix texts are applied in tests/test_fix_texts.py (ghost entries need `lint --fix` or a
 # re-export; WC304/WC309's suggested entries are written there).
-APPLIED_ELSEWHERE = {"WC202", "WC304", "WC309", "WC110"}  # WC110: test_wc110_fix_text_applied below
+# WC110, WC738: test_wc110_fix_text_applied / test_wc738_fix_text_applied below.
+APPLIED_ELSEWHERE = {"WC202", "WC304", "WC309", "WC110", "WC738"}
 
 
 # ---- WC7xx diff: candidate B is the reference A after a faulty conversion step --------------------------
@@ -1224,7 +1225,44 @@ def _misnamed(b) -> Sent:
     return [[(n + "_x" if n == V_NAME else n, t) for n, t in b.stream]]
 
 
+def _push(b, what: Callable[[Any], Any], version: str) -> None:
+    """`what(b)` is the buckets one engine receives, or a list of (rank info, layers, buckets) per rank."""
+    sent = what(b)
+    if sent and isinstance(sent[0], tuple) and isinstance(sent[0][0], dict):
+        from weightcheck.tap import core
+
+        seq = core._STATE.next_seq
+        for rank, layers, buckets in sent:
+            b.push(buckets, version=version, ranks=[(rank, layers)], seq=seq)
+    else:
+        b.push(sent, version=version)
+
+
+def _pp_ranks(b) -> list:
+    return [(rank, layers, [list(b.stream)]) for rank, layers in _tv.pp_ranks(2, 4)]
+
+
+def _one_pp_rank_tapped(b) -> list:
+    return _pp_ranks(b)[:1]
+
+
+def _tp_ranks(b, corrupt: bool = False) -> list:
+    out = []
+    for r in range(2):
+        stream = [(n, t + 1 if corrupt and r == 1 and n == "model.norm.weight" else t) for n, t in b.stream]
+        out.append(({"tp_rank": r, "tp_size": 2}, range(4), [stream]))
+    return out
+
+
+def _tp_ranks_disagree(b) -> list:
+    return _tp_ranks(b, corrupt=True)
+
+
 VERIFY_CASES: list[VerifyCase] = [
+    # "enable the tap on every engine rank ..., then re-run": both pipeline stages recorded.
+    VerifyCase("WC734", "llama", _one_pp_rank_tapped, _pp_ranks, "enable the tap on every engine rank"),
+    # "make every rank receive the same bytes (check the broadcast group)".
+    VerifyCase("WC735", "llama", _tp_ranks_disagree, _tp_ranks, "make every rank receive the same bytes"),
     # "make the trainer send the tensor": the withheld one is sent.
     VerifyCase("WC722", "llama", _without, _all, "make the trainer send the tensor"),
     # "drop the tensor from the update": the name the reference lacks is not sent.
@@ -1253,13 +1291,28 @@ def test_verify_fix_text_applied_clears_the_finding(bench, case: VerifyCase) -> 
     from weightcheck.verify import verify
 
     b = bench(case.kind)
-    b.push(case.buggy(b), version="buggy")
+    pushes = {"buggy": case.buggy, "fixed": case.fixed}
+    b.push_as = lambda which: _push(b, pushes[which], which)
+    b.push_as("buggy")
     against = b.ckpt if case.reference else None
     before = _flat(verify(b.records, against, weight_version="buggy").findings)
     found = [f for f in before if f.code == case.code]
     assert found, f"the bug did not trigger {case.code}: {[(f.code, f.message) for f in before]}"
     assert all(case.said in f.fix for f in found), found[0].fix
-    b.push(case.fixed(b), version="fixed")
+    b.push_as("fixed")
     after = _flat(verify(b.records, against, weight_version="fixed").findings)
     assert not [f for f in after if f.code == case.code], [(f.code, f.message) for f in after]
     assert not _errors(after) - _errors(before), [(f.code, f.message) for f in after]
+
+
+def test_wc738_fix_text_applied(bench) -> None:
+    """ "pass a sync or weight version that the records hold": one the finding lists."""
+    from weightcheck.verify import verify
+
+    b = bench("llama")
+    b.push(b.stream, "step-1")
+    [missing] = [f for f in verify(b.records, b.ckpt, weight_version="step-9").findings if f.code == "WC738"]
+    assert "pass a sync or weight version that the records hold" in missing.fix
+    [held] = [v for v in re.findall(r"step-\d+", missing.message) if v != "step-9"]  # the ones it lists
+    after = verify(b.records, b.ckpt, weight_version=held)
+    assert not after.findings and after.checked["syncs"] == 1
