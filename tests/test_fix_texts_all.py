@@ -843,7 +843,7 @@ EXCLUDED: dict[str, str] = {
 # so the meta-test names them; the list may only shrink.
 NOT_YET: dict[str, str] = {
     "WC717": "a malformed quantized candidate: needs the quantized diff suite (tests/quant_fixtures.py)",
-    **dict.fromkeys(("WC720", "WC721", "WC730", "WC733", "WC737", "WC739"),
+    **dict.fromkeys(("WC721", "WC730", "WC733", "WC737", "WC739"),
                     "verify records/ranks/interop: needs the multi-rank or SGLang interop bench"),
     **dict.fromkeys(("WC740", "WC741", "WC742", "WC743", "WC744", "WC745"),
                     "engine-state checks: need WEIGHTCHECK_STATE snapshots of a real engine"),
@@ -854,8 +854,8 @@ NOT_YET: dict[str, str] = {
 EXCLUDED_SAYS = {"WC000": "report the traceback", "WC339": "by hand", "WC711": "expected", "WC712": "expected"}
 # Codes whose fix texts are applied in tests/test_fix_texts.py (ghost entries need `lint --fix` or a
 # re-export; WC304/WC309's suggested entries are written there).
-# WC110, WC738: test_wc110_fix_text_applied / test_wc738_fix_text_applied below.
-APPLIED_ELSEWHERE = {"WC202", "WC304", "WC309", "WC110", "WC738"}
+# WC110, WC720, WC738: test_wc110_fix_text_applied / test_wc720_... / test_wc738_... below.
+APPLIED_ELSEWHERE = {"WC202", "WC304", "WC309", "WC110", "WC720", "WC738"}
 
 
 # ---- WC7xx diff: candidate B is the reference A after a faulty conversion step --------------------------
@@ -1352,3 +1352,21 @@ def test_wc738_fix_text_applied(bench) -> None:
     [held] = [v for v in re.findall(r"step-\d+", missing.message) if v != "step-9"]  # the ones it lists
     after = verify(b.records, b.ckpt, weight_version=held)
     assert not after.findings and after.checked["syncs"] == 1
+
+
+def test_wc720_fix_text_applied(bench) -> None:
+    """ "re-run the sync with the tap enabled": a sync whose record was cut short is run again; the new
+    sync verifies clean (the damaged one keeps its finding: records are evidence, never rewritten)."""
+    from weightcheck.verify import verify
+
+    b = bench("llama")
+    b.push(b.stream, "step-1", ranks=_tv.pp_ranks(2, 4))
+    broken = sorted((b.records / "sync-00000").glob("*.jsonl"))[0]
+    broken.write_text(broken.read_text()[:200])
+    [bad] = [f for f in verify(b.records, b.ckpt, weight_version="step-1").findings if f.code == "WC720"]
+    assert "re-run the sync with the tap enabled" in bad.fix
+    b.push(b.stream, "step-1-rerun", ranks=_tv.pp_ranks(2, 4))
+    assert "move the damaged record file out of the records directory" in bad.fix
+    shutil.move(broken, b.records.parent / broken.name)
+    after = verify(b.records, b.ckpt, weight_version="step-1-rerun")
+    assert not after.findings, [(f.code, f.message) for f in after.findings]

@@ -94,7 +94,11 @@ FIX_TEXTS: dict[str, str] = {
     "WC718": "replace the symlink (or FIFO/device) with a regular file inside the checkpoint folder, or fix "
     "the index entry that routes through it",
     # WC7xx live verify
-    "WC720": "re-run the sync with the tap enabled; a truncated record means the process died while writing",
+    # Applied in tests/test_fix_texts_all.py: a re-run alone left the finding (the unreadable file cannot say
+    # which sync it held, so verify reports it whatever sync is selected).
+    "WC720": "re-run the sync with the tap enabled (a truncated record means the process died while writing), "
+    "then move the damaged record file out of the records directory: it cannot say which sync it held, so "
+    "it is reported whatever sync you select",
     "WC721": "pass a reference checkpoint or manifest that is readable and uses the records' digest algorithm",
     "WC722": "make the trainer send the tensor (check its name mapping and bucket filter)",
     "WC723": "fix the sender's name mapping, or drop the tensor from the update",
