@@ -843,7 +843,7 @@ EXCLUDED: dict[str, str] = {
 # so the meta-test names them; the list may only shrink.
 NOT_YET: dict[str, str] = {
     "WC717": "a malformed quantized candidate: needs the quantized diff suite (tests/quant_fixtures.py)",
-    **dict.fromkeys(("WC721", "WC730", "WC733", "WC737", "WC739"),
+    **dict.fromkeys(("WC730", "WC733", "WC737"),
                     "verify records/ranks/interop: needs the multi-rank or SGLang interop bench"),
     **dict.fromkeys(("WC740", "WC741", "WC742", "WC743", "WC744", "WC745"),
                     "engine-state checks: need WEIGHTCHECK_STATE snapshots of a real engine"),
@@ -854,8 +854,8 @@ NOT_YET: dict[str, str] = {
 EXCLUDED_SAYS = {"WC000": "report the traceback", "WC339": "by hand", "WC711": "expected", "WC712": "expected"}
 # Codes whose fix texts are applied in tests/test_fix_texts.py (ghost entries need `lint --fix` or a
 # re-export; WC304/WC309's suggested entries are written there).
-# WC110, WC720, WC738: test_wc110_fix_text_applied / test_wc720_... / test_wc738_... below.
-APPLIED_ELSEWHERE = {"WC202", "WC304", "WC309", "WC110", "WC720", "WC738"}
+# WC110, WC720, WC721, WC738, WC739: test_wc110_fix_text_applied ... test_wc739_fix_text_applied below.
+APPLIED_ELSEWHERE = {"WC202", "WC304", "WC309", "WC110", "WC720", "WC721", "WC738", "WC739"}
 
 
 # ---- WC7xx diff: candidate B is the reference A after a faulty conversion step --------------------------
@@ -1368,5 +1368,35 @@ def test_wc720_fix_text_applied(bench) -> None:
     b.push(b.stream, "step-1-rerun", ranks=_tv.pp_ranks(2, 4))
     assert "move the damaged record file out of the records directory" in bad.fix
     shutil.move(broken, b.records.parent / broken.name)
+    after = verify(b.records, b.ckpt, weight_version="step-1-rerun")
+    assert not after.findings, [(f.code, f.message) for f in after.findings]
+
+
+def test_wc721_fix_text_applied(bench, tmp_path: Path) -> None:
+    """ "pass a reference checkpoint or manifest that is readable": the checkpoint itself."""
+    from weightcheck.verify import verify
+
+    b = bench("llama")
+    b.push(b.stream, "step-1")
+    bad = tmp_path / "manifest.json"
+    bad.write_text("{nope")
+    [invalid] = [f for f in verify(b.records, bad).findings if f.code == "WC721"]
+    assert "pass a reference checkpoint or manifest that is readable" in invalid.fix
+    after = verify(b.records, b.ckpt)
+    assert not after.findings, [(f.code, f.message) for f in after.findings]
+
+
+def test_wc739_fix_text_applied(bench) -> None:
+    """ "read the engine's log for the load_weights exception; an unfinished sync must be re-run": the
+    exception (a shape mismatch in the loader) is fixed and the sync re-run."""
+    from weightcheck.verify import verify
+
+    b = bench("llama")
+    wrong = [(n, t[:1] if n == V_NAME else t) for n, t in b.stream]
+    with pytest.raises(AssertionError):  # the loader's own shape check: what the engine's log shows
+        b.push(wrong, "step-1")
+    [failed] = [f for f in verify(b.records, b.ckpt, weight_version="step-1").findings if f.code == "WC739"]
+    assert "an unfinished sync must be re-run" in failed.fix
+    b.push(b.stream, "step-1-rerun")
     after = verify(b.records, b.ckpt, weight_version="step-1-rerun")
     assert not after.findings, [(f.code, f.message) for f in after.findings]
