@@ -4,8 +4,10 @@ the finding's fix text prescribes is applied literally in code, and the checkpoi
 code must be gone and no new error may appear. "Re-export" / "re-copy" / "re-quantize" are applied as what
 they mean for a user who still has the producer's output: the tensors or files *the finding names* are
 written again from the untouched export, so the test also proves that the finding points at the right
-thing. Codes that no edit can clear mechanically are listed in EXCLUDED with the reason, and the meta-test
-keeps table + exclusions equal to the registry."""
+thing. diff (WC70x-71x) undoes the candidate's conversion bug as the text says; verify (WC72x-73x) changes
+what the tapped trainer sends and verifies the new sync. Codes that no edit can clear are in EXCLUDED with
+the reason, codes still without an applying test in NOT_YET, and the meta-test keeps table + lists equal to
+the registry (no lint code may be in NOT_YET)."""
 
 from __future__ import annotations
 
@@ -843,8 +845,9 @@ EXCLUDED: dict[str, str] = {
 # so the meta-test names them; the list may only shrink.
 NOT_YET: dict[str, str] = {
     "WC717": "a malformed quantized candidate: needs the quantized diff suite (tests/quant_fixtures.py)",
-    **dict.fromkeys(("WC730", "WC733", "WC737"),
-                    "verify records/ranks/interop: needs the multi-rank or SGLang interop bench"),
+    "WC730": "a rounding-only difference: needs records that keep tensor values (the kept-tensors tap mode)",
+    "WC733": "a partially written stacked/expert parameter: needs an engine with a stacked weight_loader",
+    "WC737": "SGLang /weights_checker interop: needs the fake engine server of tests/test_verify.py",
     **dict.fromkeys(("WC740", "WC741", "WC742", "WC743", "WC744", "WC745"),
                     "engine-state checks: need WEIGHTCHECK_STATE snapshots of a real engine"),
     "WC736": "the test engine has no fused-pair loader: a correct sync still drops the pair, so the fix "

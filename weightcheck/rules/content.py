@@ -754,7 +754,7 @@ _DIFF_RULES: list[tuple[str, str, Severity, str, str, str, str]] = [
         "weightcheck opens nothing outside the checkpoint and no FIFO or device. An index entry routed "
         "through a symlink that leaves the directory is refused even when the tensor also exists in a "
         "regular shard, so such a checkpoint never diffs clean.",
-        "B: refused to open sub/x.safetensors: symlink resolves outside the checkpoint (/elsewhere/x.safetensors)",
+        'B: refused to open sub/x.safetensors: symlink resolves outside the checkpoint (/elsewhere/x.safetensors)',
         "every referenced file a regular file inside the checkpoint",
     ),
 ]

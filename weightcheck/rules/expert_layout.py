@@ -124,33 +124,23 @@ def expert_layout_unread(ctx: LintContext) -> None:
         what = "in this orientation (the names are read, the last two dims are swapped)"
     else:
         what = f"({refused['style'].replace('_', '-')} layout)"
-
     def shown(lay: dict[str, Any]) -> str:
         dims_of = lay.get("dims") or {}
         return ", ".join(f"`{n}`" + (f" [{', '.join(dims_of[n])}]" if n in dims_of else "") for n in lay["names"])
 
-    reads = (
-        "; it reads " + " or ".join(shown(lay) for lay in readable[:2])
-        if readable
-        else "; it read none of the layouts tried: its routed experts stay uninitialised"
-    )
+    reads = ("; it reads " + " or ".join(shown(lay) for lay in readable[:2])
+             if readable else "; it read none of the layouts tried: its routed experts stay uninitialised")
     names = sorted(n for v in found.values() for n in v)
     severity = Severity.ERROR if deployed else Severity.INFO
     ctx.report(
         f"SGLang's {sglang_class} does not read routed experts stored as "
-        + ", ".join(f"`{t}`" for t in sorted(found))
-        + f" {what}: {how}{reads}"
-        + ("" if deployed else ' (info: no consumers declared; declare consumers = ["sglang"] to gate on it)'),
+        + ", ".join(f"`{t}`" for t in sorted(found)) + f" {what}: {how}{reads}"
+        + ("" if deployed else " (info: no consumers declared; declare consumers = [\"sglang\"] to gate on it)"),
         tensor=summarize(names, limit=3),
         count=len(names),
         severity=severity,
-        details={
-            "engine_class": sglang_class,
-            "stored": sorted(found),
-            "refused_layout": refused["source"],
-            "readable": [lay["names"] for lay in readable],
-            "tensors": names[:200],
-        },
+        details={"engine_class": sglang_class, "stored": sorted(found), "refused_layout": refused["source"],
+                 "readable": [lay["names"] for lay in readable], "tensors": names[:200]},
     )
 
 

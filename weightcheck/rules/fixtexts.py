@@ -125,7 +125,8 @@ FIX_TEXTS: dict[str, str] = {
     "WC742": "restore the buffer after memory release (resume with its tags) or recompute it after the sync",
     "WC743": "check the parameter's weight_loader (a transform or a write that did not land) and any write "
     "after load_weights",
-    "WC744": "expected for direct/custom/P2P transports; enable WEIGHTCHECK_STATE=1 so the state checks judge them",
+    "WC744": "expected for direct/custom/P2P transports; enable WEIGHTCHECK_STATE=1 so the state checks judge "
+    "them",
     "WC745": "make the trainer's quantizer follow the engine's quantization_config: leave modules the engine "
     "builds unquantized (routers, ignore list) in BF16, and quantize every module it serves quantized, with its scale",
 }
