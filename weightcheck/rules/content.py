@@ -101,9 +101,14 @@ def _scan(ctx: LintContext) -> list[TensorScan]:
             if progress is not None:
                 progress.close()
     known = ctx.ckpt.all_tensors()
-    for name, reason in sorted(store.unreadable().items()):
+    unreadable = store.unreadable()
+    # The shard each unreadable tensor lives in, named by WC608 so the user knows what to mend.
+    home = {n: s for s in sorted(ctx.ckpt.shards, reverse=True) for n in ctx.ckpt.shards[s].tensors if n in unreadable}
+    home.update({n: s for n, s in ctx.ckpt.weight_map.items() if n in unreadable})
+    for name, reason in sorted(unreadable.items()):
         info = known.get(name)
-        out.append(TensorScan(name, "", info.dtype if info else "", info.shape if info else (), error=reason))
+        shard = home.get(name, "")
+        out.append(TensorScan(name, shard, info.dtype if info else "", info.shape if info else (), error=reason))
     return out
 
 
@@ -509,16 +514,34 @@ def content_not_checked(ctx: LintContext) -> None:
     or malformed (the WC1xx/WC2xx findings say why) have no bytes to check, and F4/F6 tensors are hashed
     but not range-checked."""
     by_reason: dict[str, list[str]] = {}
+    shards_of: dict[str, set[str]] = {}
+    packed: set[str] = set()
     for scan in content_scan(ctx):
         if scan.error:
             by_reason.setdefault(scan.error, []).append(scan.name)
+            if scan.shard:
+                shards_of.setdefault(scan.error, set()).add(scan.shard)
         elif scan.dtype in _NO_RANGE_DTYPES:
-            by_reason.setdefault(f"{scan.dtype} values are packed: not range-checked", []).append(scan.name)
+            reason = f"{scan.dtype} values are packed: not range-checked"
+            by_reason.setdefault(reason, []).append(scan.name)
+            packed.add(reason)
     for reason, names in sorted(by_reason.items()):
+        # The fix must name what to act on: the unreadable shards (the default text says "the listed
+        # shards", and a finding that listed none could not be acted on); packed dtypes need no repair.
+        files = sorted(shards_of.get(reason, ()))
+        if reason in packed:
+            fix = (
+                "nothing to repair: packed FP4/FP6 values are hashed (--hash, --against-manifest) but not "
+                "range-checked; checking them needs dequantization (weightcheck diff)"
+            )
+        else:
+            fix = f"make {', '.join(files[:6])} readable (see the WC1xx/WC2xx findings on it), then run --content again"
         ctx.report(
-            f"{len(names)} tensor(s) not content-checked: {reason}",
+            f"{len(names)} tensor(s) not content-checked: {reason}" + (f" in {', '.join(files[:6])}" if files else ""),
             tensor=summarize(names),
             count=len(names),
+            details={"shards": files} if files else None,
+            fix=fix,
         )
 
 

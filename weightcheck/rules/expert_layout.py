@@ -57,9 +57,12 @@ def _deployed_sglang(consumers: list[str] | None) -> bool | None:
     "[8, 28672, 4096], served by SGLang (reads block_sparse_moe.experts.N.w1/w2/w3 only)",
     good="the same model written by save_pretrained: model.layers.0.block_sparse_moe.experts.0.w1.weight ...",
     also=(Severity.INFO,),
-    fix="write the checkpoint with the layout the engine reads (transformers `save_pretrained` converts "
-    "transformers 5's fused experts back to the per-expert names most engines read); for a fused stack "
-    "refused for its orientation, transpose its last two dims",
+    # Applied in tests/test_fix_texts_all.py: a model *loaded from* the fused files is saved back fused
+    # (transformers only reverses the conversion it applied on load), so the text names from_config.
+    fix="write the checkpoint with the layout the engine reads: transformers `save_pretrained` writes the "
+    "per-expert names most engines read for a model built from its config (`from_config` then "
+    "`load_state_dict` of these tensors); one loaded with `from_pretrained` from these fused files is saved "
+    "back fused. For a fused stack refused for its orientation, transpose its last two dims",
 )
 def expert_layout_unread(ctx: LintContext) -> None:
     """Judged against the engine's generated facts for the checkpoint's architecture: the layouts SGLang

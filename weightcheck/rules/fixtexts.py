@@ -39,7 +39,8 @@ FIX_TEXTS: dict[str, str] = {
     "WC309": "add the module (a regex such as `re:.*mlp\\.gate($|\\..*)`) to the ignore list",
     "WC310": "keep lm_head and embeddings unquantized and out of targets, unless every consumer you deploy "
     "to supports it",
-    "WC311": "ignore all shards of the fused group (q, k and v; gate and up) or none",
+    "WC311": "ignore all shards of the fused group (q, k and v; gate and up) or none, and store the group to "
+    "match (re-run the quantizer with that ignore list): an ignore edit alone leaves WC306/WC307",
     "WC312": "ignore the fused name (`qkv_proj`, `gate_up_proj`) in addition to its shards",
     "WC313": "re-export the module with every companion its format writes (scale, shape, zero point)",
     "WC314": "re-export the module: the packed weight and its scales come from different quantization runs",
@@ -95,7 +96,11 @@ FIX_TEXTS: dict[str, str] = {
     "WC718": "replace the symlink (or FIFO/device) with a regular file inside the checkpoint folder, or fix "
     "the index entry that routes through it",
     # WC7xx live verify
-    "WC720": "re-run the sync with the tap enabled; a truncated record means the process died while writing",
+    # Applied in tests/test_fix_texts_all.py: a re-run alone left the finding (the unreadable file cannot say
+    # which sync it held, so verify reports it whatever sync is selected).
+    "WC720": "re-run the sync with the tap enabled (a truncated record means the process died while writing), "
+    "then move the damaged record file out of the records directory: it cannot say which sync it held, so "
+    "it is reported whatever sync you select",
     "WC721": "pass a reference checkpoint or manifest that is readable and uses the records' digest algorithm",
     "WC722": "make the trainer send the tensor (check its name mapping and bucket filter)",
     "WC723": "fix the sender's name mapping, or drop the tensor from the update",

@@ -272,10 +272,19 @@ def index_path_escapes(ctx: LintContext) -> None:
     for refusal in ctx.ckpt.refused:
         if refusal.name in indexed and refusal.kind in ("escapes", "absolute"):
             keys = by_file[refusal.name]
+            # The entry's name is inside when the file is a symlink that leaves: rewriting the entry cannot
+            # help, replacing the link by the shard can (applying the default text changed nothing).
+            fix = (
+                f"replace the symlink {refusal.name!r} by a regular copy of the shard it should be (the "
+                "entry's name is fine; the file it resolves to is outside the checkpoint)"
+                if "symlink" in refusal.reason
+                else ""
+            )
             ctx.report(
                 f"refused {refusal.name!r}: {refusal.reason}; {len(keys)} tensors point at it: {summarize(keys)}",
                 file=refusal.name,
                 count=len(keys),
+                fix=fix,
             )
 
 
