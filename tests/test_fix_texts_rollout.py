@@ -234,3 +234,17 @@ def test_the_meta_test_knows_these_codes() -> None:
 
     assert {c for c in APPLIED_ELSEWHERE if c.startswith("WC8")} == APPLIED_HERE
     assert not APPLIED_HERE & (set(EXCLUDED) | set(NOT_YET))
+
+
+def test_wc802_diff_the_text_names_points_at_the_reference_layer(rollout_world: World, tmp_path: Path) -> None:
+    """WC802's text names `weightcheck diff REF ACTOR` to find where --ref-load and --load differ: on the
+    saved actor and the reference of the bad run it names the one layer that differs; once --ref-load points
+    at the actor's weights (the applied fix above) the diff is clean."""
+    model = rollout_world["model"]
+    actor = tmp_path / "actor"
+    model.save_pretrained(actor)
+    ref = tmp_path / "ref"
+    rf.perturbed(model, layer=1, scale=4.0).save_pretrained(ref)  # the reference of world["perturbed"]
+    differing = {f.location.tensor for f in api.diff(ref, actor, config=False).findings if f.location.tensor}
+    assert differing == {"model.layers.1.mlp.down_proj.weight"}, differing
+    assert api.diff(actor, actor, config=False).findings == []
