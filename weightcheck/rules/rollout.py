@@ -107,8 +107,8 @@ _rule(
     """,
     "rollout 0: KL 2.3e-02 (1e-4 < KL <= 1); sample 1 tokens 3, 9, 12",
     "rollout 0: KL 0",
-    "Check that --ref-load and --load hold the same step-0 weights (weightcheck diff REF ACTOR), and that both "
-    "were loaded (weightcheck doctor).",
+    "Point --ref-load and --load at the same step-0 weights (weightcheck diff REF ACTOR shows where they "
+    "differ), and check that both were loaded (weightcheck doctor).",
 )
 _rule(
     "WC803",
@@ -143,7 +143,7 @@ _rule(
     "rollout 0: mean |log_probs − rollout_log_probs| 0.41 > 0.1; sample 7 token 12 differs by 3.2",
     "rollout 0: mean |log_probs − rollout_log_probs| 0.004",
     "Verify the weight sync of this step (weightcheck verify RECORDS --against CKPT): a layer or expert that "
-    "landed under the wrong name shows up here first.",
+    "landed under the wrong name shows up here first; fix the names it reports and sync again.",
 )
 _rule(
     "WC805",
