@@ -246,3 +246,23 @@ def test_degenerate_rewards_and_masks(rollout_world: dict[str, Any], tmp_path: P
         status="aborted",
     )
     assert "WC807" in codes(check_rollout(_rollout_dump(tmp_path / "empty", empty)))
+
+
+def test_refusal_ignores_safe_globals_the_process_registered(
+    rollout_world: dict[str, Any], tmp_path: Path
+) -> None:
+    """megatron-core's register_safe_globals() adds argparse.Namespace (and more) to torch's process-wide
+    list; inside such a process a dump holding one must still be refused, and the process's list kept."""
+    samples = [dict(s) for s in rollout_world["clean"].samples]
+    samples[0]["metadata"] = {"adapter": argparse.Namespace(name="lora-a")}
+    (tmp_path / "rollout_data").mkdir()
+    torch.save({"rollout_id": 0, "samples": samples}, tmp_path / "rollout_data" / "0.pt")
+    before = torch.serialization.get_safe_globals()
+    torch.serialization.add_safe_globals([argparse.Namespace])
+    try:
+        (finding,) = by_code(check_rollout(tmp_path), "WC800")
+        assert finding.details["unsafe_globals"] == ["argparse.Namespace"]
+        assert argparse.Namespace in torch.serialization.get_safe_globals()  # the process's list is restored
+    finally:
+        torch.serialization.clear_safe_globals()
+        torch.serialization.add_safe_globals(before)

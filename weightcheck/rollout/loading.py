@@ -102,19 +102,27 @@ def load_dump(path: Path, *, limit: int = MAX_DUMP_BYTES, name: str | None = Non
     allowed += _numpy_dtype_classes()
     import warnings
 
+    # Only this allow-list counts, whatever the process registered before: megatron-core's
+    # register_safe_globals() (run by its checkpoint loader) adds argparse.Namespace, PosixPath, BytesIO and
+    # more to torch's process-wide list, and weightcheck's API may run inside such a trainer process.
+    registered = torch.serialization.get_safe_globals()
+    torch.serialization.clear_safe_globals()
     try:
-        # torch warns about pickle protocols it may not support; a failure is reported as a finding anyway
-        with warnings.catch_warnings(), torch.serialization.safe_globals(allowed):
-            warnings.simplefilter("ignore")
-            return torch.load(buffer, map_location="cpu", weights_only=True)
-    except Exception as exc:  # the restricted unpickler refused it, or the file is damaged
-        text = str(exc)
-        error = f"{type(exc).__name__}: {text.splitlines()[0][:240] if text else ''}"
-    buffer.seek(0)
-    try:
-        needed = torch.serialization.get_unsafe_globals_in_checkpoint(buffer)
-    except Exception:  # not a zip-format torch file: the restricted unpickler's message is all there is
-        needed = _globals_in_message(text)
+        try:
+            # torch warns about pickle protocols it may not support; a failure is reported as a finding anyway
+            with warnings.catch_warnings(), torch.serialization.safe_globals(allowed):
+                warnings.simplefilter("ignore")
+                return torch.load(buffer, map_location="cpu", weights_only=True)
+        except Exception as exc:  # the restricted unpickler refused it, or the file is damaged
+            text = str(exc)
+            error = f"{type(exc).__name__}: {text.splitlines()[0][:240] if text else ''}"
+        buffer.seek(0)
+        try:
+            needed = torch.serialization.get_unsafe_globals_in_checkpoint(buffer)
+        except Exception:  # not a zip-format torch file: the restricted unpickler's message is all there is
+            needed = _globals_in_message(text)
+    finally:
+        torch.serialization.add_safe_globals(registered)
     refused = sorted(g for g in needed if not _allowed(g)) or _globals_in_message(text)
     if refused:
         raise DumpRefused(
