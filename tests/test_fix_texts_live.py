@@ -1,0 +1,187 @@
+"""Fix texts of the live-verify codes applied (issue #19 item 9), for the codes tests/test_fix_texts_all.py
+listed as not yet applied: the engine-state checks (WC740–WC743, on the SGLang-like engine of
+tests/test_engine_state.py), the FP8/float cast (WC745, on the engine of tests/test_tap_quant_cast.py) and the
+rounding-only difference (WC730, with kept tensors on the bench of tests/test_verify.py). Each test makes the
+real defect in a tapped sync, checks that the finding's fix text contains the words applied, does what they
+say in the next sync (or in what the trainer sends), verifies again through the Python API, and asserts that
+the code is gone and that no new error appeared. Records are evidence and are never rewritten: the fixed
+sync is a new sync of the same records directory, selected by number or weight version."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import test_engine_state as _es  # the tapped SGLang-like engine with state digests
+import test_tap_quant_cast as _qc  # the FP8 engine whose loaders copy with a cast
+import test_verify as _tv  # the tapped bench engine and its checkpoint stream
+import torch
+
+from weightcheck import tap
+from weightcheck.findings import Finding, Result, Severity
+from weightcheck.verify import verify
+
+setup = _es.setup
+records = _qc.records
+bench = _tv.bench
+
+
+def _flat(findings: list[Finding]) -> list[Finding]:
+    """Findings with the follow-on findings folded under them (a folded code is still there)."""
+    out: list[Finding] = []
+    for f in findings:
+        out.append(f)
+        out.extend(_flat(f.related))
+    return out
+
+
+def _found(result: Result, code: str) -> list[Finding]:
+    return [f for f in _flat(result.findings) if f.code == code]
+
+
+def _errors(result: Result) -> set[tuple[str, str | None]]:
+    return {(f.code, f.location.tensor) for f in _flat(result.findings) if f.severity == Severity.ERROR}
+
+
+def _applied(before: Result, after: Result, code: str, said: str) -> None:
+    """The finding was there with the words applied; after the edit it is gone and no new error came."""
+    found = _found(before, code)
+    assert found, f"the defect did not trigger {code}: {[(f.code, f.message) for f in _flat(before.findings)]}"
+    assert all(said in f.fix for f in found), found[0].fix
+    assert not _found(after, code), [(f.code, f.message) for f in _flat(after.findings)]
+    assert not _errors(after) - _errors(before), [(f.code, f.message) for f in _flat(after.findings)]
+
+
+# ---- WC740–WC743: engine state after the sync ------------------------------------------------------------
+def test_wc740_fix_text_applied(setup: Any) -> None:
+    """ "find the transport that wrote the parameter outside load_weights ... and fix its source tensor":
+    a direct (load_weights-bypassing) write of a transposed tensor; the transport then writes the tensor
+    the trainer meant (not transposed)."""
+    records, ckpt, stream = setup
+    model = _es.startup(stream)
+    with tap.sync("step-1"):
+        tap.note_model(model)
+        model.load_direct([("norm.weight", stream[0][1]), ("o_proj.weight", stream[1][1].t())])
+    before = verify(records, ckpt, sync=1)
+    [finding] = _found(before, "WC740")
+    assert finding.details["params"] == ["o_proj.weight"]  # names the parameter whose source to fix
+    with tap.sync("step-2"):
+        tap.note_model(model)
+        model.load_direct(stream)  # the source tensor fixed
+    _applied(before, verify(records, ckpt, sync=2), "WC740", "fix its source tensor or name mapping")
+
+
+def test_wc742_fix_text_applied(setup: Any) -> None:
+    """ "restore the buffer after memory release ... or recompute it after the sync": the rotary cache the
+    release zeroed is recomputed (as the engine built it) before the next sync."""
+    records, ckpt, stream = setup
+    model = _es.startup(stream)
+    model.rotary.cos_sin_cache.zero_()  # released and not restored
+    with tap.sync("step-1"):
+        model.load_weights(iter(stream))
+    before = verify(records, ckpt, sync=1)
+    [finding] = _found(before, "WC742")
+    assert finding.details["names"] == ["rotary.cos_sin_cache"]
+    model.rotary.cos_sin_cache.copy_(_es.RotaryEmbedding().cos_sin_cache)  # recomputed
+    with tap.sync("step-2"):
+        model.load_weights(iter(stream))
+    _applied(before, verify(records, ckpt, sync=2), "WC742", "recompute it after the sync")
+
+
+def test_wc743_fix_text_applied(setup: Any) -> None:
+    """ "check ... any write after load_weights": the write that followed load_weights in the sync is
+    removed; the next sync's parameter holds what it received."""
+    records, ckpt, stream = setup
+    model = _es.startup(stream)
+    with tap.sync("step-1"):
+        model.load_weights(iter(stream))
+        model.norm.weight.data.mul_(2)  # a later write outside load_weights
+    before = verify(records, ckpt, sync=1)
+    [finding] = _found(before, "WC743")
+    assert finding.details["params"] == ["norm.weight"]
+    with tap.sync("step-2"):
+        model.load_weights(iter(stream))  # and nothing after it
+    _applied(before, verify(records, ckpt, sync=2), "WC743", "any write after load_weights")
+
+
+def test_wc741_fix_text_applied(tmp_path: Path) -> None:
+    """ "re-sync from one source so every ... DP engine receives the same bytes": two DP engines got
+    different tensors for step-1; step-2 sends both the one source's tensor."""
+    records = tmp_path / "records"
+    tap.set_engine_hooks(tap.EngineHooks(default_loader=_es.default_loader))
+    try:
+        for version, scales in (("step-1", (1.0, 2.0)), ("step-2", (1.0, 1.0))):
+            for engine, scale in zip(("engine-a", "engine-b"), scales, strict=True):
+                tap.configure(records, state=True, engine=engine)
+                model = tap.wrap(_es.Model())
+                with tap.sync(version):
+                    model.load_weights([("norm.weight", torch.full((8,), scale))])
+    finally:
+        tap.configure(None)
+        tap.set_engine_hooks(tap.EngineHooks())
+    before = verify(records, None, weight_version="step-1")
+    [finding] = _found(before, "WC741")
+    assert finding.details["engines"] == ["engine-a", "engine-b"]
+    after = verify(records, None, weight_version="step-2")
+    assert after.checked.get("syncs", 0) >= 1  # the fixed syncs were checked, not skipped
+    _applied(before, after, "WC741", "re-sync from one source so every TP/EP rank (or DP engine) receives")
+
+
+# ---- WC745: FP8 codes cast into a float parameter, or a float tensor into an FP8 one ----------------------
+def test_wc745_fix_text_applied_router(records: Path) -> None:
+    """ "leave modules the engine builds unquantized (routers ...) in BF16": the router is sent in BF16."""
+    _qc.push(records, _qc.stream(router_fp8=True))
+    before = verify(records, weight_version="step-1")
+    [finding] = _found(before, "WC745")
+    assert finding.details["names"] == ["router.weight"]
+    model = tap.wrap(_qc.Engine())
+    with tap.sync("step-2"):
+        model.load_weights(iter(_qc.stream()))
+    _applied(before, verify(records, weight_version="step-2"), "WC745",
+             "leave modules the engine builds unquantized (routers, ignore list) in BF16")  # fmt: skip
+
+
+def test_wc745_fix_text_applied_quantized_module(records: Path) -> None:
+    """ "quantize every module it serves quantized, with its scale": proj is sent as FP8 with its scale."""
+    _qc.push(records, _qc.stream(proj_bf16=True))
+    before = verify(records, weight_version="step-1")
+    [finding] = _found(before, "WC745")
+    assert finding.details["names"] == ["proj.weight"]
+    model = tap.wrap(_qc.Engine())
+    with tap.sync("step-2"):
+        model.load_weights(iter(_qc.stream()))
+    _applied(before, verify(records, weight_version="step-2"), "WC745",
+             "quantize every module it serves quantized, with its scale")  # fmt: skip
+
+
+# ---- WC730: a difference within the rounding of a lower-precision transfer -------------------------------
+def test_wc730_fix_text_applied(bench: Any) -> None:
+    """ "use a lossless dtype if bytes must match": the trainer sends the F32 checkpoint tensor it had
+    rounded to BF16 in its own dtype."""
+    b = bench("llama")
+    tap.configure(b.records, keep_tensors=True)
+    down = "model.layers.2.mlp.down_proj.weight"
+    b.push([(n, t.to(torch.bfloat16) if n == down else t) for n, t in b.stream], "step-1")
+    before = verify(b.records, b.ckpt, weight_version="step-1")
+    [finding] = _found(before, "WC730")
+    assert finding.details["names"] == [down]
+    b.push(list(b.stream), "step-2")  # the lossless dtype: the checkpoint's own
+    after = verify(b.records, b.ckpt, weight_version="step-2")
+    _applied(before, after, "WC730", "use a lossless dtype if bytes must match")
+    assert not after.findings, [(f.code, f.message) for f in after.findings]
+
+
+# ---- registration in the fix-text meta-test -----------------------------------------------------------------
+APPLIED_HERE = {"WC730", "WC740", "WC741", "WC742", "WC743", "WC745"}
+
+
+def test_codes_applied_here_are_registered_as_applied() -> None:
+    """The meta-test of tests/test_fix_texts_all.py counts these codes as applied only through its
+    APPLIED_ELSEWHERE set: each must be there, none may still be listed as not yet applied, and each must
+    have a test in this file."""
+    import test_fix_texts_all as meta
+
+    assert APPLIED_HERE <= meta.APPLIED_ELSEWHERE
+    assert not APPLIED_HERE & set(meta.NOT_YET)
+    for code in APPLIED_HERE:
+        assert any(name.startswith(f"test_{code.lower()}_fix_text_applied") for name in globals()), code
