@@ -9,9 +9,14 @@ sync is a new sync of the same records directory, selected by number or weight v
 
 from __future__ import annotations
 
+import http.server
+import json
+import re
+import threading
 from pathlib import Path
-from typing import Any
+from typing import Any, ClassVar
 
+import pytest
 import test_engine_state as _es  # the tapped SGLang-like engine with state digests
 import test_tap_quant_cast as _qc  # the FP8 engine whose loaders copy with a cast
 import test_verify as _tv  # the tapped bench engine and its checkpoint stream
@@ -171,8 +176,90 @@ def test_wc730_fix_text_applied(bench: Any) -> None:
     assert not after.findings, [(f.code, f.message) for f in after.findings]
 
 
+# ---- WC737: SGLang's own /weights_checker, next to weightcheck's findings -----------------------------------
+class _CheckerOf(http.server.BaseHTTPRequestHandler):
+    """/weights_checker as SGLang 0.5.23 runs it, on a real (tapped) engine's parameters: `snapshot` copies
+    them, `reset_tensors` overwrites them with random values, `compare` reports every parameter that differs
+    from the snapshot (400 with SGLang's "check tensor equality failed" message), so its verdict follows what
+    the push actually wrote."""
+
+    engine: ClassVar[Any] = None
+    snapshot: ClassVar[dict[str, torch.Tensor]] = {}
+
+    def do_POST(self) -> None:
+        body = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
+        params = dict(type(self).engine.named_parameters())
+        bad: list[str] = []
+        if body["action"] == "snapshot":
+            type(self).snapshot = {n: p.detach().clone() for n, p in params.items()}
+        elif body["action"] == "reset_tensors":
+            for p in params.values():
+                p.data.copy_(torch.rand_like(p, dtype=torch.float32).to(p.dtype))
+        elif body["action"] == "compare":
+            bad = [n for n, p in params.items() if not torch.equal(p, type(self).snapshot[n])]
+        lines = [f"name={n} max_abs_err={(params[n].float() - type(self).snapshot[n].float()).abs().max():g}"
+                 for n in bad]  # fmt: skip
+        message = "check tensor equality failed:\n" + "\n".join(lines) if bad else "ok"
+        payload = json.dumps({"success": not bad, "message": message}).encode()
+        self.send_response(400 if bad else 200)
+        self.send_header("Content-Type", "application/json")
+        self.send_header("Content-Length", str(len(payload)))
+        self.end_headers()
+        self.wfile.write(payload)
+
+    def log_message(self, *args: Any) -> None:
+        pass
+
+
+def test_wc737_fix_text_applied(bench: Any) -> None:
+    """ "find the parameter SGLang's /weights_checker names, then apply the fix of weightcheck's finding for
+    that parameter": the step-0 check (snapshot → reset → push the same weights → compare) of a trainer that
+    withholds one tensor; SGLang names the parameter, weightcheck's WC722 for the same name says "make the
+    trainer send the tensor", and the re-run push that does passes both."""
+    from weightcheck.tap.weights_checker import checked_weight_update
+    from weightcheck.verify import WeightSyncError
+
+    b = bench("llama")
+    engine = b.engine()
+    reference = dict(b.stream)
+    _CheckerOf.engine = engine
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), _CheckerOf)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    url = f"http://127.0.0.1:{server.server_address[1]}"
+    withheld = "model.layers.1.post_attention_layernorm.weight"
+
+    def push(version: str, sent: list[tuple[str, torch.Tensor]]) -> None:
+        """The step-0 check: the engine starts from the checkpoint on disk (what the snapshot holds), the
+        trainer pushes the same weights."""
+        for name, param in engine.named_parameters():
+            param.data.copy_(reference[name])
+        with (
+            checked_weight_update(b.records, b.ckpt, engines=[url], weight_version=version),
+            tap.sync(version, source="session"),
+        ):
+            engine.load_weights(iter(sent))
+
+    try:
+        with pytest.raises(WeightSyncError) as caught:
+            push("step-0", [(n, t) for n, t in b.stream if n != withheld])
+        before = caught.value.result
+        [checker] = _found(before, "WC737")
+        [named] = re.findall(r"name=(\S+)", checker.message)  # the parameter SGLang names
+        assert named == withheld
+        [matching] = [f for f in _flat(before.findings) if f.code.startswith("WC72") and named in f.subjects()]
+        assert "make the trainer send the tensor" in matching.fix  # its fix, applied: the tensor is sent
+        push("step-0-rerun", list(b.stream))
+    finally:
+        server.shutdown()
+        server.server_close()
+    after = verify(b.records, b.ckpt, weight_version="step-0-rerun")
+    assert after.checked.get("syncs", 0) >= 1
+    _applied(before, after, "WC737", "find the parameter SGLang's /weights_checker names")
+    assert "then apply the fix of weightcheck's finding for that parameter" in checker.fix
+
+
 # ---- registration in the fix-text meta-test -----------------------------------------------------------------
-APPLIED_HERE = {"WC730", "WC740", "WC741", "WC742", "WC743", "WC745"}
+APPLIED_HERE = {"WC730", "WC737", "WC740", "WC741", "WC742", "WC743", "WC745"}
 
 
 def test_codes_applied_here_are_registered_as_applied() -> None:
