@@ -13,11 +13,13 @@ import http.server
 import json
 import re
 import threading
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any, ClassVar
 
 import pytest
 import test_engine_state as _es  # the tapped SGLang-like engine with state digests
+import test_tap as _tt  # the SGLang-like engine with stacked q/k/v and FusedMoE loaders
 import test_tap_quant_cast as _qc  # the FP8 engine whose loaders copy with a cast
 import test_verify as _tv  # the tapped bench engine and its checkpoint stream
 import torch
@@ -176,6 +178,45 @@ def test_wc730_fix_text_applied(bench: Any) -> None:
     assert not after.findings, [(f.code, f.message) for f in after.findings]
 
 
+# ---- WC733: a stacked or expert parameter partly written ---------------------------------------------------
+@pytest.fixture
+def stacked(tmp_path: Path) -> Iterator[Path]:
+    """The SGLang-like engine of tests/test_tap.py: stacked q/k/v (`loaded_shard_id`) and a FusedMoE whose
+    loader takes shard and expert ids, tapped into one records directory."""
+    root = tmp_path / "records"
+    tap.configure(root, digest_threads=1)
+    tap.set_engine_hooks(tap.EngineHooks(default_loader=_tt.default_loader))
+    tap.install(_tt.Engine)
+    try:
+        yield root
+    finally:
+        tap.uninstall(_tt.Engine)
+        tap.configure(None)
+        tap.set_engine_hooks(tap.EngineHooks())
+
+
+@pytest.mark.parametrize(
+    ("left_out", "missing"),
+    [("layers.0.k_proj.weight", "shard k never written"), ("layers.1.experts.3.", "local experts 3 never written")],
+    ids=["qkv-shard", "expert"],
+)
+def test_wc733_fix_text_applied(stacked: Path, left_out: str, missing: str) -> None:
+    """ "send every shard/expert of the parameter in the same sync": the trainer's bucket filter left out the
+    k shard of a stacked qkv (or one expert's projections); the next sync sends all of them."""
+    model = _tt.Engine(moe=True)
+    full = _tt.stream(moe=True)
+    with tap.sync("step-1"):
+        model.load_weights(iter([(n, t) for n, t in full if not n.startswith(left_out)]))
+    before = verify(stacked, weight_version="step-1")
+    [finding] = _found(before, "WC733")
+    assert finding.details["missing"].startswith(missing), finding.details
+    with tap.sync("step-2"):
+        model.load_weights(iter(full))
+    after = verify(stacked, weight_version="step-2")
+    _applied(before, after, "WC733", "send every shard/expert of the parameter in the same sync")
+    assert not after.findings, [(f.code, f.message) for f in after.findings]
+
+
 # ---- WC737: SGLang's own /weights_checker, next to weightcheck's findings -----------------------------------
 class _CheckerOf(http.server.BaseHTTPRequestHandler):
     """/weights_checker as SGLang 0.5.23 runs it, on a real (tapped) engine's parameters: `snapshot` copies
@@ -259,7 +300,7 @@ def test_wc737_fix_text_applied(bench: Any) -> None:
 
 
 # ---- registration in the fix-text meta-test -----------------------------------------------------------------
-APPLIED_HERE = {"WC730", "WC737", "WC740", "WC741", "WC742", "WC743", "WC745"}
+APPLIED_HERE = {"WC730", "WC733", "WC737", "WC740", "WC741", "WC742", "WC743", "WC745"}
 
 
 def test_codes_applied_here_are_registered_as_applied() -> None:
