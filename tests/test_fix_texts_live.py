@@ -23,6 +23,7 @@ import test_tap as _tt  # the SGLang-like engine with stacked q/k/v and FusedMoE
 import test_tap_quant_cast as _qc  # the FP8 engine whose loaders copy with a cast
 import test_verify as _tv  # the tapped bench engine and its checkpoint stream
 import torch
+from torch import nn
 
 from weightcheck import tap
 from weightcheck.findings import Finding, Result, Severity
@@ -217,6 +218,76 @@ def test_wc733_fix_text_applied(stacked: Path, left_out: str, missing: str) -> N
     assert not after.findings, [(f.code, f.message) for f in after.findings]
 
 
+# ---- WC736: a fused pair split across load_weights calls -----------------------------------------------------
+class _Weight(nn.Module):
+    def __init__(self, rows: int) -> None:
+        super().__init__()
+        self.weight = nn.Parameter(torch.zeros(rows, 8), requires_grad=False)
+
+
+class _FusedAAttention(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.fused_qkv_a_proj_with_mqa = _Weight(6)
+
+
+class _FusedAEngine(nn.Module):
+    """Loads like SGLang's DeepSeek-V2/V3 with `fused_qkv_a_proj_with_mqa`: q_a_proj and kv_a_proj_with_mqa are
+    cached within one load_weights call and written, concatenated, once both arrived in it; a half left over
+    when the call ends is dropped."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.layers = nn.ModuleList([nn.Module()])
+        self.layers[0].self_attn = _FusedAAttention()
+        self.norm = _Weight(1)
+
+    def load_weights(self, weights: Any) -> None:
+        params = dict(self.named_parameters())
+        cached: dict[str, torch.Tensor] = {}
+        for name, tensor in weights:
+            if ".q_a_proj." in name or ".kv_a_proj_with_mqa." in name:
+                cached[name] = tensor
+                q_a = name.replace(".kv_a_proj_with_mqa.", ".q_a_proj.")
+                kv_a = q_a.replace(".q_a_proj.", ".kv_a_proj_with_mqa.")
+                if q_a in cached and kv_a in cached:
+                    fused = torch.cat([cached.pop(q_a), cached.pop(kv_a)])
+                    param = params[q_a.replace(".q_a_proj.", ".fused_qkv_a_proj_with_mqa.")]
+                    getattr(param, "weight_loader", _es.default_loader)(param, fused)
+            elif name in params:
+                getattr(params[name], "weight_loader", _es.default_loader)(params[name], tensor)
+
+
+def test_wc736_fix_text_applied(tmp_path: Path) -> None:
+    """ "send q_a_proj and kv_a_proj_with_mqa of a layer in the same load_weights call": the trainer's
+    buckets cut the pair apart (neither half is written); the fixed bucketing keeps it in one bucket."""
+    root = tmp_path / "records"
+    tap.configure(root, digest_threads=1)
+    tap.set_engine_hooks(tap.EngineHooks(default_loader=_es.default_loader))
+    try:
+        model = tap.wrap(_FusedAEngine())
+        q_a = ("layers.0.self_attn.q_a_proj.weight", torch.randn(4, 8))
+        kv_a = ("layers.0.self_attn.kv_a_proj_with_mqa.weight", torch.randn(2, 8))
+        norm = ("norm.weight", torch.randn(1, 8))
+        with tap.sync("step-1"):
+            model.load_weights(iter([norm, q_a]))  # bucket 1
+            model.load_weights(iter([kv_a]))  # bucket 2
+        before = verify(root, weight_version="step-1")
+        [finding] = _found(before, "WC736")
+        assert finding.details["pair"] == [q_a[0], kv_a[0]]
+        with tap.sync("step-2"):
+            model.load_weights(iter([norm]))
+            model.load_weights(iter([q_a, kv_a]))  # one bucket holds both
+        after = verify(root, weight_version="step-2")
+    finally:
+        tap.configure(None)
+        tap.set_engine_hooks(tap.EngineHooks())
+    _applied(before, after, "WC736", "send q_a_proj and kv_a_proj_with_mqa of a layer in the same load_weights call")
+    assert not after.findings, [(f.code, f.message) for f in after.findings]
+    fused = model.layers[0].self_attn.fused_qkv_a_proj_with_mqa.weight
+    assert torch.equal(fused, torch.cat([q_a[1], kv_a[1]]))  # the fix reached the engine's parameter
+
+
 # ---- WC737: SGLang's own /weights_checker, next to weightcheck's findings -----------------------------------
 class _CheckerOf(http.server.BaseHTTPRequestHandler):
     """/weights_checker as SGLang 0.5.23 runs it, on a real (tapped) engine's parameters: `snapshot` copies
@@ -300,7 +371,7 @@ def test_wc737_fix_text_applied(bench: Any) -> None:
 
 
 # ---- registration in the fix-text meta-test -----------------------------------------------------------------
-APPLIED_HERE = {"WC730", "WC733", "WC737", "WC740", "WC741", "WC742", "WC743", "WC745"}
+APPLIED_HERE = {"WC730", "WC733", "WC736", "WC737", "WC740", "WC741", "WC742", "WC743", "WC745"}
 
 
 def test_codes_applied_here_are_registered_as_applied() -> None:
