@@ -847,7 +847,6 @@ EXCLUDED: dict[str, str] = {
 # Not applied yet (issue #19 item 9 is open for these): each needs a fixture this file does not build. Listed
 # so the meta-test names them; the list may only shrink.
 NOT_YET: dict[str, str] = {
-    "WC717": "a malformed quantized candidate: needs the quantized diff suite (tests/quant_fixtures.py)",
     **dict.fromkeys(tuple(f"WC8{n:02d}" for n in (*range(14), *range(50, 55))),
                     "rollout/doctor: the fix is a change to the training run; no test yet regenerates the dumps "
                     "or logs with the change applied"),
@@ -860,9 +859,10 @@ EXCLUDED_SAYS = {"WC000": "report the traceback", "WC339": "by hand", "WC711": "
 # WC110, WC720, WC721, WC738, WC739: test_wc110_fix_text_applied ... test_wc739_fix_text_applied below.
 # WC320: tests/test_engine_unquantized.py adds the entry the finding names (and runs `lint --fix`), then relints.
 APPLIED_ELSEWHERE = {"WC202", "WC304", "WC309", "WC110", "WC720", "WC721", "WC738", "WC739", "WC320"}
-# WC730, WC733, WC736, WC737, WC740-WC743, WC745: tests/test_fix_texts_live.py (engine-state, FP8-cast,
-# kept-tensor, stacked/expert and fused-pair loader syncs, and SGLang's /weights_checker on a tapped engine).
-APPLIED_ELSEWHERE |= {"WC730", "WC733", "WC736", "WC737", "WC740", "WC741", "WC742", "WC743", "WC745"}
+# WC717, WC730, WC733, WC736, WC737, WC740-WC743, WC745: tests/test_fix_texts_live.py (a malformed W4A16
+# candidate in diff; engine-state, FP8-cast, kept-tensor, stacked/expert and fused-pair loader syncs, and
+# SGLang's /weights_checker on a tapped engine).
+APPLIED_ELSEWHERE |= {"WC717", "WC730", "WC733", "WC736", "WC737", "WC740", "WC741", "WC742", "WC743", "WC745"}
 
 
 # ---- WC7xx diff: candidate B is the reference A after a faulty conversion step --------------------------

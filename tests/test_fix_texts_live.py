@@ -288,6 +288,48 @@ def test_wc736_fix_text_applied(tmp_path: Path) -> None:
     assert torch.equal(fused, torch.cat([q_a[1], kv_a[1]]))  # the fix reached the engine's parameter
 
 
+# ---- WC717: a malformed quantized candidate in `weightcheck diff` --------------------------------------------
+@pytest.fixture(scope="module")
+def w4a16(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path]:
+    """A tiny bf16 Llama (save_pretrained) and its W4A16 export by llm-compressor `oneshot`, built with the
+    helpers of tests/quant_fixtures.py (one layer: only the scheme this test needs, not the whole suite)."""
+    from quant_fixtures import build_base, quantize
+
+    root = tmp_path_factory.mktemp("wc717")
+    base = build_base(root / "base", layers=1)
+    return base, quantize(base, "W4A16", root / "W4A16")
+
+
+def test_wc717_fix_text_applied(w4a16: tuple[Path, Path], tmp_path: Path) -> None:
+    """ "re-export the quantized module": the candidate's up_proj scale was written with the wrong group
+    count; the module the finding names is written again, every stored part of it, from the untouched
+    export, and the diff against the base passes within quantization error."""
+    import shutil
+
+    from quant_fixtures import edit_tensors
+    from safetensors import safe_open
+
+    from weightcheck.diff import DiffOptions, diff
+
+    base, export = w4a16
+    candidate = shutil.copytree(export, tmp_path / "candidate")
+    scale = "model.layers.0.mlp.up_proj.weight_scale"
+    edit_tensors(candidate, lambda t: t.__setitem__(scale, torch.ones(512, 3, dtype=torch.bfloat16)))
+    before = diff(base, candidate, DiffOptions())
+    [finding] = _found(before, "WC717")
+    module = finding.location.tensor.removesuffix(".weight")
+    assert module == "model.layers.0.mlp.up_proj"
+    exported: dict[str, torch.Tensor] = {}
+    for shard in export.glob("*.safetensors"):
+        with safe_open(str(shard), framework="pt") as fh:
+            exported.update({k: fh.get_tensor(k) for k in fh.keys() if k.startswith(module + ".")})
+    assert len(exported) >= 3  # packed weight, scale, shape: the whole module, as the quantizer wrote it
+    edit_tensors(candidate, lambda t: t.update(exported))
+    after = diff(base, candidate, DiffOptions())
+    _applied(before, after, "WC717", "re-export the quantized module")
+    assert after.exit_code() == 0, [(f.code, f.message) for f in _flat(after.findings)]
+
+
 # ---- WC737: SGLang's own /weights_checker, next to weightcheck's findings -----------------------------------
 class _CheckerOf(http.server.BaseHTTPRequestHandler):
     """/weights_checker as SGLang 0.5.23 runs it, on a real (tapped) engine's parameters: `snapshot` copies
@@ -371,7 +413,7 @@ def test_wc737_fix_text_applied(bench: Any) -> None:
 
 
 # ---- registration in the fix-text meta-test -----------------------------------------------------------------
-APPLIED_HERE = {"WC730", "WC733", "WC736", "WC737", "WC740", "WC741", "WC742", "WC743", "WC745"}
+APPLIED_HERE = {"WC717", "WC730", "WC733", "WC736", "WC737", "WC740", "WC741", "WC742", "WC743", "WC745"}
 
 
 def test_codes_applied_here_are_registered_as_applied() -> None:
