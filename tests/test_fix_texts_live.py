@@ -1,11 +1,15 @@
-"""Fix texts of the live-verify codes applied (issue #19 item 9), for the codes tests/test_fix_texts_all.py
+"""Fix texts of the diff/live-verify codes applied (issue #19 item 9), for the codes tests/test_fix_texts_all.py
 listed as not yet applied: the engine-state checks (WC740–WC743, on the SGLang-like engine of
-tests/test_engine_state.py), the FP8/float cast (WC745, on the engine of tests/test_tap_quant_cast.py) and the
-rounding-only difference (WC730, with kept tensors on the bench of tests/test_verify.py). Each test makes the
-real defect in a tapped sync, checks that the finding's fix text contains the words applied, does what they
-say in the next sync (or in what the trainer sends), verifies again through the Python API, and asserts that
-the code is gone and that no new error appeared. Records are evidence and are never rewritten: the fixed
-sync is a new sync of the same records directory, selected by number or weight version."""
+tests/test_engine_state.py), the FP8/float cast (WC745, engine of tests/test_tap_quant_cast.py), the
+rounding-only difference (WC730, kept tensors on the bench of tests/test_verify.py), a partly written stacked
+or expert parameter (WC733, loaders of tests/test_tap.py), a fused pair split across calls (WC736, a
+DeepSeek-like fused loader), SGLang's /weights_checker verdict (WC737, its snapshot/reset/compare run on a real
+tapped engine) and a malformed quantized diff candidate (WC717, llm-compressor W4A16). Each test makes the
+real defect, checks that the finding's fix text contains the words applied, does what they say (in the next
+sync, in what the trainer sends, or in the candidate's files), runs verify/diff again through the Python API,
+and asserts that the code is gone and that no new error appeared. Records are evidence and are never
+rewritten: the fixed sync is a new sync of the same records directory, selected by number or weight version.
+WC744 (an info note) is excluded in tests/test_fix_texts_all.py, with the reason."""
 
 from __future__ import annotations
 
