@@ -116,8 +116,10 @@ FIX_TEXTS: dict[str, str] = {
     "WC733": "send every shard/expert of the parameter in the same sync",
     "WC734": "enable the tap on every engine rank (WEIGHTCHECK_DIR visible to each), then re-run",
     "WC735": "make every rank receive the same bytes (check the broadcast group)",
-    "WC736": "send fused pairs (q/k/v, gate/up) in the same load_weights call",
-    "WC737": "see SGLang's /weights_checker output for the parameter, then the matching WC72x finding",
+    "WC736": "send q_a_proj and kv_a_proj_with_mqa of a layer in the same load_weights call (one bucket holds "
+    "both): the engine fuses the pair only within one call and drops a half left over",
+    "WC737": "find the parameter SGLang's /weights_checker names, then apply the fix of weightcheck's finding "
+    "for that parameter in the same sync (WC72x/WC74x: it says what went wrong), and re-run the checked push",
     "WC738": "pass a sync or weight version that the records hold",
     "WC739": "read the engine's log for the load_weights exception; an unfinished sync must be re-run",
     "WC740": "find the transport that wrote the parameter outside load_weights (direct, custom loader, "

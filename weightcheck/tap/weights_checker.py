@@ -111,6 +111,10 @@ class WeightsCheckerClient:
 
 
 def _finding(url: str, message: str, reply: dict[str, Any] | None = None) -> Finding:
+    # These findings join the result after verify's finalize step filled the fix texts: carry it here, or the
+    # report and the raised WeightSyncError show WC737 with no fix.
+    from weightcheck.rules import all_rules
+
     return Finding(
         code="WC737",
         name="engine-checker-failed",
@@ -118,6 +122,7 @@ def _finding(url: str, message: str, reply: dict[str, Any] | None = None) -> Fin
         message=message,
         location=Location(file=url),
         details={"engine": url, "reply": reply} if reply is not None else {"engine": url},
+        fix=all_rules()["WC737"].fix_text(),
     )
 
 
