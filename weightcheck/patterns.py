@@ -178,6 +178,9 @@ class Pattern:
     # Generated patterns: the config class's defaults of the keys its expressions use, for a config.json
     # that leaves them out (save_pretrained writes only what differs from the defaults).
     class_defaults: dict[str, Any] = field(default_factory=dict)
+    # Generated patterns: (hand-written pattern name, its domain) when a hand-written pattern overrides this
+    # model_type; the generator validated it on the same probes.
+    handwritten_domain: tuple[str, dict[str, Any]] | None = None
     # Set by `fit_to_config` for one config only: the exact modules transformers' class writes for it (a
     # config outside `validated`, transformers installed) ...
     exact: list[ExpectedModule] | None = None
@@ -267,6 +270,9 @@ def parse_pattern(doc: dict[str, Any], where: str) -> Pattern:
     validated = (doc.get("provenance") or {}).get("validated")
     if isinstance(validated, dict):
         pattern.validated = validated
+    hand = (doc.get("provenance") or {}).get("validated_handwritten")
+    if isinstance(hand, dict) and isinstance(hand.get("domain"), dict) and isinstance(hand.get("pattern"), str):
+        pattern.handwritten_domain = (hand["pattern"], hand["domain"])
     if pattern.moe_layer and not pattern.experts:
         raise PatternError(f"{where}: [moe_layer] needs [family] experts (the config key of the expert count)")
     return pattern
@@ -629,8 +635,11 @@ def normalize_value(value: Any, n_layers: Any) -> Any:
     return json.dumps(value, sort_keys=True)
 
 
-def outside_coverage(domain: dict[str, Any], text: dict[str, Any]) -> list[str]:
-    """`key=value` for each config key whose value the pattern was not validated on (empty: covered)."""
+def outside_coverage(domain: dict[str, Any], text: dict[str, Any], borrowed: bool = False) -> list[str]:
+    """`key=value` for each config key whose value the pattern was not validated on (empty: covered).
+    `borrowed`: a hand-written pattern using its model_type's generated domain; the switches fitted into
+    the generated file are not in the hand-written one, so only the generator's own variants' values
+    (`base`) count, and no `any_int`."""
     out: list[str] = []
     n_layers = text.get("num_hidden_layers")
     for key, entry in sorted(domain.items()):
@@ -642,6 +651,9 @@ def outside_coverage(domain: dict[str, Any], text: dict[str, Any]) -> list[str]:
             out.append(f"{key} (absent; derived by the config class)")
             continue
         value = text.get(key, entry.get("default_raw"))
+        if borrowed:
+            entry = {k: v for k, v in entry.items() if k in ("elements", "default_raw")} | {
+                "values": entry.get("base", entry.get("values", []))}
         if entry.get("any_int") and (value is None or (isinstance(value, int) and not isinstance(value, bool))):
             continue  # validated over several values: an int the pattern's expressions take in
         if "elements" in entry:  # per-layer kinds (`layer_types`): any mix of the validated kinds
@@ -654,18 +666,24 @@ def outside_coverage(domain: dict[str, Any], text: dict[str, Any]) -> list[str]:
     return out
 
 
-def domain_of(pattern: Pattern, text: dict[str, Any]) -> dict[str, Any] | None:
-    """The validated domain for this pattern: its own, else (hand-written) its model_type's generated one."""
+def domain_of(pattern: Pattern, text: dict[str, Any]) -> tuple[dict[str, Any] | None, bool]:
+    """(validated domain, borrowed) for this pattern: its own; for a hand-written pattern, the domain the
+    generator validated it on (its model_type's generated file); else that file's domain, borrowed."""
     if pattern.validated is not None:
-        return pattern.validated
+        return pattern.validated, False
+    borrowed: dict[str, Any] | None = None
     for model_type in (text.get("model_type"), *pattern.model_types):
         try:
             found = _generated_for(model_type)
         except PatternError:
             found = None
-        if found is not None and found.validated is not None:
-            return found.validated
-    return None
+        if found is None:
+            continue
+        if found.handwritten_domain is not None and found.handwritten_domain[0] == pattern.name:
+            return found.handwritten_domain[1], False
+        if borrowed is None and found.validated is not None:
+            borrowed = found.validated
+    return borrowed, borrowed is not None
 
 
 def fit_to_config(pattern: Pattern, config: dict[str, Any], text: dict[str, Any]) -> tuple[Pattern, list[str]]:
@@ -676,10 +694,10 @@ def fit_to_config(pattern: Pattern, config: dict[str, Any], text: dict[str, Any]
     import os
     from dataclasses import replace
 
-    domain = domain_of(pattern, text)
+    domain, borrowed = domain_of(pattern, text)
     if not domain:
         return pattern, []
-    outside = outside_coverage(domain, text)
+    outside = outside_coverage(domain, text, borrowed=borrowed)
     if not outside:
         return pattern, []
     note = (f"config outside what pattern {pattern.name!r} was validated on ({', '.join(outside[:6])}"

@@ -501,6 +501,15 @@ def derive(model_type: str) -> dict[str, Any]:
     fit_switches(model_type, doc, [a, b, c])
     doc["provenance"]["class_defaults"] = class_defaults(model_type, doc)
     doc["provenance"]["validated"] = validate_domain(model_type, doc, [a, b, c])
+    # A hand-written pattern for the same model_type wins at lint time: it is validated on the same probes,
+    # so its own coverage is known too (weightcheck.patterns.domain_of).
+    from weightcheck.patterns import builtin_patterns
+
+    for hand in builtin_patterns().values():
+        if model_type in hand.model_types:
+            doc["provenance"]["validated_handwritten"] = {
+                "pattern": hand.name, "domain": validate_domain(model_type, hand, [a, b, c])}  # fmt: skip
+            break
     return doc
 
 
@@ -569,7 +578,7 @@ def _with(config: dict[str, Any], key: str, value: Any) -> dict[str, Any]:
     return out
 
 
-def validate_domain(model_type: str, doc: dict[str, Any], observations: list[Observation]) -> dict[str, Any]:
+def validate_domain(model_type: str, doc: dict[str, Any] | Any, observations: list[Observation]) -> dict[str, Any]:
     """For every config key the model reads (value-only keys aside), the values the pattern `doc` was found
     right for, by building transformers' class for them on the meta device and comparing (oracle
     `conformance`). A key whose probed values change nothing written is left out; an int key whose probes
@@ -579,13 +588,17 @@ def validate_domain(model_type: str, doc: dict[str, Any], observations: list[Obs
     from weightcheck.arch.tiny import tiny_config
     from weightcheck.patterns import normalize_value, parse_pattern
 
-    pattern = parse_pattern(doc, f"{model_type}.json")
+    pattern = parse_pattern(doc, f"{model_type}.json") if isinstance(doc, dict) else doc
     base_cfg = tiny_config(model_type, "A")
     reads = traced_reads(base_cfg)
     full = full_config_dict(base_cfg)
     text = _text_config(full)
     n_layers = int(text["num_hidden_layers"])
     base_shapes, _ = expected_tensors(full)
+    # Probes are checked at a second size too (B: other head and layer counts), so a fit that only holds at
+    # A's sizes (StableLM's per-head QK norms, a hybrid's attention layer A happens not to have) fails.
+    full_b = full_config_dict(tiny_config(model_type, "B"))
+    base_shapes_b, _ = expected_tensors(full_b)
     cls_default = _text_config(full_config_dict(type(base_cfg)()))
     domain: dict[str, Any] = {}
     for key in sorted(reads & set(text)):
@@ -595,14 +608,16 @@ def validate_domain(model_type: str, doc: dict[str, Any], observations: list[Obs
         seen = [o.config.get(key, cls_default.get(key)) for o in observations]
         varied_int = all(isinstance(v, int) and not isinstance(v, bool) for v in seen) and len(set(seen)) > 1
         if varied_int:  # a dimension the A/B/C variants vary: its expressions were fitted over it ...
-            if "rank" in key or "lora" in key:  # ... except switching it off (`q_lora_rank: null`)
-                try:
-                    cfg = full_config_dict(build_config(_with(full, key, None)))
-                    shapes, _ = expected_tensors(cfg)
-                except Exception:
-                    continue
-                if conformance(pattern, cfg, shapes):
-                    domain[key] = {"default_raw": cls_default.get(key), "any_int": True, "values": []}
+            if "rank" in key or "lora" in key:  # ... except switching it off (`q_lora_rank: null`), at A and B
+                for probe_base in (full, full_b):
+                    try:
+                        cfg = full_config_dict(build_config(_with(probe_base, key, None)))
+                        shapes, _ = expected_tensors(cfg)
+                    except Exception:
+                        continue
+                    if conformance(pattern, cfg, shapes):
+                        domain[key] = {"default_raw": cls_default.get(key), "any_int": True, "values": [],
+                                       "base": []}  # fmt: skip
             continue
         elements = sorted({x for v in seen if isinstance(v, list) for x in v if isinstance(x, str)})
         changed = conforming = tried = int_tried = 0
@@ -615,9 +630,20 @@ def validate_domain(model_type: str, doc: dict[str, Any], observations: list[Obs
                 continue
             tried += 1
             int_tried += isinstance(probe, int) and not isinstance(probe, bool)
-            if shapes != base_shapes:
+            ok = not conformance(pattern, cfg, shapes)
+            differs = shapes != base_shapes
+            if not isinstance(probe, list):
+                try:
+                    cfg_b = full_config_dict(build_config(_with(full_b, key, probe)))
+                    shapes_b, _ = expected_tensors(cfg_b)
+                except Exception:
+                    pass
+                else:
+                    differs = differs or shapes_b != base_shapes_b
+                    ok = ok and not conformance(pattern, cfg_b, shapes_b)
+            if differs:
                 changed += 1
-            if not conformance(pattern, cfg, shapes):
+            if ok:
                 conforming += 1
                 good.append(probe)
         if tried and not changed:
@@ -630,9 +656,16 @@ def validate_domain(model_type: str, doc: dict[str, Any], observations: list[Obs
             entry["elements"] = elements
         values = {normalize_value(v, o.config.get("num_hidden_layers"))
                   for v, o in zip(seen, observations, strict=True)}  # fmt: skip
+        entry["base"] = sorted(values)  # the generated variants' own values: what hand-written patterns may use
         values |= {normalize_value(g, n_layers) for g in good}
         entry["values"] = sorted(values)
         domain[key] = entry
+    if any(isinstance(text.get(k), dict) for k in domain):
+        # an opaque structured key (Kimi Linear's `linear_attn_config` lists layer numbers) was only seen with
+        # the variants' depths: other depths are outside coverage
+        domain["num_hidden_layers"] = {"default_raw": cls_default.get("num_hidden_layers"),
+                                       "values": sorted({json.dumps(o.config["num_hidden_layers"])
+                                                         for o in observations})}  # fmt: skip
     return domain
 
 
