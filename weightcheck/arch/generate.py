@@ -590,7 +590,8 @@ def validate_domain(model_type: str, doc: dict[str, Any] | Any, observations: li
 
     pattern = parse_pattern(doc, f"{model_type}.json") if isinstance(doc, dict) else doc
     base_cfg = tiny_config(model_type, "A")
-    reads = traced_reads(base_cfg)
+    # read at A or B: a hybrid's attention layer may exist at one depth only (Kimi Linear's MLA at B)
+    reads = traced_reads(base_cfg) | traced_reads(tiny_config(model_type, "B"))
     full = full_config_dict(base_cfg)
     text = _text_config(full)
     n_layers = int(text["num_hidden_layers"])
@@ -790,7 +791,8 @@ def fit_switches(model_type: str, doc: dict[str, Any], observations: list[Observ
     from weightcheck.patterns import parse_pattern
 
     base_cfg = tiny_config(model_type, "A")
-    reads = traced_reads(base_cfg)
+    # read at A or B: a hybrid's attention layer may exist at one depth only (Kimi Linear's MLA at B)
+    reads = traced_reads(base_cfg) | traced_reads(tiny_config(model_type, "B"))
     full = full_config_dict(base_cfg)
     text = _text_config(full)
     n_layers = int(text["num_hidden_layers"])
