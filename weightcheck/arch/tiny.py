@@ -188,6 +188,8 @@ def materialize(config: Any, seed: int = 0) -> Any:
         for buffer in model.buffers():
             if buffer.is_floating_point():
                 buffer.zero_()
+    if getattr(config, "tie_word_embeddings", False) and hasattr(model, "tie_weights"):
+        model.tie_weights()  # to_empty gives the head its own storage: tie it again, as from_pretrained does
     model.eval()
     return model
 
