@@ -13,6 +13,7 @@ import shutil
 import subprocess
 import sys
 from pathlib import Path
+from typing import Any
 
 import pytest
 from helpers import by_code, run
@@ -95,6 +96,75 @@ def test_clean_tiny_checkpoint_lints_clean(tiny_checkpoints: dict[str, Path], mo
     assert detect_pattern(json.loads((path / "config.json").read_text())).name == f"gen_{model_type}" or \
         model_type in ("llama", "mistral", "qwen2", "qwen3", "qwen2_moe", "qwen3_moe", "glm4_moe", "deepseek_v3",
                        "mixtral", "qwen2_5_vl")  # hand-written patterns stay the overrides  # fmt: skip
+
+
+def _switched(model_type: str) -> Any:
+    """Variant D with every boolean the model reads flipped (biases on, QK norms off...), where the config
+    class accepts it: a config that differs from the generator's in its switches, not only its sizes."""
+    from weightcheck.arch.generate import _text_config, _with, traced_reads, value_only
+    from weightcheck.arch.oracle import build_config, full_config_dict, meta_model
+    from weightcheck.arch.tiny import tiny_config
+
+    base = tiny_config(model_type, "D")
+    full = full_config_dict(base)
+    text = _text_config(full)
+    for key in sorted(traced_reads(base) & set(text)):
+        if isinstance(text[key], bool) and not value_only(key):
+            trial = _with(full, key, not text[key])
+            try:
+                meta_model(build_config(trial))
+            except Exception:  # the class refuses this switch: keep it
+                continue
+            full = trial
+    return build_config(full)
+
+
+@pytest.fixture(scope="session")
+def other_checkpoints(tmp_path_factory: pytest.TempPathFactory) -> dict[tuple[str, str], Path]:
+    """save_pretrained output for two more configs per covered type: the published config (reduced in
+    counts: tests/oracle_configs.py) and variant D with its switches flipped."""
+    import logging
+
+    from oracle_configs import published_configs, reduce_counts
+
+    from weightcheck.arch.oracle import build_config
+    from weightcheck.arch.tiny import materialize
+
+    logging.getLogger("transformers").setLevel(logging.ERROR)
+    root = tmp_path_factory.mktemp("arch-other")
+    out = {}
+    for t in COVERED:
+        models = {}
+        for _, cfg in published_configs(t):  # the first published config whose reduction is tiny enough
+            reduced = reduce_counts(cfg)
+            reduced.setdefault("model_type", t)
+            try:
+                models["published"] = materialize(build_config(reduced))
+                break
+            except ValueError:  # a sub-config reduce_counts does not shrink (Llama-4's vision tower)
+                continue
+        models["switched"] = materialize(_switched(t))
+        for which, model in models.items():
+            path = root / f"{t}-{which}"
+            model.save_pretrained(path, max_shard_size="40KB")
+            out[(t, which)] = path
+    return out
+
+
+@pytest.mark.oracle  # scripts/ci-groups/26-arch-oracle.sh (the save_pretrained of 2 configs x every type)
+@pytest.mark.parametrize(("model_type", "which"), [
+    pytest.param(t, w, marks=pytest.mark.xfail(strict=True, reason="Kimi Linear: q_lora_rank null on its MLA layer "
+                                               "not yet fitted or marked outside coverage (issue #18)"))
+    if (t, w) == ("kimi_linear", "published") else (t, w)
+    for t in COVERED for w in ("published", "switched")])  # fmt: skip
+def test_clean_checkpoint_of_other_configs_lints_clean(other_checkpoints: dict[tuple[str, str], Path],
+                                                       model_type: str, which: str) -> None:  # fmt: skip
+    """Issue #18: configs the generator never saw (a published one, every switch flipped) lint clean
+    when written by save_pretrained. WC404 (declared MTP layers save_pretrained never writes) is the one
+    warning kept: a NextN draft would need them."""
+    assert (model_type, which) in other_checkpoints, "no published config of this type reduces to a tiny model"
+    result = run(other_checkpoints[(model_type, which)])
+    assert [p for p in _problems(result) if not p.startswith("WC404")] == []
 
 
 def _expert_tensors(path: Path) -> tuple[dict[str, list[str]], dict[str, list[str]]]:

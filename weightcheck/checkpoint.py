@@ -122,6 +122,11 @@ def text_config_of(cfg: dict[str, Any]) -> dict[str, Any]:
             merged = dict(sub)
             for k, v in cfg.items():
                 merged.setdefault(k, v)
+            if isinstance(cfg.get("tie_word_embeddings"), bool):
+                # The wrapper's flag decides: transformers ties by `self.config.tie_word_embeddings` of the
+                # model it builds (the VLM's top-level config), whatever the text_config says; Qwen3-VL-30B-A3B
+                # ships false at the top (lm_head stored) and true in its text_config.
+                merged["tie_word_embeddings"] = cfg["tie_word_embeddings"]
             return merged
     blocks = cfg.get("layers_block_type")
     if "num_hidden_layers" not in cfg and isinstance(blocks, list) and blocks:

@@ -173,6 +173,21 @@ class Pattern:
     dense_layer: list[ModuleSpec] = field(default_factory=list)
     moe_layer: list[ModuleSpec] = field(default_factory=list)
     mtp_layer: list[ModuleSpec] = field(default_factory=list)
+    # Generated patterns: the config values the pattern was checked against (provenance.validated; see
+    # `outside_coverage`). None for hand-written files (they borrow their model_type's generated domain).
+    validated: dict[str, Any] | None = None
+    # Generated patterns: the config class's defaults of the keys its expressions use, for a config.json
+    # that leaves them out (save_pretrained writes only what differs from the defaults).
+    class_defaults: dict[str, Any] = field(default_factory=dict)
+    # Generated patterns: (hand-written pattern name, its domain) when a hand-written pattern overrides this
+    # model_type; the generator validated it on the same probes.
+    handwritten_domain: tuple[str, dict[str, Any]] | None = None
+    # Set by `fit_to_config` for one config only: the exact modules transformers' class writes for it (a
+    # config outside `validated`, transformers installed) ...
+    exact: list[ExpectedModule] | None = None
+    # ... or, without transformers, why the pattern cannot vouch for this config: its WC410/WC501 findings
+    # are then warnings, never errors.
+    unvalidated: tuple[str, ...] = ()
 
 
 def _module(section: str, name: str, spec: Any, where: str) -> ModuleSpec:
@@ -250,6 +265,15 @@ def parse_pattern(doc: dict[str, Any], where: str) -> Pattern:
         if not isinstance(table, dict):
             raise PatternError(f"{where}: [{section}] must be a table")
         setattr(pattern, section, [_module(section, n, s, where) for n, s in table.items()])
+    class_defaults = (doc.get("provenance") or {}).get("class_defaults")
+    if isinstance(class_defaults, dict):
+        pattern.class_defaults = class_defaults
+    validated = (doc.get("provenance") or {}).get("validated")
+    if isinstance(validated, dict):
+        pattern.validated = validated
+    hand = (doc.get("provenance") or {}).get("validated_handwritten")
+    if isinstance(hand, dict) and isinstance(hand.get("domain"), dict) and isinstance(hand.get("pattern"), str):
+        pattern.handwritten_domain = (hand["pattern"], hand["domain"])
     if pattern.moe_layer and not pattern.experts:
         raise PatternError(f"{where}: [moe_layer] needs [family] experts (the config key of the expert count)")
     return pattern
@@ -483,6 +507,8 @@ class ExpectedModule(NamedTuple):
 def config_env(pattern: Pattern, config: dict[str, Any]) -> dict[str, Any]:
     env: dict[str, Any] = {}
     env.update({k: v for k, v in config.items() if not isinstance(v, dict)})
+    for key, default in pattern.class_defaults.items():
+        env.setdefault(key, default)
     for key, default in pattern.defaults.items():
         if env.get(key) is None:
             try:
@@ -535,8 +561,16 @@ def expand(
 ) -> tuple[list[ExpectedModule], list[str]]:
     """All modules the config implies, with expected shapes. Also returns notes on what could not be
     evaluated (a missing config key). `names` (the checkpoint's tensors) picks a root alias."""
-    env = config_env(pattern, config)
     notes: list[str] = []
+    if pattern.exact is not None:
+        canonical = pattern.layer_prefix.rsplit(".", 1)[0]
+        root = layer_root(pattern, names)
+        exact = list(pattern.exact)
+        if root != canonical:
+            exact = [m._replace(name=root + m.name[len(canonical) :]) if m.name.startswith(canonical + ".") else m
+                     for m in exact]  # fmt: skip
+        return exact, notes
+    env = config_env(pattern, config)
     n_layers = _count(pattern.num_layers, env, "layers")
     n_mtp = _count(pattern.mtp_layers, env, "mtp")
     n_experts = _count(pattern.experts, env, "experts")
@@ -634,3 +668,153 @@ def expand(
         out = [m._replace(name=root + m.name[len(canonical) :]) if m.name.startswith(canonical + ".") else m
                for m in out]  # fmt: skip
     return out, sorted(set(notes))
+
+
+# ---- coverage: the configs a generated pattern was validated on --------------------------------------
+# The generator checks each pattern against transformers' model class on configs that vary every config key
+# the model's __init__ reads (weightcheck.arch.generate.validate_domain) and records, per key that changes
+# what is written, the values the pattern was found right for (`provenance.validated`). A config with a
+# value outside them is outside coverage: the pattern cannot vouch for it (`fit_to_config`).
+
+ORACLE_ENV = "WEIGHTCHECK_ARCH_ORACLE"  # "0": never build expectations from transformers (the torch-free path)
+
+
+def normalize_value(value: Any, n_layers: Any) -> Any:
+    """The form a validated value is recorded and compared in: layer lists as which layers they select
+    (`all`, `none`, or the list itself), anything else as its JSON text."""
+    ints = isinstance(value, list) and value and all(isinstance(x, int) and not isinstance(x, bool) for x in value)
+    if ints and isinstance(n_layers, int) and sorted(set(value)) == list(range(n_layers)):
+        return "<all layers>"
+    if isinstance(value, list) and not value:
+        return "<none>"
+    return json.dumps(value, sort_keys=True)
+
+
+def outside_coverage(domain: dict[str, Any], text: dict[str, Any], borrowed: bool = False) -> list[str]:
+    """`key=value` for each config key whose value the pattern was not validated on (empty: covered).
+    `borrowed`: a hand-written pattern using its model_type's generated domain; the switches fitted into
+    the generated file are not in the hand-written one, so only the generator's own variants' values
+    (`base`) count, and no `any_int`."""
+    out: list[str] = []
+    n_layers = text.get("num_hidden_layers")
+    for key, entry in sorted(domain.items()):
+        if not isinstance(entry, dict):
+            continue
+        if key not in text and isinstance(entry.get("default_raw"), list):
+            # a per-layer list the config class derives at load from other keys (ERNIE-4.5's mlp_layer_types
+            # from moe_layer_interval/start/end): its value for this config is not in the file
+            out.append(f"{key} (absent; derived by the config class)")
+            continue
+        value = text.get(key, entry.get("default_raw"))
+        if borrowed:
+            entry = {k: v for k, v in entry.items() if k in ("elements", "default_raw")} | {
+                "values": entry.get("base", entry.get("values", []))}
+        if entry.get("any_int") and (value is None or (isinstance(value, int) and not isinstance(value, bool))):
+            continue  # validated over several values: an int the pattern's expressions take in
+        if "elements" in entry:  # per-layer kinds (`layer_types`): any mix of the validated kinds
+            if value is None or (isinstance(value, list) and set(map(str, value)) <= set(entry["elements"])):
+                continue
+        elif normalize_value(value, n_layers) in entry.get("values", []):
+            continue
+        shown = json.dumps(value)
+        out.append(f"{key}={shown if len(shown) <= 60 else shown[:57] + '...'}")
+    return out
+
+
+def domain_of(pattern: Pattern, text: dict[str, Any]) -> tuple[dict[str, Any] | None, bool]:
+    """(validated domain, borrowed) for this pattern: its own; for a hand-written pattern, the domain the
+    generator validated it on (its model_type's generated file); else that file's domain, borrowed."""
+    if pattern.validated is not None:
+        return pattern.validated, False
+    borrowed: dict[str, Any] | None = None
+    for model_type in (text.get("model_type"), *pattern.model_types):
+        try:
+            found = _generated_for(model_type)
+        except PatternError:
+            found = None
+        if found is None:
+            continue
+        if found.handwritten_domain is not None and found.handwritten_domain[0] == pattern.name:
+            return found.handwritten_domain[1], False
+        if borrowed is None and found.validated is not None:
+            borrowed = found.validated
+    return borrowed, borrowed is not None
+
+
+def fit_to_config(pattern: Pattern, config: dict[str, Any], text: dict[str, Any]) -> tuple[Pattern, list[str]]:
+    """The pattern to lint this config with, and notes. Inside coverage: the pattern itself. Outside: the
+    exact modules transformers' model class writes for the config (built on the meta device) when
+    transformers is installed, else the pattern marked unvalidated (its WC410/WC501 findings become
+    warnings): never an error the pattern cannot stand behind."""
+    import os
+    from dataclasses import replace
+
+    domain, borrowed = domain_of(pattern, text)
+    if not domain:
+        return pattern, []
+    outside = outside_coverage(domain, text, borrowed=borrowed)
+    if not outside:
+        return pattern, []
+    note = (f"config outside what pattern {pattern.name!r} was validated on ({', '.join(outside[:6])}"
+            f"{', ...' if len(outside) > 6 else ''})")  # fmt: skip
+    from weightcheck.deps import installed
+
+    if os.environ.get(ORACLE_ENV, "1") != "0" and installed("transformers") and installed("torch"):
+        from weightcheck.arch.oracle import OracleError
+
+        try:
+            exact = oracle_expected(pattern, config)
+        except OracleError as exc:
+            note += f"; transformers could not build the model class for it ({exc})"
+        else:
+            return replace(pattern, exact=exact), [
+                note + ": expected names and shapes built from transformers' model class on the meta device"
+            ]
+    note += ": missing weights and shape mismatches the pattern predicts are reported as warnings, not errors"
+    return replace(pattern, unvalidated=tuple(outside)), [note]
+
+
+def oracle_expected(pattern: Pattern, config: dict[str, Any]) -> list[ExpectedModule]:
+    """The modules transformers' class writes for `config`, with the pattern's kinds (routers, experts,
+    engine facts) where the pattern names the module, else the kind of the instantiated class."""
+    import re
+
+    from weightcheck.arch.oracle import expected_tensors
+
+    shapes, kinds = expected_tensors(config)
+    allowed = tuple(pattern.allowed_prefixes)
+    specs: dict[str, ModuleSpec] = {}
+    for section in (pattern.layer, pattern.moe_layer, pattern.dense_layer, pattern.mtp_layer, pattern.globals):
+        for spec in section:
+            specs.setdefault(spec.name, spec)
+    layer_re = re.compile(rf"^{re.escape(pattern.layer_prefix)}\.(\d+)\.(.+)$")
+    expert_re = re.compile(r"(^|\.)experts\.(\d+)(\.|$)")
+    modules: dict[str, dict[str, tuple[int, ...]]] = {}
+    for name, shape in shapes.items():
+        if allowed and name.startswith(allowed):
+            continue
+        module, _, param = name.rpartition(".")
+        modules.setdefault(module, {})[param] = shape
+    out: list[ExpectedModule] = []
+    for module, params in sorted(modules.items()):
+        layer = expert = None
+        template = module
+        m = layer_re.match(module)
+        if m:
+            layer, template = int(m.group(1)), m.group(2)
+            e = expert_re.search(template)
+            if e:
+                expert = int(e.group(2))
+                template = template[: e.start()] + f"{e.group(1)}experts.*{e.group(3)}" + template[e.end() :]
+        base = specs.get(template)
+        weight = params.get("weight")
+        spec = ModuleSpec(
+            name=template,
+            kind=base.kind if base is not None else kinds.get(module, "other"),
+            shape=tuple(str(d) for d in weight) if weight is not None else (),
+            params=tuple(sorted(params)),
+            quantized_by=base.quantized_by if base is not None else (),
+            dtype=base.dtype if base is not None else None,
+        )
+        out.append(ExpectedModule(module, spec, layer, expert, weight, tuple(sorted(params)), ()))
+    return out

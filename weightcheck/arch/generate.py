@@ -143,16 +143,42 @@ def _owner(module_name: str, modules: dict[str, Any]) -> Any:
 # ---- expressions ----------------------------------------------------------------------------------
 
 
+# Config keys that only carry values the weights do not depend on (token ids, epsilons, rope settings...):
+# never a name a shape or layer condition may use, and not probed by validate_domain. Matched by substring.
+# A key wrongly listed here would be caught by the conformance oracle (tests/test_arch_oracle.py), which
+# varies every key the model reads.
+VALUE_ONLY = (
+    "token_id", "eps", "dropout", "initializer_range", "rope", "max_position_embeddings", "use_cache",
+    "output_", "return_dict", "dtype", "aux_loss", "scaling_factor", "sliding_window", "architectures",
+    "model_type", "transformers_version", "tie_word_embeddings", "norm_topk", "router_jitter", "logit",
+    "_implementation", "chunk_size_feed_forward", "problem_type", "temperature", "pretraining_tp",
+    "init_", "_std", "hidden_act", "activation", "torchscript", "_name_or_path", "use_bidirectional",
+)  # fmt: skip
+
+# Names a layer condition may be keyed on: layer-placement switches (a key merely <= the layer count, such as
+# bos_token_id or conv_kernel, matched the three variants by coincidence: issue #18).
+_LAYER_KEY_HINTS = (
+    "layer", "moe", "expert", "dense", "interval", "period", "offset", "step", "freq", "replace", "type",
+    "block", "pattern", "sparse", "nextn", "every", "start", "end",
+)  # fmt: skip
+
+
+def value_only(key: str) -> bool:
+    return any(h in key for h in VALUE_ONLY)
+
+
 def _int_vars(a: dict[str, Any], b: dict[str, Any]) -> list[str]:
     """Config keys whose value the variants change (the only names a derived expression may use)."""
     out = []
     for k, va in a.items():
         vb = b.get(k)
+        if value_only(k):
+            continue
         if (isinstance(va, int) and isinstance(vb, int) and not isinstance(va, bool) and not isinstance(vb, bool)
                 and va > 0 and vb > 0 and va != vb):  # fmt: skip
             out.append(k)
     pref = ("hidden_size", "intermediate_size", "vocab_size", "head_dim", "num_attention_heads",
-            "num_key_value_heads", "moe_intermediate_size")  # fmt: skip
+            "num_key_value_heads", "moe_intermediate_size", *EXPERT_KEYS)  # fmt: skip
     return sorted(out, key=lambda k: (pref.index(k) if k in pref else len(pref), k))
 
 
@@ -192,9 +218,13 @@ def _candidates(keys: list[str], a: dict[str, Any], b: dict[str, Any]) -> dict[t
     return table
 
 
-def _when_candidates(cfg: dict[str, Any], n_layers: int) -> list[str]:
+def _when_candidates(cfg: dict[str, Any], n_layers: int, reads: set[str] | None = None) -> list[str]:
     out: list[str] = []
     for k, v in sorted(cfg.items()):
+        if value_only(k) or not any(h in k for h in _LAYER_KEY_HINTS):
+            continue
+        if reads is not None and k not in reads:  # a key the model never reads cannot place its modules
+            continue
         if isinstance(v, list) and len(v) == n_layers and all(isinstance(x, (str, int, bool)) for x in v):
             for value in dict.fromkeys(v):
                 out.append(f"{k}[layer] == {json.dumps(value)}")
@@ -358,7 +388,9 @@ def derive(model_type: str) -> dict[str, Any]:
 
     mods_a, mods_b, mods_c = modules_of(layers_a), modules_of(layers_b), modules_of(layers_c)
     layer_specs: dict[str, dict[str, Any]] = {}
-    whens = _when_candidates(a.config, la)
+    from weightcheck.arch.tiny import tiny_config
+
+    whens = _when_candidates(a.config, la, traced_reads(tiny_config(model_type, "A")))
     for module in sorted(set(mods_a) | set(mods_b)):
         ea, eb = mods_a.get(module), mods_b.get(module)
         if ea is None or eb is None:
@@ -466,7 +498,332 @@ def derive(model_type: str) -> dict[str, Any]:
             **({"mtp_prefixes": mtp} if mtp else {}),
         },
     }
+    fit_switches(model_type, doc, [a, b, c])
+    doc["provenance"]["class_defaults"] = class_defaults(model_type, doc)
+    doc["provenance"]["validated"] = validate_domain(model_type, doc, [a, b, c])
+    # A hand-written pattern for the same model_type wins at lint time: it is validated on the same probes,
+    # so its own coverage is known too (weightcheck.patterns.domain_of).
+    from weightcheck.patterns import builtin_patterns
+
+    for hand in builtin_patterns().values():
+        if model_type in hand.model_types:
+            doc["provenance"]["validated_handwritten"] = {
+                "pattern": hand.name, "domain": validate_domain(model_type, hand, [a, b, c])}  # fmt: skip
+            break
     return doc
+
+
+# ---- validated domain ------------------------------------------------------------------------------
+
+
+def traced_reads(config: Any) -> set[str]:
+    """Config attribute names the model class reads while it is built (on the meta device): the keys that
+    can decide what it writes. transformers' configs resolve `attribute_map` aliases in __getattribute__,
+    which is where the reads are recorded."""
+    from transformers.configuration_utils import PreTrainedConfig
+
+    from weightcheck.arch.oracle import meta_model
+
+    reads: set[str] = set()
+    original = PreTrainedConfig.__getattribute__
+
+    def spy(self: Any, key: str) -> Any:
+        reads.add(key)
+        aliases = original(self, "attribute_map")
+        if key in aliases:
+            reads.add(aliases[key])
+        return original(self, key)
+
+    PreTrainedConfig.__getattribute__ = spy  # type: ignore[method-assign]
+    try:
+        meta_model(config)
+    finally:
+        PreTrainedConfig.__getattribute__ = original  # type: ignore[method-assign]
+    return reads
+
+
+def _sub_config(value: Any) -> bool:
+    """A nested model config (vision tower, audio): not the language model's switches."""
+    return isinstance(value, dict) and "model_type" in value
+
+
+def _probe_values(key: str, value: Any, n_layers: int, elements: list[str]) -> list[Any]:
+    """Other values of a config key to try (issue #18: flags flipped, counts and steps changed, optional
+    ranks switched off, per-layer lists re-mixed)."""
+    if isinstance(value, bool):
+        return [not value]
+    if isinstance(value, int):
+        # `q_lora_rank: null` (DeepSeek-V2-Lite) switches a sub-module off: optional ranks are probed with null
+        return [value + 1, 2 * value + 3, *([None] if "rank" in key or "lora" in key else [])]
+    if isinstance(value, float):
+        return [value * 2 + 0.5]
+    if value is None:
+        return [8, 16]
+    if isinstance(value, list) and all(isinstance(x, int) and not isinstance(x, bool) for x in value):
+        return [[], list(range(n_layers)), list(range(1, n_layers, 2))]
+    if isinstance(value, list) and elements and all(isinstance(x, str) for x in value) and len(value) == n_layers:
+        mixes = [[elements[i % len(elements)] for i in range(n_layers)]]
+        mixes.append(list(reversed(mixes[0])))
+        return [m for m in mixes if m != value]
+    return []
+
+
+def _with(config: dict[str, Any], key: str, value: Any) -> dict[str, Any]:
+    out = json.loads(json.dumps(config))
+    sub = out.get("text_config")
+    if isinstance(sub, dict) and (key in sub or key not in out):
+        sub[key] = value
+    else:
+        out[key] = value
+    return out
+
+
+def validate_domain(model_type: str, doc: dict[str, Any] | Any, observations: list[Observation]) -> dict[str, Any]:
+    """For every config key the model reads (value-only keys aside), the values the pattern `doc` was found
+    right for, by building transformers' class for them on the meta device and comparing (oracle
+    `conformance`). A key whose probed values change nothing written is left out; an int key whose probes
+    all conform is `any_int`; otherwise only the conforming values are recorded, and lint treats any other
+    value as outside coverage (weightcheck.patterns.fit_to_config)."""
+    from weightcheck.arch.oracle import build_config, conformance, expected_tensors, full_config_dict
+    from weightcheck.arch.tiny import tiny_config
+    from weightcheck.patterns import normalize_value, parse_pattern
+
+    pattern = parse_pattern(doc, f"{model_type}.json") if isinstance(doc, dict) else doc
+    base_cfg = tiny_config(model_type, "A")
+    # read at A or B: a hybrid's attention layer may exist at one depth only (Kimi Linear's MLA at B)
+    reads = traced_reads(base_cfg) | traced_reads(tiny_config(model_type, "B"))
+    full = full_config_dict(base_cfg)
+    text = _text_config(full)
+    n_layers = int(text["num_hidden_layers"])
+    base_shapes, _ = expected_tensors(full)
+    # Probes are checked at a second size too (B: other head and layer counts), so a fit that only holds at
+    # A's sizes (StableLM's per-head QK norms, a hybrid's attention layer A happens not to have) fails.
+    full_b = full_config_dict(tiny_config(model_type, "B"))
+    base_shapes_b, _ = expected_tensors(full_b)
+    cls_default = _text_config(full_config_dict(type(base_cfg)()))
+    domain: dict[str, Any] = {}
+    for key in sorted(reads & set(text)):
+        value = text[key]
+        if value_only(key) or _sub_config(value) or key == "num_hidden_layers":
+            continue
+        seen = [o.config.get(key, cls_default.get(key)) for o in observations]
+        varied_int = all(isinstance(v, int) and not isinstance(v, bool) for v in seen) and len(set(seen)) > 1
+        if varied_int:  # a dimension the A/B/C variants vary: its expressions were fitted over it ...
+            if "rank" in key or "lora" in key:  # ... except switching it off (`q_lora_rank: null`), at A and B
+                for probe_base in (full, full_b):
+                    try:
+                        cfg = full_config_dict(build_config(_with(probe_base, key, None)))
+                        shapes, _ = expected_tensors(cfg)
+                    except Exception:
+                        continue
+                    if conformance(pattern, cfg, shapes):
+                        domain[key] = {"default_raw": cls_default.get(key), "any_int": True, "values": [],
+                                       "base": []}  # fmt: skip
+            continue
+        elements = sorted({x for v in seen if isinstance(v, list) for x in v if isinstance(x, str)})
+        changed = conforming = tried = int_tried = 0
+        good: list[Any] = []
+        for probe in _probe_values(key, value, n_layers, elements):
+            try:
+                cfg = full_config_dict(build_config(_with(full, key, probe)))
+                shapes, _ = expected_tensors(cfg)
+            except Exception:  # the config class rejects the value: nothing learned
+                continue
+            tried += 1
+            int_tried += isinstance(probe, int) and not isinstance(probe, bool)
+            ok = not conformance(pattern, cfg, shapes)
+            differs = shapes != base_shapes
+            if not isinstance(probe, list):
+                try:
+                    cfg_b = full_config_dict(build_config(_with(full_b, key, probe)))
+                    shapes_b, _ = expected_tensors(cfg_b)
+                except Exception:
+                    pass
+                else:
+                    differs = differs or shapes_b != base_shapes_b
+                    ok = ok and not conformance(pattern, cfg_b, shapes_b)
+            if differs:
+                changed += 1
+            if ok:
+                conforming += 1
+                good.append(probe)
+        if tried and not changed:
+            continue  # nothing it was set to changed what is written: not structural
+        entry: dict[str, Any] = {"default_raw": cls_default.get(key)}
+        ints = [g for g in good if isinstance(g, int) and not isinstance(g, bool)]
+        if isinstance(value, (int, type(None))) and not isinstance(value, bool) and len(ints) == int_tried >= 2:
+            entry["any_int"] = True
+        if elements and isinstance(value, list) and all(isinstance(x, str) for x in value) and tried == conforming:
+            entry["elements"] = elements
+        values = {normalize_value(v, o.config.get("num_hidden_layers"))
+                  for v, o in zip(seen, observations, strict=True)}  # fmt: skip
+        entry["base"] = sorted(values)  # the generated variants' own values: what hand-written patterns may use
+        values |= {normalize_value(g, n_layers) for g in good}
+        entry["values"] = sorted(values)
+        domain[key] = entry
+    if any(isinstance(text.get(k), dict) for k in domain):
+        # an opaque structured key (Kimi Linear's `linear_attn_config` lists layer numbers) was only seen with
+        # the variants' depths: other depths are outside coverage
+        domain["num_hidden_layers"] = {"default_raw": cls_default.get("num_hidden_layers"),
+                                       "values": sorted({json.dumps(o.config["num_hidden_layers"])
+                                                         for o in observations})}  # fmt: skip
+    return domain
+
+
+# ---- fitting over structural switches ---------------------------------------------------------------
+# The A/B/C variants differ only in dimensions. Flags (`attention_bias`, `mlp_bias`, `use_qk_norm`), optional
+# ranks set to null (`q_lora_rank`: q_proj instead of q_a_proj/q_b_proj/q_a_layernorm) and counts left at
+# their default (`n_shared_experts`: shared-expert width) are fitted here: each is probed on the meta device,
+# and a condition or shape factor is added only when the result then conforms on the probe and on every
+# config that conformed before. What still does not conform stays outside the validated domain.
+
+_PROBLEM = re.compile(r"^(?P<what>missing|unexpected) (?P<name>\S+)$")
+_SHAPE_PROBLEM = re.compile(r"^shape (?P<name>\S+): pattern \[(?P<want>[^\]]*)\], model \[(?P<got>[^\]]*)\]$")
+
+
+def _switch(key: str, base: Any, probe: Any) -> tuple[str, str] | None:
+    """(condition true for the probe, condition true for the base) over one config key, or None."""
+    if isinstance(base, bool) and isinstance(probe, bool):
+        return (key, f"not {key}") if probe else (f"not {key}", key)
+    if probe is None and base is not None:
+        return f"{key} == None", f"{key} != None"
+    return None
+
+
+def _and(a: str | None, b: str) -> str:
+    return b if not a else f"({a}) and ({b})"
+
+
+def _spec_for(doc: dict[str, Any], name: str, prefix: str) -> tuple[dict[str, Any], str, str | None]:
+    """(section table, key in it, expert-free template) for a tensor's module."""
+    module = name.rsplit(".", 1)[0]
+    m = _LAYER.match(name)
+    if m and m["prefix"] == prefix:
+        template, _ = _template(m["rest"])
+        return doc["layer"], template.rsplit(".", 1)[0], m["idx"]
+    return doc["globals"], module, None
+
+
+def _fix(doc: dict[str, Any], key: str, base: Any, probe: Any, cfg: dict[str, Any],
+         shapes: dict[str, tuple[int, ...]], kinds: dict[str, str], problems: list[str]) -> None:  # fmt: skip
+    from weightcheck.patterns import evaluate
+
+    prefix = doc["family"]["layer_prefix"]
+    switch = _switch(key, base, probe)
+    text = _text_config(cfg)
+    touched: set[tuple[int, str]] = set()
+    for problem in problems:
+        shape = _SHAPE_PROBLEM.match(problem)
+        if shape:  # a width that is a multiple of the probed count (shared experts x n_shared_experts)
+            table, module, _ = _spec_for(doc, shape["name"], prefix)
+            spec = table.get(module)
+            got = [int(x) for x in shape["got"].split(",")]
+            if spec is None or "shape" not in spec or len(spec["shape"]) != len(got):
+                continue
+            for i, expr in enumerate(spec["shape"]):
+                for cand in (f"{expr} * {key}", f"({expr}) * {key}"):
+                    try:
+                        if evaluate(cand, {**text, "layer": 0}) == got[i] and cand != expr:
+                            spec["shape"][i] = cand
+                            break
+                    except Exception:
+                        continue
+            continue
+        m = _PROBLEM.match(problem)
+        if m is None or switch is None:
+            continue
+        on, off = switch
+        table, module, _ = _spec_for(doc, m["name"], prefix)
+        param = m["name"].rsplit(".", 1)[1]
+        if (id(table), module) in touched:
+            continue
+        spec = table.get(module)
+        if m["what"] == "unexpected" and spec is not None and param == "bias" and not spec.get("bias"):
+            spec["bias"] = on
+            spec["params"] = [p for p in spec.get("params", ["weight"]) if p.rstrip("?") != "bias"] or ["weight"]
+            if spec["params"] == ["weight"]:
+                del spec["params"]
+        elif m["what"] == "missing" and spec is not None and param == "bias" and "bias" in spec.get("params", []):
+            spec["bias"] = off
+            spec["params"] = [p for p in spec["params"] if p != "bias"]
+            if spec["params"] == ["weight"]:
+                del spec["params"]
+        elif m["what"] == "missing" and spec is not None and param == "weight":
+            spec["when"] = _and(spec.get("when"), off)
+        elif m["what"] == "unexpected" and spec is None:
+            full = m["name"].rsplit(".", 1)[0]
+            params = sorted({n.rsplit(".", 1)[1] for n in shapes if n.rsplit(".", 1)[0] == full})
+            new: dict[str, Any] = {"kind": kinds.get(full, "other"), "when": on}
+            if params != ["weight"]:
+                new["params"] = params
+            table[module] = new
+        else:
+            continue
+        touched.add((id(table), module))
+
+
+def class_defaults(model_type: str, doc: dict[str, Any]) -> dict[str, Any]:
+    """The config class's default of every key the pattern's expressions name: save_pretrained leaves a key
+    out of config.json when it equals the default, and lint must read it as that default (not as missing:
+    `q_lora_rank == None` would be unknowable)."""
+    import ast
+
+    from weightcheck.arch.oracle import full_config_dict
+    from weightcheck.arch.tiny import tiny_config
+
+    names: set[str] = set()
+    for table in (doc["globals"], doc["layer"]):
+        for spec in table.values():
+            for expr in (spec.get("when"), spec.get("bias"), *spec.get("shape", [])):
+                if isinstance(expr, str):
+                    names |= {n.id for n in ast.walk(ast.parse(expr, mode="eval")) if isinstance(n, ast.Name)}
+    default = _text_config(full_config_dict(type(tiny_config(model_type, "A"))()))
+    return {k: default[k] for k in sorted(names) if k in default and not isinstance(default[k], dict)
+            and k not in ("layer", "tie_word_embeddings")}  # fmt: skip
+
+
+def fit_switches(model_type: str, doc: dict[str, Any], observations: list[Observation]) -> None:
+    """Refine `doc` in place over probed structural switches (see above)."""
+    import copy
+
+    from weightcheck.arch.oracle import build_config, conformance, expected_tensors, full_config_dict
+    from weightcheck.arch.tiny import tiny_config
+    from weightcheck.patterns import parse_pattern
+
+    base_cfg = tiny_config(model_type, "A")
+    # read at A or B: a hybrid's attention layer may exist at one depth only (Kimi Linear's MLA at B)
+    reads = traced_reads(base_cfg) | traced_reads(tiny_config(model_type, "B"))
+    full = full_config_dict(base_cfg)
+    text = _text_config(full)
+    n_layers = int(text["num_hidden_layers"])
+    cases: list[tuple[dict[str, Any], dict[str, tuple[int, ...]]]] = [(o.top, o.shapes) for o in observations]
+
+    def conforms(d: dict[str, Any], more: list[tuple[dict[str, Any], dict[str, tuple[int, ...]]]]) -> bool:
+        pattern = parse_pattern(d, f"{model_type}.json")
+        return all(not conformance(pattern, c, s) for c, s in more)
+
+    for key in sorted(reads & set(text)):
+        value = text[key]
+        if value_only(key) or _sub_config(value) or key == "num_hidden_layers":
+            continue
+        for probe in _probe_values(key, value, n_layers, []):
+            if isinstance(probe, list):
+                continue  # layer placement is not fitted here: outside coverage when it differs
+            try:
+                cfg = full_config_dict(build_config(_with(full, key, probe)))
+                shapes, kinds = expected_tensors(cfg)
+            except Exception:
+                continue
+            problems = conformance(parse_pattern(doc, f"{model_type}.json"), cfg, shapes)
+            if not problems:
+                cases.append((cfg, shapes))
+                continue
+            trial = copy.deepcopy(doc)
+            _fix(trial, key, value, probe, cfg, shapes, kinds, problems)
+            if trial != doc and conforms(trial, [*cases, (cfg, shapes)]):
+                doc.clear()
+                doc.update(trial)
+                cases.append((cfg, shapes))
 
 
 def _version(pkg: str) -> str:

@@ -17,14 +17,14 @@ EXPERT_KEYS = ("n_routed_experts", "num_experts", "num_local_experts", "moe_num_
 # qk_rope_head_dim * head_dim in A, B and C, so `linear_head_dim`/`linear_num_heads` vary too.
 VARIANTS: dict[str, dict[str, int]] = {
     "A": dict(hidden_size=64, intermediate_size=96, num_attention_heads=4, num_key_value_heads=2, head_dim=16,
-              vocab_size=160, num_hidden_layers=4, moe_intermediate_size=32, experts=4, num_experts_per_tok=2,
+              vocab_size=160, num_hidden_layers=4, moe_intermediate_size=32, experts=3, num_experts_per_tok=2,
               shared_expert_intermediate_size=48, kv_lora_rank=32, q_lora_rank=48, qk_rope_head_dim=8,
               qk_nope_head_dim=16, v_head_dim=16, first_k_dense_replace=1, linear_num_key_heads=2,
               linear_num_value_heads=4, linear_key_head_dim=8, linear_value_head_dim=12, mamba_d_state=8,
               ssm_state_size=8, shared_intermediate_size=48, intermediate_size_mlp=96,
               linear_head_dim=10, linear_num_heads=3),
     "B": dict(hidden_size=96, intermediate_size=80, num_attention_heads=3, num_key_value_heads=1, head_dim=8,
-              vocab_size=176, num_hidden_layers=5, moe_intermediate_size=40, experts=6, num_experts_per_tok=2,
+              vocab_size=176, num_hidden_layers=5, moe_intermediate_size=40, experts=7, num_experts_per_tok=2,
               shared_expert_intermediate_size=56, kv_lora_rank=24, q_lora_rank=36, qk_rope_head_dim=4,
               qk_nope_head_dim=12, v_head_dim=20, first_k_dense_replace=2, linear_num_key_heads=1,
               linear_num_value_heads=3, linear_key_head_dim=12, linear_value_head_dim=16, mamba_d_state=12,
@@ -32,14 +32,14 @@ VARIANTS: dict[str, dict[str, int]] = {
               linear_head_dim=14, linear_num_heads=2),
     # C confirms what A and B derived; D is for the tests only (what was derived must generalise to it).
     "C": dict(hidden_size=128, intermediate_size=112, num_attention_heads=8, num_key_value_heads=4, head_dim=16,
-              vocab_size=192, num_hidden_layers=3, moe_intermediate_size=16, experts=8, num_experts_per_tok=2,
+              vocab_size=192, num_hidden_layers=3, moe_intermediate_size=16, experts=6, num_experts_per_tok=2,
               shared_expert_intermediate_size=24, kv_lora_rank=16, q_lora_rank=32, qk_rope_head_dim=8,
               qk_nope_head_dim=8, v_head_dim=16, first_k_dense_replace=1, linear_num_key_heads=2,
               linear_num_value_heads=2, linear_key_head_dim=16, linear_value_head_dim=8, mamba_d_state=16,
               ssm_state_size=16, shared_intermediate_size=40, intermediate_size_mlp=104,
               linear_head_dim=18, linear_num_heads=5),
     "D": dict(hidden_size=80, intermediate_size=144, num_attention_heads=5, num_key_value_heads=1, head_dim=16,
-              vocab_size=208, num_hidden_layers=3, moe_intermediate_size=24, experts=5, num_experts_per_tok=2,
+              vocab_size=208, num_hidden_layers=3, moe_intermediate_size=24, experts=4, num_experts_per_tok=2,
               shared_expert_intermediate_size=32, kv_lora_rank=20, q_lora_rank=28, qk_rope_head_dim=6,
               qk_nope_head_dim=10, v_head_dim=14, first_k_dense_replace=1, linear_num_key_heads=1,
               linear_num_value_heads=2, linear_key_head_dim=8, linear_value_head_dim=8, mamba_d_state=4,
@@ -164,10 +164,15 @@ MAX_PARAMS = 20_000_000  # a "tiny" model bigger than this means a dimension was
 
 def build(model_type: str, variant: str = "A", seed: int = 0) -> Any:
     """A randomly initialised tiny model (CPU; sized on the meta device first so nothing big is allocated)."""
+    return materialize(tiny_config(model_type, variant), seed)
+
+
+def materialize(config: Any, seed: int = 0) -> Any:
+    """A randomly initialised model of any (small) config, sized on the meta device first."""
     import torch
 
-    config = tiny_config(model_type, variant)
     auto = model_class(config)
+    model_type = config.model_type
     with torch.device("meta"):
         probe = auto.from_config(config)
     n = sum(p.numel() for p in probe.parameters())
@@ -183,6 +188,8 @@ def build(model_type: str, variant: str = "A", seed: int = 0) -> Any:
         for buffer in model.buffers():
             if buffer.is_floating_point():
                 buffer.zero_()
+    if getattr(config, "tie_word_embeddings", False) and hasattr(model, "tie_weights"):
+        model.tie_weights()  # to_empty gives the head its own storage: tie it again, as from_pretrained does
     model.eval()
     return model
 

@@ -12,7 +12,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from weightcheck.checkpoint import Checkpoint
-from weightcheck.patterns import ExpectedModule, Pattern, PatternError, expand, resolve_pattern
+from weightcheck.patterns import ExpectedModule, Pattern, PatternError, expand, fit_to_config, resolve_pattern
 from weightcheck.quant import safe_regex
 from weightcheck.quant.compiled import CompiledIgnore, NameSet
 from weightcheck.quant.config import QuantSpec, parse_quant_spec
@@ -155,6 +155,9 @@ def analyze_checkpoint(ckpt: Checkpoint, pattern_choice: str | None = None) -> Q
         error = str(exc)
     inventory: Inventory | None
     notes: list[str] = []
+    if pattern is not None:  # a config outside what the pattern was validated on: see fit_to_config
+        pattern, fit_notes = fit_to_config(pattern, config, text)
+        notes.extend(fit_notes)
     if ckpt.has_weights:
         tensors: dict[str, Any] = dict.fromkeys(ckpt.tensor_names())
         tensors.update(ckpt.all_tensors())

@@ -6,7 +6,7 @@ from collections import defaultdict
 
 from weightcheck.collapse import summarize
 from weightcheck.findings import Severity
-from weightcheck.patterns import Pattern
+from weightcheck.patterns import Pattern, _count, config_env
 from weightcheck.rules import LintContext, rule
 from weightcheck.rules.quant import analysis_of
 from weightcheck.structure import normalize_param
@@ -26,6 +26,7 @@ def _pattern(ctx: LintContext) -> Pattern | None:
     "WC410",
     "expected-key-missing",
     Severity.ERROR,
+    also=(Severity.WARNING, Severity.INFO),
     summary="A weight the architecture pattern and config.json require is not stored.",
     bad="qwen3_moe, num_experts = 4: model.layers.2.mlp.gate.weight absent",
     good="every module of the pattern present, quantized or not",
@@ -42,20 +43,43 @@ def expected_key_missing(ctx: LintContext) -> None:
         return
     present = set(_normalized(ctx).values())
     groups: dict[str, list[str]] = defaultdict(list)
-    expected = qa.expected(ctx.ckpt.text_config())
+    mtp_missing: list[str] = []
+    text = ctx.ckpt.text_config()
+    # MTP layers are numbered after the decoder layers (`[mtp_layer]` adds to the per-layer modules)
+    n_layers = _count(pattern.num_layers, config_env(pattern, text), "layers")
+    expected = qa.expected(text)
     for exp in expected:
         if exp.spec.optional:
             continue
         for param in exp.params:
             name = f"{exp.name}.{param}"
             if name not in present:
-                groups[exp.spec.kind].append(name)
+                is_mtp = pattern.mtp_layers and exp.layer is not None and exp.layer >= n_layers
+                (mtp_missing if is_mtp else groups[exp.spec.kind]).append(name)
+    # A pattern outside the configs it was validated on (and no transformers to build the real list) cannot
+    # vouch that the weight must exist: a warning, never an error (fit_to_config says why in a note).
+    severity = Severity.WARNING if pattern.unvalidated else Severity.ERROR
+    unvalidated = " (config outside what the pattern was validated on)" if pattern.unvalidated else ""
     for kind, names in sorted(groups.items()):
         ctx.report(
-            f"{len(names)} {kind} weight(s) required by pattern {pattern.name!r} are missing: {summarize(names)}",
+            f"{len(names)} {kind} weight(s) required by pattern {pattern.name!r} are missing{unvalidated}: "
+            f"{summarize(names)}",
             tensor=summarize(names, limit=3),
             count=len(names),
+            severity=severity,
             details={"pattern": pattern.name, "missing": sorted(names)[:500], "tensors": sorted(names)[:1000]},
+        )
+    if mtp_missing:
+        # MTP/NextN layers the config declares (`num_nextn_predict_layers`) are not built by transformers, so
+        # every save_pretrained fine-tune lacks them: fine for serving, only a NextN/MTP draft needs them.
+        ctx.report(
+            f"{len(mtp_missing)} MTP/NextN weight(s) the config declares are not stored (transformers' "
+            f"save_pretrained never writes them; speculative decoding with a NextN draft would need them): "
+            f"{summarize(mtp_missing)}",
+            tensor=summarize(mtp_missing, limit=3),
+            count=len(mtp_missing),
+            severity=Severity.INFO,  # raise it with --fail-on info where a NextN draft is deployed
+            details={"pattern": pattern.name, "missing": sorted(mtp_missing)[:500], "mtp": True},
         )
 
 
@@ -98,6 +122,7 @@ def unexpected_key(ctx: LintContext) -> None:
     "WC501",
     "weight-shape-mismatch",
     Severity.ERROR,
+    also=(Severity.WARNING,),
     summary="An unquantized weight's shape differs from what config.json implies.",
     bad="hidden_size 4096, num_attention_heads 32: q_proj.weight [4096, 2048]",
     good="q_proj.weight [num_attention_heads * head_dim, hidden_size] = [4096, 4096]",
@@ -108,8 +133,10 @@ def weight_shape_mismatch(ctx: LintContext) -> None:
     different models (a wrong config shipped, a TP shard saved un-gathered), which engines reject at load
     or, for padded dimensions, load silently wrong. Quantized weights are checked by WC314."""
     qa = analysis_of(ctx)
-    if _pattern(ctx) is None or qa.inventory is None:
+    pattern = _pattern(ctx)
+    if pattern is None or qa.inventory is None:
         return
+    severity = Severity.WARNING if pattern.unvalidated else Severity.ERROR
     groups: dict[tuple[tuple[int, ...], tuple[int, ...], str], list[str]] = defaultdict(list)
     for module in qa.inventory.modules.values():
         exp = module.expected
@@ -121,7 +148,10 @@ def weight_shape_mismatch(ctx: LintContext) -> None:
             groups[(tuple(weight.shape), exp.shape, suffix)].append(f"{module.name}.weight")
     for (got, want, _), names in sorted(groups.items()):
         ctx.report(
-            f"{len(names)} weight(s) have shape {list(got)}, config implies {list(want)}: {summarize(names)}",
+            f"{len(names)} weight(s) have shape {list(got)}, config implies {list(want)}"
+            f"{' (config outside what the pattern was validated on)' if pattern.unvalidated else ''}: "
+            f"{summarize(names)}",
             tensor=summarize(names, limit=3),
             count=len(names),
+            severity=severity,
         )
