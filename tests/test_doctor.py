@@ -5,6 +5,7 @@ a trainer log without Megatron's load line and an SGLang log with an illegal mem
 
 from __future__ import annotations
 
+import copy
 import json
 import os
 from collections.abc import Iterator
@@ -60,8 +61,9 @@ def push_pp_offset_sync(ckpt: Path, records: Path) -> None:
 def run_dir(rollout_world: dict[str, Any], tmp_path: Path) -> Iterator[Path]:
     run = tmp_path / "run"
     ckpt = run / "checkpoint"
-    rollout_world["model"].to(torch.bfloat16).save_pretrained(ckpt)
-    rollout_world["model"].to(torch.float32)
+    # A copy: Module.to() converts in place, and a bf16 round trip would change the session's shared model
+    # (every later log-prob computed from it would differ from the dumps' by bf16 rounding).
+    copy.deepcopy(rollout_world["model"]).to(torch.bfloat16).save_pretrained(ckpt)
     push_pp_offset_sync(ckpt, run / "records")
     rf.write_miles(rollout_world["perturbed"], run / "dump")
     (run / "logs").mkdir()
