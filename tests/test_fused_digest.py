@@ -11,7 +11,11 @@ import os
 
 import pytest
 
-# Before Triton is imported: it reads the switch into its settings then (and again when a kernel is built).
+# Triton reads TRITON_INTERPRET when triton.language is first imported, and in the main pytest process
+# torch or transformers may import Triton before this file is collected: then tl.sum & co. are not the
+# interpreter's. So this file runs in a pytest process of its own (marker `triton`, deselected from the main
+# run; scripts/test.sh runs it with TRITON_INTERPRET=1 set from the start).
+pytestmark = pytest.mark.triton
 os.environ.setdefault("TRITON_INTERPRET", "1")
 torch = pytest.importorskip("torch")
 if os.environ.get("WEIGHTCHECK_REQUIRE_TRITON"):
