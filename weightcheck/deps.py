@@ -31,11 +31,10 @@ def install_command(extra: str) -> str:
     from importlib import metadata
     from urllib.parse import unquote, urlparse
 
-    try:
-        dist = metadata.distribution("weightcheck")
-        raw = dist.read_text("direct_url.json")
-    except metadata.PackageNotFoundError:
-        dist, raw = None, None
+    # Every weightcheck distribution on the path, not only the first: with the checkout on PYTHONPATH (or as
+    # the working directory) its build's `weightcheck.egg-info` comes first and carries no direct_url.json.
+    found = (dist.read_text("direct_url.json") for dist in metadata.distributions(name="weightcheck"))
+    raw = next((text for text in found if text), None)
     if raw:
         try:
             info = json.loads(raw)
@@ -46,10 +45,9 @@ def install_command(extra: str) -> str:
             folder = unquote(urlparse(url).path)
             editable = "-e " if info["dir_info"].get("editable") else ""
             return f"pip install {editable}{shlex.quote(f'{folder}[{extra}]')}"
-    if dist is None:
-        tree = Path(__file__).resolve().parent.parent
-        if (tree / "pyproject.toml").is_file():
-            return f"pip install -e {shlex.quote(f'{tree}[{extra}]')}"
+    tree = Path(__file__).resolve().parent.parent
+    if (tree / "pyproject.toml").is_file():  # running from a source checkout (PYTHONPATH, or its egg-info)
+        return f"pip install -e {shlex.quote(f'{tree}[{extra}]')}"
     return f"pip install 'weightcheck[{extra}]'"
 
 
