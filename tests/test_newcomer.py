@@ -148,10 +148,13 @@ def _dist(site: Path, direct_url: dict | None) -> None:
 def test_install_hint_follows_how_weightcheck_was_installed(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch, direct_url: dict | None, expected: str
 ) -> None:
+    import weightcheck.deps as deps
     from weightcheck.deps import install_command
 
     _dist(tmp_path, direct_url)  # real PEP 610 metadata, found by importlib.metadata first on sys.path
     monkeypatch.setattr(sys, "path", [str(tmp_path), *sys.path])
+    if direct_url is None:  # a registry or wheel install: the package lives in site-packages, not a checkout
+        monkeypatch.setattr(deps, "_source_tree", lambda: None)
     assert install_command("content") == expected
 
 

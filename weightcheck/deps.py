@@ -31,10 +31,10 @@ def install_command(extra: str) -> str:
     from importlib import metadata
     from urllib.parse import unquote, urlparse
 
-    # Every weightcheck distribution on the path, not only the first: with the checkout on PYTHONPATH (or as
-    # the working directory) its build's `weightcheck.egg-info` comes first and carries no direct_url.json.
-    found = (dist.read_text("direct_url.json") for dist in metadata.distributions(name="weightcheck"))
-    raw = next((text for text in found if text), None)
+    try:
+        raw = metadata.distribution("weightcheck").read_text("direct_url.json")
+    except metadata.PackageNotFoundError:
+        raw = None
     if raw:
         try:
             info = json.loads(raw)
@@ -45,10 +45,18 @@ def install_command(extra: str) -> str:
             folder = unquote(urlparse(url).path)
             editable = "-e " if info["dir_info"].get("editable") else ""
             return f"pip install {editable}{shlex.quote(f'{folder}[{extra}]')}"
-    tree = Path(__file__).resolve().parent.parent
-    if (tree / "pyproject.toml").is_file():  # running from a source checkout (PYTHONPATH, or its egg-info)
+    # No install record: with the checkout on PYTHONPATH (or as the working directory) the first distribution
+    # found is its build's `weightcheck.egg-info`, which carries none; the running tree says what this is.
+    tree = _source_tree()
+    if tree is not None:
         return f"pip install -e {shlex.quote(f'{tree}[{extra}]')}"
     return f"pip install 'weightcheck[{extra}]'"
+
+
+def _source_tree() -> Path | None:
+    """The checkout this weightcheck runs from, or None when the package lives in site-packages (a wheel)."""
+    tree = Path(__file__).resolve().parent.parent
+    return tree if (tree / "pyproject.toml").is_file() else None
 
 
 class MissingDependency(ImportError):
