@@ -197,3 +197,25 @@ def test_hub_keywords_apply_for_the_call_only(ghost: Path, monkeypatch: pytest.M
     import os
 
     assert "HF_TOKEN" not in os.environ and os.environ["HF_HUB_CACHE"] == "/elsewhere"
+
+
+def test_api_waits_for_expected_records_before_verifying(bench, tmp_path: Path) -> None:  # noqa: F811
+    """`expect_records=` with `wait=` waits for the rank records *before* verify reads them, as the CLI's
+    --wait does: records that land during the wait are checked, not reported as missing."""
+    import shutil
+    import threading
+
+    from weightcheck.verify import count_records
+
+    b = bench("llama")
+    b.push(b.stream)
+    expected = count_records(b.records, None)
+    late, staging = tmp_path / "late", tmp_path / "staging"
+    shutil.copytree(b.records, staging)
+    timer = threading.Timer(1.0, staging.rename, args=(late,))  # whole, at once: no half-written record
+    timer.start()
+    try:
+        result = weightcheck.verify(late, b.ckpt, config=False, expect_records=expected, wait=60)
+    finally:
+        timer.join()
+    assert not result.nothing_checked and not result.findings, [f.message for f in result.findings]

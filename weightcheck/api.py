@@ -285,10 +285,8 @@ def verify(
     manifests. `sync` is a sync number or "latest"; `trainer` a `weightcheck.verify.TrainerLayout`, or its
     fields as the CLI's `trainer_pp=`... keywords. `skip` entries are globs or `re:` regexes (as allow-skip).
     `expect_records=N` waits up to `wait` seconds for N rank records, then reports WC734 if fewer came."""
-    import time
-
     from weightcheck.skiplist import check_entries
-    from weightcheck.verify import TrainerLayout, count_records
+    from weightcheck.verify import TrainerLayout, records_incomplete, wait_for_records
     from weightcheck.verify import verify as run_verify
 
     root = Path(records)
@@ -312,6 +310,8 @@ def verify(
         require_verify_deps(root, Path(against) if against is not None else None)
     if against is not None and isinstance(against, (str, os.PathLike)):
         against = _with_revision(Path(against), revision)
+    if expect_records is not None:  # before verifying, as the CLI's --wait: the records it reads must be there
+        wait_for_records(root, weight_version, expect_records, wait)
     with _hub_access(token, cache_dir):
         result = run_verify(
             root,
@@ -324,22 +324,8 @@ def verify(
             skip=skip_entries,
             download=download,
         )
-    if expect_records is not None:
-        deadline = time.monotonic() + max(0.0, wait)
-        while count_records(root, weight_version) < expect_records and time.monotonic() < deadline:
-            time.sleep(0.2)
-        found = count_records(root, weight_version)
-        if found < expect_records:
-            from weightcheck.findings import Finding
-
-            result.findings.append(
-                Finding(
-                    code="WC734",
-                    name="sync-ranks-incomplete",
-                    severity=Severity.ERROR,
-                    message=f"only {found} of {expect_records} rank records arrived within {wait:g}s",
-                )
-            )
+    if expect_records is not None and (incomplete := records_incomplete(root, weight_version, expect_records, wait)):
+        result.findings.append(incomplete)
     return _noted(result, settings, baseline, write_baseline)
 
 

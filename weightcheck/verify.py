@@ -27,7 +27,7 @@ import os
 import re
 import time
 from collections import Counter, defaultdict
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -1774,6 +1774,42 @@ def check_weight_update_equal(
         render(result, "text", buffer, color=False, verbose=True)
         raise WeightSyncError(result, f"weight sync check failed for {records}:\n{buffer.getvalue()}")
     return result
+
+
+def wait_for_records(
+    root: Path, weight_version: str | None, expected: int, wait: float, say: Callable[[str], None] | None = None
+) -> None:
+    """`--wait` / `wait=`: poll until the sync's `expected` rank records have landed or `wait` seconds passed.
+    `say` hears a line when the wait starts, one each time the count changes, and one at the end (the CLI
+    prints them on stderr: a silent wait of minutes looks like a hang)."""
+    deadline = time.monotonic() + max(0.0, wait)
+    found = count_records(root, weight_version)
+    if found >= expected or wait <= 0:
+        return
+    tell = say or (lambda _line: None)
+    what = f" of weight version {weight_version}" if weight_version else ""
+    tell(f"weightcheck verify: waiting up to {wait:g}s for {expected} rank records{what}: {found} so far")
+    while found < expected and time.monotonic() < deadline:
+        time.sleep(0.2)
+        now = count_records(root, weight_version)
+        if now != found:
+            found = now
+            tell(f"weightcheck verify: {found} of {expected} rank records")
+    if found < expected:
+        tell(f"weightcheck verify: stopped waiting after {wait:g}s with {found} of {expected}")
+
+
+def records_incomplete(root: Path, weight_version: str | None, expected: int, wait: float) -> Finding | None:
+    """WC734 when fewer than `expected` rank records of the sync are there (after `wait_for_records`)."""
+    found = count_records(root, weight_version)
+    if found >= expected:
+        return None
+    return Finding(
+        code="WC734",
+        name="sync-ranks-incomplete",
+        severity=Severity.ERROR,
+        message=f"only {found} of {expected} rank records arrived within {wait:g}s",
+    )
 
 
 def count_records(root: Path, weight_version: str | None) -> int:

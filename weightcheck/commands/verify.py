@@ -7,15 +7,13 @@ wrong.
 
 from __future__ import annotations
 
-import time
-from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 import click
 
 from weightcheck.cli import cli, finish, hub_options, output_options, resolve_settings, with_revision
-from weightcheck.findings import Finding, Result, Severity, internal_error
+from weightcheck.findings import Result, internal_error
 
 
 def _sync_choice(value: str | None) -> int | str | None:
@@ -25,28 +23,6 @@ def _sync_choice(value: str | None) -> int | str | None:
         return int(value)
     except ValueError:
         raise click.BadParameter("use a sync number (the NNNNN of sync-NNNNN/) or 'latest'") from None
-
-
-def _wait_for_records(
-    records: Path, weight_version: str | None, expected: int, wait: float, count: Callable[[Path, str | None], int]
-) -> None:
-    """`--wait`: poll until the sync's rank records have landed, saying so on stderr (a silent wait of minutes
-    looks like a hang): a line when it starts, one each time the count changes, and one at the end."""
-    deadline = time.monotonic() + max(0.0, wait)
-    found = count(records, weight_version)
-    if found >= expected or wait <= 0:
-        return
-    what = f" of weight version {weight_version}" if weight_version else ""
-    click.echo(f"weightcheck verify: waiting up to {wait:g}s for {expected} rank records{what}: {found} so far",
-               err=True)  # fmt: skip
-    while found < expected and time.monotonic() < deadline:
-        time.sleep(0.2)
-        now = count(records, weight_version)
-        if now != found:
-            found = now
-            click.echo(f"weightcheck verify: {found} of {expected} rank records", err=True)
-    if found < expected:
-        click.echo(f"weightcheck verify: stopped waiting after {wait:g}s with {found} of {expected}", err=True)
 
 
 @cli.command()
@@ -106,7 +82,7 @@ def verify(
     """
     from weightcheck.collapse import full_lists
     from weightcheck.deps import MissingDependency, require_verify_deps
-    from weightcheck.verify import TrainerLayout, count_records
+    from weightcheck.verify import TrainerLayout, records_incomplete, wait_for_records
     from weightcheck.verify import verify as run_verify
 
     against = with_revision(against) if against is not None else None
@@ -130,7 +106,7 @@ def verify(
         ep_size=trainer_ep,
     )
     if expect_records is not None:
-        _wait_for_records(records, weight_version, expect_records, wait, count_records)
+        wait_for_records(records, weight_version, expect_records, wait, say=lambda line: click.echo(line, err=True))
     try:
         with full_lists(verbose):
             result = run_verify(
@@ -144,17 +120,10 @@ def verify(
                 skip=skip_entries,
                 download=download,
             )
-        if expect_records is not None:
-            found = count_records(records, weight_version)
-            if found < expect_records:
-                result.findings.append(
-                    Finding(
-                        code="WC734",
-                        name="sync-ranks-incomplete",
-                        severity=Severity.ERROR,
-                        message=f"only {found} of {expect_records} rank records arrived within {wait:g}s",
-                    )
-                )
+        if expect_records is not None and (
+            incomplete := records_incomplete(records, weight_version, expect_records, wait)
+        ):
+            result.findings.append(incomplete)
     except MissingDependency:
         raise
     except Exception as exc:  # a bug must surface as exit 2 with the usual report, not a traceback
