@@ -28,6 +28,17 @@ from weightcheck.checkpoint import load_checkpoint
 from weightcheck.collapse import format_ranges, summarize
 from weightcheck.findings import INTERNAL_ERROR_CODE, Finding, Location, Result, Severity
 from weightcheck.findings import internal_error as make_internal_error
+from weightcheck.rules import Rule
+from weightcheck.rules.diff import (
+    FILE_REFUSED,
+    NO_POLICY_RULE,
+    ONLY_IN_CANDIDATE,
+    ONLY_IN_REFERENCE,
+    QUANTIZED_TENSOR_MALFORMED,
+    SKIPPED,
+    class_rule,
+    diff_rule,
+)
 from weightcheck.structure import is_index
 
 if TYPE_CHECKING:
@@ -222,7 +233,7 @@ def load_logical(path: Path) -> LogicalCheckpoint:
     consumed = {stored for qt in quantized.values() for stored in qt.parts.values()}
     for module, reason in malformed.items():
         name = f"{module}.weight" if module else "weight"
-        view.unavailable[name] = ("WC717", reason)
+        view.unavailable[name] = (QUANTIZED_TENSOR_MALFORMED.code, reason)
         prefix = f"{module}." if module else ""
         consumed.update(n for n in infos if n.startswith(prefix) and n[len(prefix) :].startswith("weight"))
     for stored, reason in store.unreadable().items():
@@ -230,9 +241,9 @@ def load_logical(path: Path) -> LogicalCheckpoint:
         if leaf in COMPANION_SUFFIXES:  # a lost quantization part: the module's weight is what is lost
             logical = f"{module}.weight" if module else "weight"
             quantized.pop(logical, None)
-            view.unavailable.setdefault(logical, ("WC715", reason))
+            view.unavailable.setdefault(logical, (SKIPPED.code, reason))
         else:
-            view.unavailable.setdefault(stored, ("WC715", reason))
+            view.unavailable.setdefault(stored, (SKIPPED.code, reason))
     view.quantized = quantized
     position = {stored: i for i, stored in enumerate(readable)}
     order: list[tuple[int, str]] = []
@@ -248,7 +259,10 @@ def load_logical(path: Path) -> LogicalCheckpoint:
 
 # ---- the diff -----------------------------------------------------------------------------------
 @dataclass
-class _Outcome:
+class Outcome:
+    """One compared (or skipped) pair: what a Ray task sends back, so public (weightcheck.distributed
+    carries it without knowing what it is)."""
+
     name_a: str
     name_b: str
     status: str
@@ -304,9 +318,10 @@ def diff(path_a: str | os.PathLike[str], path_b: str | os.PathLike[str], options
         return result
     a_path, b_path = paths
     if opts.ray is not None:
-        from weightcheck.distributed import ray_diff
+        from weightcheck.distributed import session
 
-        return ray_diff(a_path, b_path, opts, result)
+        with session(opts.ray) as ray:  # Ray is the backend the comparisons run on
+            return _ray_diff(ray, a_path, b_path, opts, result)
     view_a = load_logical(a_path)
     view_b = load_logical(b_path)
     try:
@@ -367,9 +382,9 @@ def compare_pairs(
     pairs: list[tuple[str, str]],
     opts: DiffOptions,
     advance: Any = None,
-) -> list[_Outcome]:
+) -> list[Outcome]:
     """Compare `pairs` in order: the unit of work of the single-process diff and of a Ray task."""
-    outcomes: list[_Outcome] = []
+    outcomes: list[Outcome] = []
     for name_a, name_b in pairs:
         outcomes.append(_compare_one(view_a, view_b, name_a, name_b, plan.policy, plan.reference, opts))
         if advance is not None:
@@ -399,7 +414,7 @@ def _run(view_a: LogicalCheckpoint, view_b: LogicalCheckpoint, opts: DiffOptions
 
 
 def finish_diff(
-    outcomes: list[_Outcome],
+    outcomes: list[Outcome],
     plan: DiffPlan,
     view_a: LogicalCheckpoint,
     view_b: LogicalCheckpoint,
@@ -446,13 +461,13 @@ def _compare_one(
     policy: Policy,
     reference: ReferenceIndex,
     opts: DiffOptions,
-) -> _Outcome:
+) -> Outcome:
     from weightcheck.compare.classify import classify
     from weightcheck.compare.engine import FAILED, compare_pair
     from weightcheck.dequant import QuantFormatError
     from weightcheck.tensors import TensorReadError
 
-    outcome = _Outcome(name_a, name_b, "skipped")
+    outcome = Outcome(name_a, name_b, "skipped")
     for view, name in ((view_a, name_a), (view_b, name_b)):
         if name in view.unavailable:
             code, reason = view.unavailable[name]
@@ -460,7 +475,7 @@ def _compare_one(
             return _skip(outcome, f"{side}: {reason}", code, opts)
     rule = policy.rule_for(name_a)
     if rule is None:
-        return _skip(outcome, "no comparison policy rule matches this name", "WC716", opts)
+        return _skip(outcome, "no comparison policy rule matches this name", NO_POLICY_RULE.code, opts)
     a, b = view_a.operand(name_a), view_b.operand(name_b)
     assert a is not None and b is not None
     outcome.shape = a.shape
@@ -475,7 +490,7 @@ def _compare_one(
             found: Classification = classify(a, b, verdict, rule, reference)
             outcome.klass, outcome.message, outcome.evidence = found.klass, found.message, found.evidence
     except (TensorReadError, QuantFormatError) as exc:
-        code = "WC717" if isinstance(exc, QuantFormatError) else "WC715"
+        code = QUANTIZED_TENSOR_MALFORMED.code if isinstance(exc, QuantFormatError) else SKIPPED.code
         return _skip(outcome, str(exc), code, opts)
     except Exception as exc:  # a comparison bug: reported (exit 2) without hiding the other tensors' results
         outcome.status = "crashed"
@@ -488,12 +503,81 @@ def _compare_one(
     return outcome
 
 
-def _skip(outcome: _Outcome, reason: str, code: str, opts: DiffOptions) -> _Outcome:
+def _skip(outcome: Outcome, reason: str, code: str, opts: DiffOptions) -> Outcome:
     outcome.status = "skipped"
     outcome.reason = reason
     outcome.code = code
     outcome.allowed_by = skip_allowed(outcome.name_a, opts.allow_skip) or skip_allowed(outcome.name_b, opts.allow_skip)
     return outcome
+
+
+# ---- on a Ray cluster (weightcheck.distributed runs the chunks) ---------------------------------------
+def _diff_task(path_a: str, path_b: str, opts: DiffOptions, start: int, stop: int) -> tuple[list[Outcome], dict]:
+    """A Ray task: rebuild the (deterministic) plan and compare its pairs[start:stop]."""
+    view_a, view_b = load_logical(Path(path_a)), load_logical(Path(path_b))
+    try:
+        plan = plan_diff(view_a, view_b, opts)
+        before = view_a.store.bytes_read + view_b.store.bytes_read  # header-time reads: the driver counts them
+        outcomes = compare_pairs(view_a, view_b, plan, plan.pairs[start:stop], opts)
+        read = view_a.store.bytes_read + view_b.store.bytes_read - before
+        return outcomes, {"bytes": read}
+    finally:
+        view_a.close()
+        view_b.close()
+
+
+def _files_of(view: LogicalCheckpoint, name: str, root: str) -> set[tuple[str, str]]:
+    store = view.store
+    if name in view.quantized:
+        return {(root, store.location(s).shard) for s in view.quantized[name].parts.values()}
+    if name in view.plain:
+        return {(root, store.location(view.plain[name]).shard)}
+    return set()
+
+
+def _ray_diff(ray: Any, path_a: Path, path_b: Path, opts: DiffOptions, result: Result) -> Result:
+    from weightcheck.distributed import run_work
+
+    view_a, view_b = load_logical(path_a), load_logical(path_b)
+    try:
+        if nothing_to_compare(result, (("checkpoint A", view_a), ("checkpoint B", view_b))):
+            return result
+        plan = plan_diff(view_a, view_b, opts)
+        root_a = str(path_a if path_a.is_dir() else path_a.parent)
+        root_b = str(path_b if path_b.is_dir() else path_b.parent)
+        items = [
+            (
+                view_a.nbytes(a) + view_b.nbytes(b),
+                tuple(sorted(_files_of(view_a, a, root_a) | _files_of(view_b, b, root_b))),
+            )
+            for a, b in plan.pairs
+        ]
+        sizes: dict[tuple[str, str], int] = {}
+        for root, view in ((root_a, view_a), (root_b, view_b)):
+            for shard, report in view.store.ckpt.shards.items():
+                sizes[(root, shard)] = report.file_size
+        progress = make_progress(opts, sum(nbytes for nbytes, _ in items))
+
+        def args_of(start: int, stop: int, files: tuple[tuple[str, str], ...]) -> tuple[Any, ...]:
+            return (str(path_a), str(path_b), opts, start, stop)
+
+        chunks, results, errors, stats = run_work(ray, _diff_task, items, args_of, sizes, progress=progress)
+        outcomes: list[Outcome] = []
+        for chunk, value, error in zip(chunks, results, errors, strict=True):
+            if value is not None:
+                outcomes.extend(value)
+                continue
+            for name_a, name_b in plan.pairs[chunk.start : chunk.stop]:  # reported as skips, never dropped
+                outcomes.append(Outcome(name_a, name_b, "skipped", reason=str(error), code=SKIPPED.code))
+        bytes_read = view_a.store.bytes_read + view_b.store.bytes_read + stats.bytes
+        finish_diff(outcomes, plan, view_a, view_b, opts, result, bytes_read)
+        if stats.failed:
+            result.notes.append(stats.note(f"{len(plan.pairs)} pairs"))
+        stats.tell(f"{len(plan.pairs)} pairs")
+        return result
+    finally:
+        view_a.close()
+        view_b.close()
 
 
 # ---- findings -----------------------------------------------------------------------------------
@@ -505,13 +589,9 @@ def _layer_of(name: str) -> int | None:
     return None
 
 
-def _finding(code: str, severity: Severity | None, message: str, names: list[str], details: dict[str, Any]) -> Finding:
-    from weightcheck.rules import get_rule
-
-    rule = get_rule(code)
-    assert rule is not None, code
+def _finding(rule: Rule, severity: Severity | None, message: str, names: list[str], details: dict[str, Any]) -> Finding:
     return Finding(
-        code=code,
+        code=rule.code,
         name=rule.name,
         severity=severity or rule.severity,
         message=message,
@@ -521,7 +601,7 @@ def _finding(code: str, severity: Severity | None, message: str, names: list[str
     )
 
 
-def _tensor_evidence(outcome: _Outcome) -> dict[str, Any]:
+def _tensor_evidence(outcome: Outcome) -> dict[str, Any]:
     item: dict[str, Any] = {"tensor": outcome.name_a}
     if outcome.name_b != outcome.name_a:
         item["tensor_b"] = outcome.name_b
@@ -537,13 +617,12 @@ def _tensor_evidence(outcome: _Outcome) -> dict[str, Any]:
     return item
 
 
-def _findings(outcomes: list[_Outcome], only_a: list[str], only_b: list[str], opts: DiffOptions) -> list[Finding]:
+def _findings(outcomes: list[Outcome], only_a: list[str], only_b: list[str], opts: DiffOptions) -> list[Finding]:
     from weightcheck.lint import selected_rules
-    from weightcheck.rules.content import DIFF_CLASS_CODES
 
     findings: list[Finding] = []
-    by_class: dict[str, list[_Outcome]] = defaultdict(list)
-    skips: dict[tuple[str, str, bool], list[_Outcome]] = defaultdict(list)
+    by_class: dict[str, list[Outcome]] = defaultdict(list)
+    skips: dict[tuple[str, str, bool], list[Outcome]] = defaultdict(list)
     for outcome in outcomes:
         if outcome.status == "crashed":
             findings.append(
@@ -557,12 +636,12 @@ def _findings(outcomes: list[_Outcome], only_a: list[str], only_b: list[str], op
                 )
             )
         elif outcome.status == "skipped":
-            skips[(outcome.code or "WC715", outcome.reason, outcome.allowed_by is not None)].append(outcome)
+            skips[(outcome.code or SKIPPED.code, outcome.reason, outcome.allowed_by is not None)].append(outcome)
         elif outcome.status in ("failed", "within_tolerance") and outcome.klass:
             by_class[outcome.klass].append(outcome)
     for klass, items in sorted(by_class.items()):
-        code = DIFF_CLASS_CODES.get(klass, "WC701")
-        groups: dict[tuple[int, ...], list[_Outcome]] = defaultdict(list)
+        found = class_rule(klass)  # an unknown class raises: it must not vanish from the report
+        groups: dict[tuple[int, ...], list[Outcome]] = defaultdict(list)
         if items[0].status == "failed":
             # One finding per class and layer set, so a swap of layers 0 and 1 reads as one finding.
             layers_by_tensor = defaultdict(set)
@@ -574,19 +653,20 @@ def _findings(outcomes: list[_Outcome], only_a: list[str], only_b: list[str], op
         else:
             groups[()] = items
         for layers, group in sorted(groups.items()):
-            findings.append(_class_finding(code, klass, layers, group))
+            findings.append(_class_finding(found, klass, layers, group))
     for (code, reason, allowed), items in sorted(skips.items()):
         names = [o.name_a for o in items]
         severity = Severity.INFO if allowed else None
         how = f"allowed by --allow-skip {items[0].allowed_by}" if allowed else "not allowed by --allow-skip"
         message = f"not compared: {reason} ({how})"
-        if code == "WC717":
+        if code == QUANTIZED_TENSOR_MALFORMED.code:
             message = f"quantized tensor cannot be dequantized: {reason}"
             if allowed:
                 message += f" (allowed by --allow-skip {items[0].allowed_by})"
-        findings.append(_finding(code, severity, message, names, {"reason": reason, "allowed": allowed}))
-    findings.extend(_only_findings("WC713", "A", only_a, opts))
-    findings.extend(_only_findings("WC714", "B", only_b, opts))
+        details = {"reason": reason, "allowed": allowed}
+        findings.append(_finding(diff_rule(code), severity, message, names, details))  # unknown code: raises
+    findings.extend(_only_findings(ONLY_IN_REFERENCE, "A", only_a, opts))
+    findings.extend(_only_findings(ONLY_IN_CANDIDATE, "B", only_b, opts))
     codes = {r.code for r in selected_rules(opts.select, opts.ignore, command="diff")}
     return [f for f in findings if f.code in codes or f.code == INTERNAL_ERROR_CODE]
 
@@ -595,18 +675,16 @@ def _refusal_findings(view_a: LogicalCheckpoint, view_b: LogicalCheckpoint, opts
     """Files either checkpoint references that the loader refused (leaving the checkpoint, a loop, not a
     regular file): the diff may still find every tensor elsewhere, but the checkpoint is not clean."""
     from weightcheck.lint import selected_rules
-    from weightcheck.rules import get_rule
 
-    if "WC718" not in {r.code for r in selected_rules(opts.select, opts.ignore, command="diff")}:
+    rule = FILE_REFUSED
+    if rule.code not in {r.code for r in selected_rules(opts.select, opts.ignore, command="diff")}:
         return []
-    rule = get_rule("WC718")
-    assert rule is not None
     out: list[Finding] = []
     for label, view in (("A", view_a), ("B", view_b)):
         for refusal in view.store.ckpt.refused:
             if refusal.kind == "missing":
                 continue  # a missing shard leaves its tensors unavailable: WC715 says so per tensor
-            out.append(Finding(code="WC718", name=rule.name, severity=rule.severity,
+            out.append(Finding(code=rule.code, name=rule.name, severity=rule.severity,
                                message=f"{label}: refused to open {refusal.name}: {refusal.reason}",
                                location=Location(file=str(view.path / refusal.name))))  # fmt: skip
     return out
@@ -621,7 +699,7 @@ def _strip_layer(name: str) -> str:
     return ".".join(parts)
 
 
-def _class_finding(code: str, klass: str, layers: tuple[int, ...], group: list[_Outcome]) -> Finding:
+def _class_finding(rule: Rule, klass: str, layers: tuple[int, ...], group: list[Outcome]) -> Finding:
     names = [o.name_a for o in group]
     details: dict[str, Any] = {"class": klass, "tensors": [_tensor_evidence(o) for o in group[:_EVIDENCE_LIMIT]]}
     if layers:
@@ -645,10 +723,10 @@ def _class_finding(code: str, klass: str, layers: tuple[int, ...], group: list[_
     else:
         distinct = sorted({o.message for o in group})
         message = where + distinct[0] + (f" (and {len(distinct) - 1} other variants)" if len(distinct) > 1 else "")
-    return _finding(code, None, message, names, details)
+    return _finding(rule, None, message, names, details)
 
 
-def _shift_message(group: list[_Outcome]) -> str:
+def _shift_message(group: list[Outcome]) -> str:
     moves: dict[tuple[str, int, int], int] = {}
     for o in group:
         ev = o.evidence
@@ -676,7 +754,7 @@ def _index_at(name: str, reference: str) -> int | None:
     return None
 
 
-def _only_findings(code: str, side: str, names: list[str], opts: DiffOptions) -> list[Finding]:
+def _only_findings(rule: Rule, side: str, names: list[str], opts: DiffOptions) -> list[Finding]:
     # One vocabulary: the reference (first argument) and the candidate (second).
     other = "candidate" if side == "A" else "reference"
     side_name = "reference" if side == "A" else "candidate"
@@ -697,7 +775,7 @@ def _only_findings(code: str, side: str, names: list[str], opts: DiffOptions) ->
         )
         if why:
             message += f" ({why})"
-        out.append(_finding(code, severity, message, group, {"side": side}))
+        out.append(_finding(rule, severity, message, group, {"side": side}))
     return out
 
 

@@ -1,7 +1,11 @@
-"""`lint --content --ray` and `diff --ray`: the data-reading work as Ray tasks, merged into the result a
-single process gives, in the same order.
+"""The Ray backend of `lint --content --ray` and `diff --ray`: data-reading work as Ray tasks, merged into
+the result a single process gives, in the same order.
 
-Work units. The single-process scan walks tensors in storage order (shard by shard, by offset). That list
+This module knows chunks, tasks, placement and retries, not what a task computes: the data-reading
+modules (weightcheck.scan, weightcheck.diff) open a `session`, hand `run_work` their own task function
+and work list, and turn failed chunks into their own findings. It imports none of them.
+
+Work units. The single-process work walks its list in storage order (shard by shard, by offset). That list
 is cut into contiguous chunks: one per shard, or several for a shard larger than `chunk_bytes`. A lint
 task opens only its shard's header and runs the same `scan_tensors` the single process runs; a diff task
 rebuilds the same pairing (`plan_diff`, deterministic) and runs `compare_pairs` on its slice. Results are
@@ -26,17 +30,11 @@ from __future__ import annotations
 import os
 import sys
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Mapping
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
-
-if TYPE_CHECKING:
-    from weightcheck.diff import DiffOptions, _Outcome
-    from weightcheck.findings import Result
-    from weightcheck.rules import LintContext
-    from weightcheck.rules.content import TensorScan
+from typing import Any
 
 # Default largest chunk of one task; a shard above it is split into byte ranges (runs of tensors).
 CHUNK_BYTES = 1 << 30
@@ -165,6 +163,11 @@ class RunStats:
         if self.failed:
             text += f"; FAILED after retries: {'; '.join(self.failed[:10])}"
         return text
+
+    def tell(self, what: str) -> None:
+        """Execution telemetry (tasks, nodes, retries) goes to stderr, like progress: the result itself is the
+        single-process result. A chunk that failed every attempt is in the result too (as per-item errors)."""
+        print(self.note(what), file=sys.stderr)
 
 
 def plan_chunks(items: list[tuple[int, tuple[tuple[str, str], ...]]], limit: int) -> list[Chunk]:
@@ -321,153 +324,38 @@ def _meta(started: float) -> dict[str, Any]:
     return {"node": ray.get_runtime_context().get_node_id(), "seconds": time.perf_counter() - started}
 
 
-# ---- lint --content ---------------------------------------------------------------------------------------
-def _scan_task(root: str, shard: str, names: list[str], algorithms: list[str], hook: str | None) -> Any:
-    from weightcheck.checkpoint import Checkpoint, resolve_inside
-    from weightcheck.rules.content import scan_tensors
-    from weightcheck.safetensors_header import read_header
-    from weightcheck.tensors import TensorStore
-
-    started = time.perf_counter()
-    _maybe_die(hook, ((root, shard),))
-    # Only this shard's header is read: the driver already decided which shard holds each name.
-    ckpt = Checkpoint(root=Path(root), files_on_disk=[shard])
-    real, refusal = resolve_inside(Path(root), shard)
-    if refusal is not None:
-        raise FileNotFoundError(f"{shard}: {refusal.reason} on this node")
-    ckpt.shards[shard] = read_header(real)  # type: ignore[arg-type]
-    store = TensorStore(ckpt)
-    try:
-        return scan_tensors(store, names, algorithms), _meta(started)
-    finally:
-        store.close()
-
-
-def ray_content_scan(ctx: LintContext, names: list[str], algorithms: list[str]) -> list[TensorScan]:
-    with session(ctx.options.get("ray")) as ray:
-        return _ray_content_scan(ray, ctx, names, algorithms)
-
-
-def _ray_content_scan(ray: Any, ctx: LintContext, names: list[str], algorithms: list[str]) -> list[TensorScan]:
-    from weightcheck.rules.content import TensorScan, _progress
-    from weightcheck.tensors import TensorStore
-
-    store: TensorStore = ctx.memo("tensor_store", lambda: TensorStore(ctx.ckpt))
-    root = str(Path(ctx.options.get("local_path") or ctx.ckpt.root))
-    if Path(root).is_file():
-        root = str(Path(root).parent)
-    items = [(store.info(n).nbytes, ((root, store.location(n).shard),)) for n in names]
-    chunks = plan_chunks(items, _chunk_bytes())
-    sizes = {(root, s): ctx.ckpt.shards[s].file_size for c in chunks for _, s in c.files}
-    strategies = placement(ray, chunks, sizes)
-    hook = os.environ.get(KILL_HOOK_ENV)
-    total = sum(c.nbytes for c in chunks)
-    progress = _progress(ctx, total)
-
-    def args_of(chunk: Chunk) -> tuple[Any, ...]:
-        return (root, chunk.files[0][1], names[chunk.start : chunk.stop], algorithms, hook)
-
-    results, errors, stats = run_chunks(ray, _scan_task, chunks, args_of, strategies, progress=progress)
-    out: list[TensorScan] = []
-    for chunk, value, error in zip(chunks, results, errors, strict=True):
-        if value is not None:
-            out.extend(value)
-            continue
-        for name in names[chunk.start : chunk.stop]:  # reported by WC608, never dropped
-            stored = store.location(name)
-            out.append(TensorScan(name, stored.shard, stored.dtype, stored.shape, error=error))
-    if stats.failed:
-        ctx.cache.setdefault("notes", []).append(stats.note(f"{len(names)} tensors"))
-    _tell(stats, f"{len(names)} tensors")
-    return out
-
-
-def _tell(stats: RunStats, what: str) -> None:
-    """Execution telemetry (tasks, nodes, retries) goes to stderr, like progress: the result itself is the
-    single-process result. A chunk that failed every attempt is in the result too (as per-tensor errors)."""
-    print(stats.note(what), file=sys.stderr)
-
-
-# ---- diff -------------------------------------------------------------------------------------------------
-def _diff_task(path_a: str, path_b: str, opts: DiffOptions, start: int, stop: int, hook: str | None,
-               files: tuple[tuple[str, str], ...]) -> Any:  # fmt: skip
-    from weightcheck.diff import compare_pairs, load_logical, plan_diff
-
+def _run_task(
+    task: Callable[..., tuple[Any, dict[str, Any]]], hook: str | None, files: tuple[tuple[str, str], ...], *args: Any
+) -> tuple[Any, dict[str, Any]]:
+    """What each Ray worker runs: the caller's `task(*args)` (which returns its value and extra telemetry,
+    e.g. bytes read), timed and tagged with the node."""
     started = time.perf_counter()
     _maybe_die(hook, files)
-    view_a, view_b = load_logical(Path(path_a)), load_logical(Path(path_b))
-    try:
-        plan = plan_diff(view_a, view_b, opts)
-        before = view_a.store.bytes_read + view_b.store.bytes_read  # header-time reads: the driver counts them
-        outcomes = compare_pairs(view_a, view_b, plan, plan.pairs[start:stop], opts)
-        read = view_a.store.bytes_read + view_b.store.bytes_read - before
-        return outcomes, {**_meta(started), "bytes": read}
-    finally:
-        view_a.close()
-        view_b.close()
+    value, extra = task(*args)
+    return value, {**_meta(started), **extra}
 
 
-def _files_of(view: Any, name: str, root: str) -> set[tuple[str, str]]:
-    store = view.store
-    if name in view.quantized:
-        return {(root, store.location(s).shard) for s in view.quantized[name].parts.values()}
-    if name in view.plain:
-        return {(root, store.location(view.plain[name]).shard)}
-    return set()
+def run_work(
+    ray: Any,
+    task: Callable[..., tuple[Any, dict[str, Any]]],
+    items: list[tuple[int, tuple[tuple[str, str], ...]]],
+    args_of: Callable[[int, int, tuple[tuple[str, str], ...]], tuple[Any, ...]],
+    sizes: Mapping[tuple[str, str], int],
+    *,
+    progress: Any | None = None,
+) -> tuple[list[Chunk], list[Any], list[str | None], RunStats]:
+    """Run a work list on the `ray` session: `items` is (bytes, files read) per work item, cut into chunks;
+    each chunk runs `task(*args_of(start, stop, files))` on a node that holds its files (`sizes`: every
+    file's size, for placement). `task` must be a module-level function (Ray pickles it by reference).
+    Returns the chunks, per-chunk values (None for a chunk that failed every attempt), per-chunk final
+    errors and the run's stats; the caller turns a failed chunk into its own per-item findings."""
+    chunks = plan_chunks(items, _chunk_bytes())
+    needed = {f for c in chunks for f in c.files}
+    strategies = placement(ray, chunks, {f: sizes[f] for f in needed if f in sizes})
+    hook = os.environ.get(KILL_HOOK_ENV)
 
+    def chunk_args(chunk: Chunk) -> tuple[Any, ...]:
+        return (task, hook, chunk.files, *args_of(chunk.start, chunk.stop, chunk.files))
 
-def ray_diff(path_a: Path, path_b: Path, opts: DiffOptions, result: Result) -> Result:
-    with session(opts.ray) as ray:
-        return _ray_diff(ray, path_a, path_b, opts, result)
-
-
-def _ray_diff(ray: Any, path_a: Path, path_b: Path, opts: DiffOptions, result: Result) -> Result:
-    from weightcheck.diff import _Outcome, finish_diff, load_logical, nothing_to_compare, plan_diff
-
-    view_a, view_b = load_logical(path_a), load_logical(path_b)
-    try:
-        if nothing_to_compare(result, (("checkpoint A", view_a), ("checkpoint B", view_b))):
-            return result
-        plan = plan_diff(view_a, view_b, opts)
-        root_a = str(path_a if path_a.is_dir() else path_a.parent)
-        root_b = str(path_b if path_b.is_dir() else path_b.parent)
-        items = [
-            (
-                view_a.nbytes(a) + view_b.nbytes(b),
-                tuple(sorted(_files_of(view_a, a, root_a) | _files_of(view_b, b, root_b))),
-            )
-            for a, b in plan.pairs
-        ]
-        chunks = plan_chunks(items, _chunk_bytes())
-        sizes: dict[tuple[str, str], int] = {}
-        for root, view in ((root_a, view_a), (root_b, view_b)):
-            for shard, report in view.store.ckpt.shards.items():
-                sizes[(root, shard)] = report.file_size
-        needed = {f for c in chunks for f in c.files}
-        strategies = placement(ray, chunks, {f: sizes[f] for f in needed if f in sizes})
-        hook = os.environ.get(KILL_HOOK_ENV)
-        from weightcheck.diff import make_progress
-
-        progress = make_progress(opts, sum(c.nbytes for c in chunks))
-
-        def args_of(chunk: Chunk) -> tuple[Any, ...]:
-            return (str(path_a), str(path_b), opts, chunk.start, chunk.stop, hook, chunk.files)
-
-        results, errors, stats = run_chunks(ray, _diff_task, chunks, args_of, strategies, progress=progress)
-        outcomes: list[_Outcome] = []
-        for chunk, value, error in zip(chunks, results, errors, strict=True):
-            if value is not None:
-                outcomes.extend(value)
-                continue
-            for name_a, name_b in plan.pairs[chunk.start : chunk.stop]:
-                outcome = _Outcome(name_a, name_b, "skipped", reason=str(error), code="WC715")
-                outcomes.append(outcome)
-        bytes_read = view_a.store.bytes_read + view_b.store.bytes_read + stats.bytes
-        finish_diff(outcomes, plan, view_a, view_b, opts, result, bytes_read)
-        if stats.failed:
-            result.notes.append(stats.note(f"{len(plan.pairs)} pairs"))
-        _tell(stats, f"{len(plan.pairs)} pairs")
-        return result
-    finally:
-        view_a.close()
-        view_b.close()
+    results, errors, stats = run_chunks(ray, _run_task, chunks, chunk_args, strategies, progress=progress)
+    return chunks, results, errors, stats

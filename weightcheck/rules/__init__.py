@@ -32,6 +32,7 @@ RULE_MODULES = (
     "weightcheck.rules.fused_experts",
     "weightcheck.rules.expert_layout",
     "weightcheck.rules.content",
+    "weightcheck.rules.diff",
     "weightcheck.rules.verify",
     "weightcheck.rules.rollout",
     "weightcheck.fixes",

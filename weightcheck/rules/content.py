@@ -1,4 +1,4 @@
-"""WC6xx: checks that read tensor data (`lint --content`), and the WC7xx codes that `diff` reports.
+"""WC6xx: checks that read tensor data (`lint --content`). (diff's WC7xx codes: weightcheck.rules.diff.)
 
 The WC6xx rules share one streaming pass (`content_scan`): every readable tensor is viewed through its
 shard's memory mapping, reduced once with a min/max (NaN propagates through it, ±Inf shows in the
@@ -12,48 +12,26 @@ torch is imported inside the scan only: lint without `--content` never imports i
 from __future__ import annotations
 
 import re
-import sys
-from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
+from pathlib import Path
+from typing import Any
 
 from weightcheck.collapse import format_ranges, summarize
 from weightcheck.findings import Finding, Location, Severity
-from weightcheck.rules import LintContext, Rule, register, rule
-
-if TYPE_CHECKING:
-    from weightcheck.compare.metrics import ValueRange
-    from weightcheck.digest import TensorDigest
+from weightcheck.rules import LintContext, rule
+from weightcheck.scan import (
+    NO_RANGE_DTYPES,
+    SCALE_NAME,
+    TensorScan,
+    ray_scan_tensors,
+    scan_progress,
+    scan_tensors,
+)
 
 CONTENT_NEEDS = ("tensors", "data")
-# A progress bar only for runs long enough to want one (about a second of reading or more).
-_PROGRESS_MIN_BYTES = 512 * 1024 * 1024
-# Names whose values are quantization scales: they must be positive.
-_SCALE_NAME = re.compile(r"(_scale|_scale_inv|_scale_2|_global_scale|(^|\.)[kvq]_scale)$")
 # Tensors that may legitimately be zero or constant: zero points, shapes, indices, biases, norms.
 _MAY_BE_CONSTANT = re.compile(r"(zero_point|weight_shape|g_idx|_shape|bias|norm\.weight|layernorm\.weight)$")
 _PACKED = re.compile(r"_packed$")
 _EMBEDDING = re.compile(r"(^|\.)(embed_tokens|wte|word_embeddings|tok_embeddings|embeddings)\.weight$")
-# Dtypes whose values cannot be reduced (F4 is packed, F6 has no torch type): hashed, not range-checked.
-_NO_RANGE_DTYPES = frozenset({"F4", "F6_E2M3", "F6_E3M2"})
-
-
-@dataclass
-class TensorScan:
-    name: str
-    shard: str
-    dtype: str
-    shape: tuple[int, ...]
-    value_range: ValueRange | None = None
-    digests: dict[str, TensorDigest] = field(default_factory=dict)  # algorithm → digest
-    error: str | None = None
-    # Element counts of a tensor already found bad ("nan", "inf", "zero", "negative", "255"), taken where
-    # its bytes were read: rules never read the tensor again (a Ray worker may be the only reader).
-    counts: dict[str, int] = field(default_factory=dict)
-
-    @property
-    def digest(self) -> TensorDigest | None:
-        """The sha256 digest (what `--hash` writes), when one was taken."""
-        return self.digests.get("sha256")
 
 
 def _digest_algorithms(ctx: LintContext) -> list[str]:
@@ -88,12 +66,19 @@ def _scan(ctx: LintContext) -> list[TensorScan]:
     store = _store(ctx)
     algorithms = _digest_algorithms(ctx)
     names = store.names()
+    total = sum(store.info(n).nbytes for n in names)
     if ctx.options.get("ray") is not None:
-        from weightcheck.distributed import ray_content_scan
+        from weightcheck.distributed import session
 
-        out = ray_content_scan(ctx, names, algorithms)
+        # Ray is the backend the scan runs on: the scan engine knows chunks and tasks, not lint's options.
+        root = Path(ctx.options.get("local_path") or ctx.ckpt.root)
+        with session(ctx.options.get("ray")) as ray:
+            progress = scan_progress(ctx.options.get("progress"), total)
+            out, note = ray_scan_tensors(ray, store, names, algorithms, root, progress)
+        if note:
+            ctx.cache.setdefault("notes", []).append(note)
     else:
-        progress = _progress(ctx, sum(store.info(n).nbytes for n in names))
+        progress = scan_progress(ctx.options.get("progress"), total)
         advance = progress.advance if progress is not None else None
         try:
             out = scan_tensors(store, names, algorithms, advance)
@@ -112,98 +97,11 @@ def _scan(ctx: LintContext) -> list[TensorScan]:
     return out
 
 
-def scan_tensors(store: Any, names: list[str], algorithms: list[str], advance: Any = None) -> list[TensorScan]:
-    """Reduce (and hash) each of `names`, in order, one tensor's pages at a time. The unit of work of both
-    the single-process scan and a Ray task, so both give the same TensorScans."""
-    from weightcheck.compare.metrics import value_range
-    from weightcheck.digest import digest_bytes
-    from weightcheck.tensors import TensorReadError
-
-    out: list[TensorScan] = []
-    for name in names:
-        stored = store.location(name)
-        scan = TensorScan(name, stored.shard, stored.dtype, stored.shape)
-        try:
-            if stored.dtype not in _NO_RANGE_DTYPES:
-                tensor = store.get(name)
-                scan.value_range = value_range(tensor)
-                del tensor
-                scan.counts = _flag_counts(store, scan)
-            for algorithm in algorithms:
-                scan.digests[algorithm] = digest_bytes(store.raw(name), stored.dtype, stored.shape, algorithm)
-        except TensorReadError as exc:
-            scan.error = str(exc)
-        finally:
-            store.release(name)
-        out.append(scan)
-        if advance is not None:
-            advance(stored.nbytes)
-    return out
-
-
-def _flag_counts(store: Any, scan: TensorScan) -> dict[str, int]:
-    found = scan.value_range
-    counts: dict[str, int] = {}
-    if found is None:
-        return counts
-    if found.has_nan:
-        counts["nan"] = _count_in(store, scan.name, "nan")
-    if found.has_inf:
-        counts["inf"] = _count_in(store, scan.name, "inf")
-    if _SCALE_NAME.search(scan.name) and not found.has_nan:
-        if scan.dtype == "U8":
-            if found.maximum >= 255:
-                counts["255"] = _count_value_in(store, scan.name, 255)
-        elif found.minimum <= 0:
-            counts["zero"] = _count_in(store, scan.name, "zero")
-            counts["negative"] = _count_in(store, scan.name, "negative")
-    return counts
-
-
-def _progress(ctx: LintContext, total: int) -> Any:
-    """A Progress (weightcheck.progress) when the run asked for one and the work is long enough."""
-    mode = ctx.options.get("progress")
-    if mode is True:  # older callers passed a bool
-        mode = "bar" if sys.stderr.isatty() else "lines"
-    if not mode or (mode == "bar" and total < _PROGRESS_MIN_BYTES):  # lines are gated by their interval
-        return None
-    from weightcheck.progress import Progress
-
-    return Progress("content", total, mode)
-
-
-def _count_in(store: Any, name: str, predicate: str) -> int:
-    """Count elements of one (already flagged) tensor: "nan", "inf", "zero" or "negative"."""
-    import torch
-
-    from weightcheck.compare.metrics import CHUNK_ELEMENTS
-
-    flat = store.get(name).reshape(-1)
-    total = 0
-    try:
-        for start in range(0, flat.numel(), CHUNK_ELEMENTS):
-            piece = flat[start : start + CHUNK_ELEMENTS]
-            if not piece.dtype.is_floating_point and predicate in ("nan", "inf"):
-                return 0
-            piece = piece.to(torch.float32) if piece.dtype.is_floating_point else piece.to(torch.int64)
-            mask = {
-                "nan": torch.isnan,
-                "inf": torch.isinf,
-                "zero": lambda t: t == 0,
-                "negative": lambda t: t < 0,
-            }[predicate](piece)
-            total += int(mask.sum())
-    finally:
-        del flat
-        store.release(name)
-    return total
-
-
 def _is_weight_matrix(scan: TensorScan) -> bool:
     return (
         len(scan.shape) >= 2
         and scan.value_range is not None
-        and not _SCALE_NAME.search(scan.name)
+        and not SCALE_NAME.search(scan.name)
         and not _MAY_BE_CONSTANT.search(scan.name)
     )
 
@@ -272,7 +170,7 @@ def scale_not_positive(ctx: LintContext) -> None:
     exponent scales (stored as U8) are always positive except 0xFF, which encodes NaN."""
     for scan in content_scan(ctx):
         found = scan.value_range
-        if found is None or not _SCALE_NAME.search(scan.name) or found.has_nan:
+        if found is None or not SCALE_NAME.search(scan.name) or found.has_nan:
             continue
         if scan.dtype == "U8":  # E8M0 exponents: only 0xFF is invalid (NaN)
             if found.maximum >= 255:
@@ -288,13 +186,6 @@ def scale_not_positive(ctx: LintContext) -> None:
             tensor=scan.name,
             details={"zero": zeros, "negative": negatives},
         )
-
-
-def _count_value_in(store: Any, name: str, value: int) -> int:
-    try:
-        return int((store.get(name) == value).sum())
-    finally:
-        store.release(name)
 
 
 @rule(
@@ -521,7 +412,7 @@ def content_not_checked(ctx: LintContext) -> None:
             by_reason.setdefault(scan.error, []).append(scan.name)
             if scan.shard:
                 shards_of.setdefault(scan.error, set()).add(scan.shard)
-        elif scan.dtype in _NO_RANGE_DTYPES:
+        elif scan.dtype in NO_RANGE_DTYPES:
             reason = f"{scan.dtype} values are packed: not range-checked"
             by_reason.setdefault(reason, []).append(scan.name)
             packed.add(reason)
@@ -550,230 +441,3 @@ def _numel(shape: tuple[int, ...]) -> int:
     for dim in shape:
         total *= dim
     return total
-
-
-# ---- diff codes (reported by `weightcheck diff`; registered here so `weightcheck rules` documents them) --
-# Mismatch class → code. The classes are defined in weightcheck.compare.engine.
-DIFF_CLASS_CODES: dict[str, str] = {
-    "value-mismatch": "WC701",
-    "never-written": "WC702",
-    "all-zero": "WC703",
-    "nan-inf": "WC704",
-    "shifted/swapped": "WC705",
-    "transposed": "WC706",
-    "scaled": "WC707",
-    "partially-written": "WC708",
-    "dtype-mismatch": "WC709",
-    "shape-mismatch": "WC710",
-    "within-quantization-error": "WC711",
-    "within-tolerance": "WC712",
-}
-
-_DIFF_RULES: list[tuple[str, str, Severity, str, str, str, str]] = [
-    (
-        "WC701",
-        "diff-value-mismatch",
-        Severity.ERROR,
-        "A tensor differs from the reference beyond its tier's tolerance, in no recognised pattern.",
-        "Values differ and none of the specific classes (shifted, transposed, scaled, zero, NaN, never "
-        "written, partial) explains it. The evidence gives the count of elements outside tolerance, the "
-        "first and the worst, rel-L2, SQNR and cosine.",
-        "B.layers.3.mlp.down_proj.weight: 41123 of 5767168 elements outside 1 ULP (worst 37× the tolerance)",
-        "bit-identical, or within one ULP of each side's format",
-    ),
-    (
-        "WC702",
-        "diff-never-written",
-        Severity.ERROR,
-        "The tensor still holds an engine's reset values (uniform [0, 1) floats, flat full-range ints).",
-        "A weight-sync or export path that skipped a tensor leaves whatever the buffer was initialised "
-        "with: `torch.rand`-style uniform values, or integer codes spread evenly over the whole range. "
-        "Real weights are roughly Gaussian around zero.",
-        "B's q_proj.weight has mean 0.500 and std 0.289 with every value in [0, 1)",
-        "values distributed like the reference's",
-    ),
-    (
-        "WC703",
-        "diff-all-zero",
-        Severity.ERROR,
-        "The tensor is all zeros where the reference is not.",
-        "Zeroed buffers are what a failed or skipped copy looks like after `zero_()`/`torch.zeros` "
-        "allocation (a zero router silently routes every token to expert 0).",
-        "B.layers.0.mlp.gate.weight: every element is zero",
-        "the reference's values",
-    ),
-    (
-        "WC704",
-        "diff-nan-inf",
-        Severity.ERROR,
-        "One side holds NaN or Inf values.",
-        "NaN never equals anything, not even an identical NaN: a tensor with NaN fails every tier. The "
-        "evidence counts NaN and Inf on each side.",
-        "B's down_proj.weight holds 12 NaN values",
-        "finite values on both sides",
-    ),
-    (
-        "WC705",
-        "diff-shifted-or-swapped",
-        Severity.ERROR,
-        "The tensor equals the reference's tensor at another layer or expert index (offset reported).",
-        "Off-by-k layer numbering (pipeline-parallel offsets, MTP layers), swapped layers or experts, and "
-        "expert permutations all show as a tensor that matches a neighbour of the reference. Two tensors "
-        "holding each other's data are reported as swapped.",
-        "layer 0 holds the reference's layer 1 (offset +1, swapped); layer 1 holds layer 0 (offset -1, swapped)",
-        "every tensor matches the reference at its own index",
-    ),
-    (
-        "WC706",
-        "diff-transposed",
-        Severity.ERROR,
-        "The tensor is the reference transposed.",
-        "Conversions between [in, out] (Megatron, JAX, AWQ qweight) and [out, in] (PyTorch Linear) layouts "
-        "that forget the transpose; square matrices keep their shape, so only values show it.",
-        "B.layers.2.self_attn.o_proj.weight equals reference.T",
-        "same layout as the reference",
-    ),
-    (
-        "WC707",
-        "diff-scaled",
-        Severity.ERROR,
-        "The tensor is the reference times a constant factor.",
-        "A scale applied twice or not at all (quantization scale, muP/embedding multipliers, norm "
-        "offsets). Cosine similarity is blind to it (1.0), so the factor is fitted by least squares.",
-        "B ≈ 1.05 × reference (residual 2e-3)",
-        "factor 1",
-    ),
-    (
-        "WC708",
-        "diff-partially-written",
-        Severity.ERROR,
-        "Only part of the tensor matches: one TP shard, or a block of rows/columns.",
-        "Tensor-parallel gathers that wrote a single rank's shard, or a copy that stopped early. The "
-        "evidence gives the matching range and, when it is a 1/n fraction, the shard index.",
-        "only rows 0..1023 of 4096 match: TP shard 0 of 4 along dim 0 was written",
-        "every row and column matches",
-    ),
-    (
-        "WC709",
-        "diff-dtype-mismatch",
-        Severity.ERROR,
-        "The dtypes cannot be compared under the tier (no lossless conversion between them).",
-        "bf16 ↔ f32 is compared exactly after widening; an integer tensor against a float one, or an exact "
-        "rule on a lossy pair, is a dtype mismatch (use a `ulp` policy rule for a declared cast).",
-        "reference BF16, candidate I8 without a scale",
-        "same dtype, a lossless widening, or a quantized format with its scales",
-    ),
-    (
-        "WC710",
-        "diff-shape-mismatch",
-        Severity.ERROR,
-        "The shapes differ (and B is neither a TP shard nor the transpose of A).",
-        "Shapes are compared on logical tensors: a quantized module's shape is its dequantized weight's.",
-        "reference [4096, 4096], candidate [4096, 2048] that matches no shard",
-        "equal shapes",
-    ),
-    (
-        "WC711",
-        "diff-within-quantization-error",
-        Severity.INFO,
-        "The tensors differ, but every element within one quantization step of each side.",
-        "Expected when one side is quantized: each element of the dequantized weight is within one ULP of "
-        "its format (INT step × scale, FP8/FP4 ULP × scale) plus the other side's ULP. The evidence "
-        "gives rel-L2 and SQNR for the record.",
-        "(informational) 14 tensors within 1 ULP; worst rel-L2 0.11 (SQNR 19 dB)",
-        "(informational)",
-    ),
-    (
-        "WC712",
-        "diff-within-tolerance",
-        Severity.INFO,
-        "The tensors differ within the declared tolerance of a lossy, non-quantized path.",
-        "A float cast (f32 → bf16) within one ULP, a `stat` rule's thresholds, or equal values whose bytes "
-        "differ (signed zeros).",
-        "(informational) values equal but bytes differ (signed zeros)",
-        "(informational)",
-    ),
-    (
-        "WC713",
-        "diff-only-in-a",
-        Severity.ERROR,
-        "A tensor of the reference has no counterpart in the candidate.",
-        "After the name map, nothing in B carries this name: a dropped layer, expert or head. Allowed "
-        "with `--allow-skip PATTERN` (then reported as info).",
-        "model.layers.47.mlp.experts.127.down_proj.weight only in A",
-        "every reference tensor present in B (or an explicit --allow-skip)",
-    ),
-    (
-        "WC714",
-        "diff-only-in-b",
-        Severity.ERROR,
-        "A tensor of the candidate has no counterpart in the reference.",
-        "An extra tensor in B: a doubled prefix, a stray copy, a renamed weight missing a map entry. "
-        "Activation/KV-cache quantization parameters (input_scale, k_scale...) are expected on a quantized "
-        "side only and are reported as info.",
-        "model.model.layers.0.mlp.down_proj.weight only in B",
-        "every B tensor paired (activation scales excepted)",
-    ),
-    (
-        "WC715",
-        "diff-skipped",
-        Severity.ERROR,
-        "A tensor pair was not compared (unreadable data, no policy rule, ...) and no --allow-skip covers it.",
-        "A diff that silently skips is a diff that silently passes: every skip carries its reason, and "
-        "fails the run unless `--allow-skip PATTERN` names the tensor (then it is info).",
-        "not compared: B: shard model-00002-of-00003.safetensors is missing",
-        "every pair compared, or the skip allowed explicitly",
-    ),
-    (
-        "WC716",
-        "diff-no-policy-rule",
-        Severity.ERROR,
-        "No comparison policy rule matches the tensor's name.",
-        "Every tensor must be matched by a policy rule (built-in rules cover weights, biases, norms and "
-        "quantization parameters); an unknown kind of tensor is an error rather than a silent pass. Add "
-        "a rule with `--policy` or allow the skip.",
-        "model.rotary_emb.inv_freq: no comparison policy rule matches this name",
-        "a `--policy` line such as `inv_freq$ exact`",
-    ),
-    (
-        "WC717",
-        "diff-quantized-tensor-malformed",
-        Severity.ERROR,
-        "A quantized module's stored tensors are inconsistent and cannot be dequantized.",
-        "Scale shape that tiles no strategy, weight_shape disagreeing with weight_packed, a packed zero "
-        "point of the wrong shape: the engine would fail to load it or load garbage.",
-        "weight_scale [256, 3] does not divide 256 columns",
-        "scales, zero points and shapes consistent with the packed weight",
-    ),
-    (
-        "WC718",
-        "diff-file-refused",
-        Severity.ERROR,
-        "A file a compared checkpoint references was refused: it leaves the checkpoint, loops, or is not a "
-        "regular file.",
-        "weightcheck opens nothing outside the checkpoint and no FIFO or device. An index entry routed "
-        "through a symlink that leaves the directory is refused even when the tensor also exists in a "
-        "regular shard, so such a checkpoint never diffs clean.",
-        'B: refused to open sub/x.safetensors: symlink resolves outside the checkpoint (/elsewhere/x.safetensors)',
-        "every referenced file a regular file inside the checkpoint",
-    ),
-]
-
-# Severities diff emits besides the default: an explicitly allowed skip or name-only tensor is info.
-_DIFF_ALSO = {code: frozenset({Severity.INFO}) for code in ("WC713", "WC714", "WC715", "WC716", "WC717")}
-
-for _code, _name, _severity, _summary, _doc, _bad, _good in _DIFF_RULES:
-    register(
-        Rule(
-            also=_DIFF_ALSO.get(_code, frozenset()),
-            code=_code,
-            name=_name,
-            severity=_severity,
-            summary=_summary,
-            doc=_doc,
-            bad=_bad,
-            good=_good,
-            needs=frozenset({"tensors", "data"}),
-            command="diff",
-        )
-    )

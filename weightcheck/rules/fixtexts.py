@@ -75,26 +75,6 @@ FIX_TEXTS: dict[str, str] = {
     "change is intended",
     "WC607": "pass a manifest written by `weightcheck lint --content --hash FILE`",
     "WC608": "make the listed shards readable (see the WC1xx findings), then run --content again",
-    # WC7xx diff
-    "WC701": "find the conversion step that changed the values (compare intermediate outputs with diff)",
-    "WC702": "the tensor was never loaded: check the loader's name mapping for it (see WC713/WC714 neighbours)",
-    "WC703": "the tensor was zeroed or never copied: check the converter's path for it",
-    "WC704": "find the step that produced NaN/Inf and re-export",
-    "WC705": "fix the layer/expert offset where the candidate was written (pipeline or expert-parallel offset)",
-    "WC706": "transpose the tensor where it is written (a Megatron/HF layout mix-up)",
-    "WC707": "remove the extra scaling (a scale folded in twice, or missing)",
-    "WC708": "gather every tensor-parallel shard before writing (only one rank's slice arrived)",
-    "WC709": "convert with a lossless dtype path, or declare the intended tier with --policy",
-    "WC710": "re-export with the reference's shape (check TP gathering and transposition)",
-    "WC711": "expected after quantization; declare the tier with --policy if it should not be reported",
-    "WC712": "expected for a lossy path; narrow or widen the tolerance with --policy",
-    "WC713": "export the tensor, or map its name with --map (or allow it with --allow-skip)",
-    "WC714": "drop the tensor, or map its name with --map (or allow it with --allow-skip)",
-    "WC715": "make the data readable, add a policy rule, or list it with --allow-skip if skipping is intended",
-    "WC716": "add a --policy rule that matches the tensor's name",
-    "WC717": "re-export the quantized module: its packed weight, scales and shape disagree",
-    "WC718": "replace the symlink (or FIFO/device) with a regular file inside the checkpoint folder, or fix "
-    "the index entry that routes through it",
     # WC7xx live verify
     # Applied in tests/test_fix_texts_all.py: a re-run alone left the finding (the unreadable file cannot say
     # which sync it held, so verify reports it whatever sync is selected).
