@@ -9,11 +9,10 @@ from __future__ import annotations
 import sys
 import types
 
-__version__ = "0.1.0"
-
 from weightcheck.api import diff, lint, verify
 from weightcheck.deps import MissingDependency
 from weightcheck.findings import Finding, Location, Result, Severity
+from weightcheck.version import __version__
 
 __all__ = ["Finding", "Location", "MissingDependency", "Result", "Severity", "__version__", "diff", "lint", "verify"]
 

@@ -393,5 +393,7 @@ def doctor(
         dumps=opt(dumps),
         log=[Path(p) for p in log],
     )
-    result, lines = run_doctor(inputs, thresholds=th, select=settings.select, ignore=settings.ignore)
+    result, lines = run_doctor(
+        inputs, lint=lint, verify=verify, thresholds=th, select=settings.select, ignore=settings.ignore
+    )
     return _noted(result, settings, baseline, write_baseline), lines

@@ -11,10 +11,10 @@ from typing import Any
 
 import click
 
-from weightcheck import __version__
 from weightcheck.findings import EXIT_ERROR, INTERNAL_ERROR_CODE, Result, Severity
 from weightcheck.reporters import FORMATS, render
 from weightcheck.settings import Settings, SettingsError, check_consumers, load_settings
+from weightcheck.version import __version__
 
 
 def _split_codes(values: tuple[str, ...]) -> list[str]:

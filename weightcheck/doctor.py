@@ -25,7 +25,7 @@ from __future__ import annotations
 
 import os
 import re
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -350,11 +350,17 @@ def _evidence(findings: list[Finding], limit: int = 6) -> list[str]:
 
 
 def doctor(
-    inputs: RunInputs, *, thresholds: Any = None, select: list[str] | None = None, ignore: list[str] | None = None
+    inputs: RunInputs,
+    *,
+    lint: Callable[..., Result],
+    verify: Callable[..., Result],
+    thresholds: Any = None,
+    select: list[str] | None = None,
+    ignore: list[str] | None = None,
 ) -> tuple[Result, list[Line]]:
-    """Walk the checklist. Returns the combined Result (every finding of every step) and the checklist."""
-    from weightcheck import api
-
+    """Walk the checklist. Returns the combined Result (every finding of every step) and the checklist.
+    `lint` and `verify` are the Python API's (weightcheck.api): the caller passes them in, so this engine does
+    not import the API layer above it."""
     result = Result(target=str(inputs.run), command="doctor", root=str(inputs.run) if inputs.run.is_dir() else None)
     lines = {key: Line(key, title, next_step=NEXT_STEPS[key]) for key, title in CHECKLIST}
     run = inputs.run
@@ -419,7 +425,7 @@ def doctor(
     # 2. lint
     line = lines["checkpoint-lint"]
     if inputs.checkpoint is not None:
-        sub = api.lint(inputs.checkpoint, select=select, ignore=ignore, config=False)
+        sub = lint(inputs.checkpoint, select=select, ignore=ignore, config=False)
         _take(result, sub, line, f"lint {_rel(inputs.checkpoint, run)}")
     else:
         line.why_not = "no HF checkpoint (a folder with config.json and *.safetensors) found; pass --checkpoint"
@@ -429,7 +435,7 @@ def doctor(
     if inputs.records is not None:
         against = inputs.manifests or inputs.checkpoint
         first = _first_sync(inputs.records)
-        sub = api.verify(inputs.records, against, sync=first, select=select, ignore=ignore, config=False)
+        sub = verify(inputs.records, against, sync=first, select=select, ignore=ignore, config=False)
         state_findings = [f for f in sub.findings if f.code in _STATE_CODES]
         sync_findings = [f for f in sub.findings if f.code not in _STATE_CODES]
         result.findings.extend(sub.findings)

@@ -23,7 +23,7 @@ import functools
 import os
 from typing import TYPE_CHECKING, Any
 
-from weightcheck.devdigest import M1, M2, G, S, _byte_view, _lanes_torch, finalize
+from weightcheck.posmix import M1, M2, G, S, _byte_view, _lanes_torch, finalize
 
 if TYPE_CHECKING:
     import torch

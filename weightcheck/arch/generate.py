@@ -584,7 +584,8 @@ def validate_domain(model_type: str, doc: dict[str, Any] | Any, observations: li
     `conformance`). A key whose probed values change nothing written is left out; an int key whose probes
     all conform is `any_int`; otherwise only the conforming values are recorded, and lint treats any other
     value as outside coverage (weightcheck.patterns.fit_to_config)."""
-    from weightcheck.arch.oracle import build_config, conformance, expected_tensors, full_config_dict
+    from weightcheck.arch.conformance import conformance
+    from weightcheck.arch.oracle import build_config, expected_tensors, full_config_dict
     from weightcheck.arch.tiny import tiny_config
     from weightcheck.patterns import normalize_value, parse_pattern
 
@@ -786,7 +787,8 @@ def fit_switches(model_type: str, doc: dict[str, Any], observations: list[Observ
     """Refine `doc` in place over probed structural switches (see above)."""
     import copy
 
-    from weightcheck.arch.oracle import build_config, conformance, expected_tensors, full_config_dict
+    from weightcheck.arch.conformance import conformance
+    from weightcheck.arch.oracle import build_config, expected_tensors, full_config_dict
     from weightcheck.arch.tiny import tiny_config
     from weightcheck.patterns import parse_pattern
 

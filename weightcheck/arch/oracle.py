@@ -133,32 +133,6 @@ def expected_tensors(config: dict[str, Any]) -> tuple[dict[str, tuple[int, ...]]
     return shapes, module_kinds(model, list(shapes))
 
 
-def conformance(pattern: Any, config: dict[str, Any], shapes: dict[str, tuple[int, ...]]) -> list[str]:
-    """What the pattern predicts for `config` (through `expand`, the path lint uses) against what the model
-    class writes (`shapes`): each missing required weight, unexpected tensor and shape mismatch, as text.
-    Empty: the pattern is right for this config. Names under the pattern's allowed prefixes (vision
-    towers, MTP) are not itemized by lint and not compared here."""
-    from weightcheck.checkpoint import text_config_of
-    from weightcheck.patterns import expand
-
-    text = text_config_of(config)
-    mods, _ = expand(pattern, text, list(shapes))
-    allowed = tuple(pattern.allowed_prefixes)
-    stored = {n: s for n, s in shapes.items() if not (allowed and n.startswith(allowed))}
-    problems: list[str] = []
-    known: set[str] = set()
-    for m in mods:
-        for p in (*m.params, *m.optional_params):
-            known.add(f"{m.name}.{p}")
-        if not m.spec.optional:
-            problems += [f"missing {m.name}.{p}" for p in m.params if f"{m.name}.{p}" not in stored]
-        got = stored.get(f"{m.name}.weight")
-        if m.shape is not None and got is not None and tuple(got) != tuple(m.shape):
-            problems.append(f"shape {m.name}.weight: pattern {list(m.shape)}, model {list(got)}")
-    problems += [f"unexpected {n}" for n in sorted(stored) if n not in known]
-    return problems
-
-
 def full_config_dict(config: Any) -> dict[str, Any]:
     """The config as save_pretrained's config.json would hold it with every key written (no diff)."""
     import json

@@ -59,6 +59,7 @@ def doctor(
     and the guides' next step; a line whose input is absent says "not checked". Inputs are found under RUN
     by convention or named with the options.
     """
+    from weightcheck import api
     from weightcheck.deps import MissingDependency
     from weightcheck.doctor import discover, render_checklist
     from weightcheck.doctor import doctor as run_doctor
@@ -89,7 +90,9 @@ def doctor(
     inputs.notes.extend(missing)
     lines: list[Any] = []
     try:
-        result, lines = run_doctor(inputs, thresholds=th, select=settings.select, ignore=settings.ignore)
+        result, lines = run_doctor(
+            inputs, lint=api.lint, verify=api.verify, thresholds=th, select=settings.select, ignore=settings.ignore
+        )
     except MissingDependency:
         raise
     except Exception as exc:  # a bug must surface as exit 2 with the usual report, not a traceback

@@ -34,7 +34,6 @@ from typing import Any
 
 import click
 
-from weightcheck import __version__
 from weightcheck.cli import cli, config_and_output_options
 from weightcheck.collapse import format_ranges
 from weightcheck.layout import (
@@ -46,6 +45,7 @@ from weightcheck.layout import (
     stage_feeds,
     suggest_uneven_split,
 )
+from weightcheck.version import __version__
 
 SCHEMA_VERSION = "1.0"
 

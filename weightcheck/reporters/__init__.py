@@ -5,17 +5,11 @@ from __future__ import annotations
 from typing import TextIO
 
 from weightcheck.findings import Result
+from weightcheck.reporters.header import SCHEMA_VERSION, tool_header
+
+__all__ = ["FORMATS", "SCHEMA_VERSION", "render", "tool_header"]
 
 FORMATS = ("text", "json", "sarif", "github")
-SCHEMA_VERSION = "1.0"
-
-
-def tool_header(command: str) -> dict[str, object]:
-    """The keys every JSON document of every command starts with."""
-    from weightcheck import __version__
-
-    tool = {"name": "weightcheck", "version": __version__}
-    return {"schema_version": SCHEMA_VERSION, "tool": tool, "command": command}
 
 
 def render(

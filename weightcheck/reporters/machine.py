@@ -8,7 +8,7 @@ from pathlib import Path
 from typing import Any, TextIO
 
 from weightcheck.findings import Finding, Result, Severity
-from weightcheck.reporters import tool_header
+from weightcheck.reporters.header import tool_header
 
 
 def result_document(result: Result) -> dict[str, Any]:

@@ -23,8 +23,8 @@ from pathlib import Path
 from typing import Any, TextIO
 from urllib.parse import quote
 
-from weightcheck import __version__
 from weightcheck.findings import Finding, Result, Severity
+from weightcheck.version import __version__
 
 LEVEL = {Severity.ERROR: "error", Severity.WARNING: "warning", Severity.INFO: "note"}
 # JSON files larger than this are not scanned for a line number (an index of a 92k-tensor model is ~9 MB).

@@ -8,9 +8,9 @@ from collections import defaultdict
 
 from weightcheck.collapse import ids_pattern, summarize
 from weightcheck.findings import Severity
-from weightcheck.fixes import covering_entries, ignore_entries
 from weightcheck.quant.analysis import PARAM_SUFFIXES, QuantAnalysis, analyze_checkpoint, is_class_entry, regex_error
 from weightcheck.quant.config import WeightScheme, packed_width, validate_ct
+from weightcheck.quant.covering import covering_entries, ignore_entries
 from weightcheck.quant.inventory import ModuleInfo
 from weightcheck.quant.matchers import Consumer, fused_group_of, get_consumer, overreach
 from weightcheck.rules import LintContext, rule

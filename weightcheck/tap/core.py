@@ -453,7 +453,7 @@ def _write_record(current: _Sync, config: TapConfig, *, incomplete: bool, with_s
     host = socket.gethostname()
     pid = os.getpid()
     engine = config.engine or _engine_value(hooks.engine_id) or host
-    from weightcheck import __version__
+    from weightcheck.version import __version__
 
     folder = config.directory / sync_dir_name(current.seq)
     stem = rank_file_stem(rank, host, pid)
