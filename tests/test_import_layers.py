@@ -235,6 +235,10 @@ def test_every_module_has_a_layer() -> None:
     assert [m for m in _modules() if layer_of(m) is None and not _skipped(m)] == []
 
 
+def _short(layer: int) -> str:
+    return LAYERS[layer][0].split(":")[0]
+
+
 def test_imports_go_down_the_layers() -> None:
     upward = []
     for module, deps in sorted(_graph_without_skipped().items()):
@@ -244,7 +248,7 @@ def test_imports_go_down_the_layers() -> None:
             theirs = layer_of(dep)
             assert theirs is not None, dep
             if theirs > own:
-                upward.append(f"{module} ({LAYERS[own][0].split(':')[0]}) imports {dep} ({LAYERS[theirs][0].split(':')[0]})")
+                upward.append(f"{module} ({_short(own)}) imports {dep} ({_short(theirs)})")
     assert upward == []
 
 
