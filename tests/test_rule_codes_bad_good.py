@@ -261,3 +261,20 @@ def test_an_unknown_class_through_the_cli_is_an_internal_error(make_ckpt, copy_c
     assert out.exit_code == 2, out.output
     found = {f["code"] for f in json.loads(out.stdout)["findings"]}
     assert "WC000" in found and "WC706" not in found
+
+
+# ---- WC851-WC854 good: ordinary logs (the bad ones are tests/test_doctor.py's signal phrases) -----------
+def test_log_signals_good_ordinary_logs_have_none(tmp_path: Path) -> None:
+    """Logs as a healthy run leaves them, with the words the signals are made of in harmless places: an env
+    dump naming NCCL_TIMEOUT, a JSONDecodeError outside the compiler, a worker that exited on request."""
+    from weightcheck import api
+
+    logs = tmp_path / "ray" / "session_latest" / "logs"
+    logs.mkdir(parents=True)
+    (logs / "worker-01.err").write_text("NCCL_TIMEOUT=900 NCCL_DEBUG=INFO\n[rank0] broadcast done in 0.2 s\n")
+    (logs / "other.err").write_text("json.decoder.JSONDecodeError: unrelated to the compiler\n")
+    (logs / "driver.out").write_text("step 1: loss 2.31, memory access pattern ok\nworker exited (requested)\n")
+    result, lines = api.doctor(tmp_path, config=False)
+    assert not {"WC851", "WC852", "WC853", "WC854"} & codes(result)
+    signals = next(x for x in lines if x.key == "log-signals")
+    assert signals.verdict == "ok", (signals.verdict, signals.why_not, signals.evidence)
