@@ -1,6 +1,7 @@
 """What to change, per rule: the fix text a finding carries when its rule's check gives nothing more
 specific. Kept in one table so that rule modules stay about detection; a rule that knows better (the
-exact ignore entry, the total_size to write) passes `fix=` with its finding or its `@rule(...)`."""
+exact ignore entry, the total_size to write) passes `fix=` with its finding or its `@rule(...)`. diff's WC7xx
+rules carry theirs on the Rule object (weightcheck.rules.diff), as new rules should."""
 
 from __future__ import annotations
 
