@@ -205,14 +205,27 @@ def test_wc316_bad_side_file_excludes_one_module_more(tmp_path: Path) -> None:
 
 # ---- diff's rules are objects: an unknown code fails loudly ------------------------------------------------
 def test_every_mismatch_class_has_a_diff_rule() -> None:
-    from weightcheck.compare import engine
-    from weightcheck.rules.diff import CLASS_RULES, class_rule
+    """Every class the comparison engine and classifier can give (read from their source: `klass=NAME` of a
+    Verdict, the first argument of a Classification) has a diff rule; otherwise that diff would raise."""
+    import ast
+    import inspect
 
-    classes = {v for k, v in vars(engine).items() if k.isupper() and isinstance(v, str) and v in CLASS_RULES} | set(
-        CLASS_RULES
-    )
+    from weightcheck.compare import classify, engine
+    from weightcheck.rules.diff import class_rule
+
+    names: set[str] = set()
+    for module in (engine, classify):
+        for node in ast.walk(ast.parse(inspect.getsource(module))):
+            if not isinstance(node, ast.Call):
+                continue
+            given = [k.value for k in node.keywords if k.arg == "klass"]
+            if isinstance(node.func, ast.Name) and node.func.id == "Classification" and node.args:
+                given.append(node.args[0])
+            names.update(g.id for g in given if isinstance(g, ast.Name))
+    classes = {getattr(engine, n) for n in names if isinstance(getattr(engine, n, None), str)}
+    assert len(classes) >= 10, classes  # the scan found the classes, not nothing
     for klass in classes:
-        assert class_rule(klass).command == "diff"
+        assert class_rule(klass).command == "diff", klass
 
 
 def test_unknown_diff_code_and_class_raise() -> None:
