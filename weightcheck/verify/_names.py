@@ -1,0 +1,55 @@
+"""Layer and expert ids in tensor names, as `weightcheck verify` reads them: the only place in the verify
+package that parses a name (one small private module, to be replaced by the project's one name model).
+
+A layer id follows one of the layer-container words diff's classifier knows (`layers`, `layer`, `h`,
+`blocks`, `block`): GPT-2 style `transformer.h.3.attn...` is layer 3 as `model.layers.3...` is. An expert id
+follows `experts`. Ids are bounded (`structure.parse_index`): a digit run too long to be an index is no id.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Iterable
+
+from weightcheck.structure import parse_index
+
+# The same container words as diff's classifier (weightcheck.diff._LAYER_WORDS).
+_LAYER = re.compile(r"(^|\.)(layers|layer|h|blocks|block)\.(\d+)\.")
+_EXPERT = re.compile(r"\.experts\.(\d+)\.")
+
+
+def layer_id(name: str) -> int | None:
+    match = _LAYER.search(name)
+    return parse_index(match.group(3)) if match else None
+
+
+def expert_id(name: str) -> int | None:
+    match = _EXPERT.search(name)
+    return parse_index(match.group(1)) if match else None
+
+
+def template(name: str) -> str:
+    """The name with its layer id as `{L}` and its expert id as `{E}` (the first of each)."""
+    name = _LAYER.sub(lambda m: f"{m.group(1)}{m.group(2)}.{{L}}.", name, count=1)
+    return _EXPERT.sub(".experts.{E}.", name, count=1)
+
+
+def with_layer(name: str, layer: int) -> str:
+    return _LAYER.sub(lambda m: f"{m.group(1)}{m.group(2)}.{layer}.", name, count=1)
+
+
+def with_expert(name: str, expert: int) -> str:
+    return _EXPERT.sub(f".experts.{expert}.", name, count=1)
+
+
+def infer_counts(names: Iterable[str]) -> tuple[int | None, int | None]:
+    """(layers, experts) as one more than the highest id seen; None when no name carries one."""
+    layers: set[int] = set()
+    experts: set[int] = set()
+    for name in names:
+        layer, expert = layer_id(name), expert_id(name)
+        if layer is not None:
+            layers.add(layer)
+        if expert is not None:
+            experts.add(expert)
+    return (max(layers) + 1 if layers else None), (max(experts) + 1 if experts else None)
