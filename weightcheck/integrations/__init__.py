@@ -4,7 +4,8 @@ Every adapter here does two things at the framework's single trainer-side send p
 
 1. writes this rank's trainer manifest part (`weightcheck.manifest`) from the very tensors it sends, and
 2. after the sync, when asked, calls `check_weight_update_equal()` (`weightcheck.integrations.sync_check`) on the
-   engines' tap records (`WEIGHTCHECK_DIR`) against the checkpoint (first sync) or the manifest parts (every later sync).
+   engines' tap records (`WEIGHTCHECK_DIR`) against the checkpoint (first sync) or the manifest parts (every
+   later sync).
 
 Adapters are off unless enabled: `SyncMonitor.from_env()` returns None unless `WEIGHTCHECK_SYNC_CHECK=1`,
 and the adapters do nothing with `monitor=None`. They never break the sync they observe: a failure of the

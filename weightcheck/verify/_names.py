@@ -1,9 +1,12 @@
 """Layer and expert ids in tensor names, as `weightcheck verify` reads them: the only place in the verify
 package that parses a name (one small private module, to be replaced by the project's one name model).
 
-A layer id follows one of the layer-container words diff's classifier knows (`layers`, `layer`, `h`,
-`blocks`, `block`): GPT-2 style `transformer.h.3.attn...` is layer 3 as `model.layers.3...` is. An expert id
-follows `experts`. Ids are bounded (`structure.parse_index`): a digit run too long to be an index is no id.
+A layer id follows `layers` or GPT-2's `h`: `transformer.h.3.attn...` is layer 3 as `model.layers.3...` is
+(diff's classifier knew `h`, verify did not, so a GPT-2-style stage that forgot its offset was not seen as a
+shift). `blocks`/`block`, which diff also reads, are left out here: vision towers name their blocks
+`visual.blocks.N`, and verify compares layer ids with the text model's layer count (drops "beyond the
+model's layers", the count guessed from the names when the config has none). An expert id follows
+`experts`. Ids are bounded (`structure.parse_index`): a digit run too long to be an index is no id.
 """
 
 from __future__ import annotations
@@ -13,8 +16,7 @@ from collections.abc import Iterable
 
 from weightcheck.structure import parse_index
 
-# The same container words as diff's classifier (weightcheck.diff._LAYER_WORDS).
-_LAYER = re.compile(r"(^|\.)(layers|layer|h|blocks|block)\.(\d+)\.")
+_LAYER = re.compile(r"(^|\.)(layers|h)\.(\d+)\.")
 _EXPERT = re.compile(r"\.experts\.(\d+)\.")
 
 

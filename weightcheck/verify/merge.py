@@ -11,11 +11,7 @@ from weightcheck.findings import Severity
 from weightcheck.rules.verify import SYNC_RANKS_INCOMPLETE
 from weightcheck.tap.records import CallEntry, SyncRecord, TensorEntry
 from weightcheck.verify.sink import FindingSink
-
-
-def rank_key(record: SyncRecord) -> tuple[int, int, int]:
-    rank = record.rank
-    return (int(rank.get("pp_rank", 0) or 0), int(rank.get("tp_rank", 0) or 0), int(rank.get("ep_rank", 0) or 0))
+from weightcheck.verify.state import rank_key
 
 
 def slot(record: SyncRecord) -> tuple[str, int, int, int]:

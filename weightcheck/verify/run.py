@@ -23,11 +23,11 @@ from weightcheck.tap.records import (
 from weightcheck.verify.checks import SyncContext, SyncView, run_checks
 from weightcheck.verify.fold import fold_never_written
 from weightcheck.verify.merge import baselines as rank_baselines
-from weightcheck.verify.merge import dedupe_ranks, logical_syncs, rank_key, slot
+from weightcheck.verify.merge import dedupe_ranks, logical_syncs, slot
 from weightcheck.verify.options import TrainerLayout
 from weightcheck.verify.reference import Reference, ReferenceError, load_reference
 from weightcheck.verify.sink import FindingSink
-from weightcheck.verify.state import StateHistory, check_dp_replicas
+from weightcheck.verify.state import StateHistory, check_dp_replicas, rank_key
 
 
 def verify(

@@ -10,6 +10,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from weightcheck.digest import SHA256, TensorDigest
+from weightcheck.rules import Rule
 from weightcheck.skiplist import first_match
 from weightcheck.tap.records import SyncRecord, TensorEntry
 from weightcheck.verify.options import TrainerLayout
@@ -30,7 +31,7 @@ def param_key(name: str) -> str:
 
 
 def untracked_keys(record: SyncRecord) -> set[str]:
-    """Parameters of a rank whose writes the tap could not observe (`tracked: false`), as `_param_key`s."""
+    """Parameters of a rank whose writes the tap could not observe (`tracked: false`), as `param_key`s."""
     return {param_key(name) for name, param in record.params.items() if not param.tracked}
 
 
@@ -73,7 +74,7 @@ class SyncContext:
         self.stream_owner = stream_owner
         self.history = history
         # The reference in the records' algorithm (a checkpoint is re-hashed if need be); other algorithms
-        # present in this sync (ranks configured differently) get their own view through `_ref_for`.
+        # present in this sync (ranks configured differently) get their own view through `ref_for`.
         algorithms = Counter(e.algorithm for r in view.records for e in r.tensors if e.hexdigest is not None)
         primary = algorithms.most_common(1)[0][0] if algorithms else SHA256
         self.ref = reference.in_algorithm(primary) if reference is not None else None
@@ -93,14 +94,16 @@ class SyncContext:
     def skipped(self, name: str) -> bool:
         return first_match(name, self.skip) is not None  # glob or `re:`, as diff reads allow-skip
 
-    def add(self, code: str, message: str, **kw: Any) -> None:
+    def add(self, rule: Rule, message: str, **kw: Any) -> None:
+        """A finding of `rule` about this sync: the message prefixed with the sync's label, the details with
+        its number, engine and weight version."""
         details = kw.pop("details", None) or {}
         details.setdefault("sync", self.view.seq)
         details.setdefault("engine", self.view.engine)
         if self.view.weight_version is not None:
             details.setdefault("weight_version", self.view.weight_version)
         kw.setdefault("file", self.file)
-        self.out.add(code, f"{self.view.label}: {message}", details=details, **kw)
+        self.out.add(rule, f"{self.view.label}: {message}", details=details, **kw)
 
     def rank_ranges(self) -> list[tuple[int, int] | None]:
         out: list[tuple[int, int] | None] = []

@@ -20,7 +20,7 @@ from weightcheck.structure import QUANT_COMPANIONS
 from weightcheck.tap.records import CallEntry, SyncRecord, TensorEntry
 from weightcheck.verify import _names
 from weightcheck.verify.checks.context import SyncContext, param_key, rank_list, untracked_keys
-from weightcheck.verify.merge import rank_key
+from weightcheck.verify.state import rank_key
 
 _FUSED_EXPERT_NAME = re.compile(r"\.mlp\.experts\.(gate_up_proj|down_proj)(_bias|_scale)?$")
 _FUSED_PAIRS = (("q_a_proj", "kv_a_proj_with_mqa"),)
