@@ -221,3 +221,9 @@ def test_gpt2_clean_sync_passes(gpt2: tuple[Path, Path, list[tuple[str, torch.Te
     result = verify(records, ckpt)
     assert result.findings == [] and result.exit_code() == 0
     assert result.checked["tensors"] == len(stream)
+
+
+def test_fused_expert_names() -> None:
+    assert _names.is_fused_expert("model.layers.0.mlp.experts.gate_up_proj")
+    assert _names.is_fused_expert("model.layers.0.mlp.experts.down_proj_bias")
+    assert not _names.is_fused_expert("model.layers.0.mlp.experts.3.down_proj.weight")

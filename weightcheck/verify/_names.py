@@ -18,6 +18,8 @@ from weightcheck.structure import parse_index
 
 _LAYER = re.compile(r"(^|\.)(layers|h)\.(\d+)\.")
 _EXPERT = re.compile(r"\.experts\.(\d+)\.")
+# transformers 5 stacks a layer's experts into one tensor per projection (no expert id in the name).
+_FUSED_EXPERT = re.compile(r"\.mlp\.experts\.(gate_up_proj|down_proj)(_bias|_scale)?$")
 
 
 def layer_id(name: str) -> int | None:
@@ -28,6 +30,11 @@ def layer_id(name: str) -> int | None:
 def expert_id(name: str) -> int | None:
     match = _EXPERT.search(name)
     return parse_index(match.group(1)) if match else None
+
+
+def is_fused_expert(name: str) -> bool:
+    """A transformers-5 fused expert tensor (`mlp.experts.gate_up_proj`), which engines take per expert."""
+    return _FUSED_EXPERT.search(name) is not None
 
 
 def template(name: str) -> str:

@@ -3,7 +3,6 @@ parameter (WC731), parameters never or partly written (WC732, WC733), dtype cast
 
 from __future__ import annotations
 
-import re
 from collections import defaultdict
 from collections.abc import Mapping
 
@@ -22,7 +21,6 @@ from weightcheck.verify import _names
 from weightcheck.verify.checks.context import SyncContext, param_key, rank_list, untracked_keys
 from weightcheck.verify.state import rank_key
 
-_FUSED_EXPERT_NAME = re.compile(r"\.mlp\.experts\.(gate_up_proj|down_proj)(_bias|_scale)?$")
 _FUSED_PAIRS = (("q_a_proj", "kv_a_proj_with_mqa"),)
 _COMPANION_SUFFIXES = tuple(f".{c}" for c in QUANT_COMPANIONS)
 
@@ -111,7 +109,7 @@ def check_dropped(
             continue
         if beyond:
             reason = f"layer id beyond the model's {num_layers} layers"
-        elif _FUSED_EXPERT_NAME.search(name):
+        elif _names.is_fused_expert(name):
             reason = "transformers-5 fused expert names; send per-expert checkpoint names"
         elif name.endswith(_COMPANION_SUFFIXES):
             reason = "quantized tensor for a parameter the engine holds unquantized"
