@@ -1,6 +1,6 @@
 """The reference a sync is checked against: a safetensors checkpoint (hashed here, in the records' digest
 algorithm) or the trainer's manifest parts (merged; parts whose ids lack their rank's offset relabelled by
-`weightcheck.verify.relabel`). Problems with the reference are returned as (code, message, file) for the
+`weightcheck.verify.relabel`). Problems with the reference are returned as (rule, message, file) for the
 caller to report (WC721); nothing here renders or reports."""
 
 from __future__ import annotations
