@@ -374,7 +374,7 @@ def test_wc737_fix_text_applied(bench: Any) -> None:
     that parameter": the step-0 check (snapshot → reset → push the same weights → compare) of a trainer that
     withholds one tensor; SGLang names the parameter, weightcheck's WC722 for the same name says "make the
     trainer send the tensor", and the re-run push that does passes both."""
-    from weightcheck.tap.weights_checker import checked_weight_update
+    from weightcheck.integrations.weights_checker import checked_weight_update
     from weightcheck.verify import WeightSyncError
 
     b = bench("llama")

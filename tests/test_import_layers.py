@@ -59,7 +59,6 @@ LAYERS: list[tuple[str, tuple[str, ...]]] = [
             "weightcheck.arch",
             "weightcheck.compare",
             "weightcheck.tap",
-            "weightcheck.verify_state",
             "weightcheck.rollout.loading",
             "weightcheck.rollout.readers",
         ),
@@ -103,16 +102,11 @@ LAYERS: list[tuple[str, tuple[str, ...]]] = [
             "weightcheck.commands",
             "weightcheck.reporters",
             "weightcheck.integrations",
-            # SGLang's `--weight-checker` hook: runs verify inside the engine, so it sits above verify although
-            # it lives next to the tap (its import path is what users configure).
-            "weightcheck.tap.weights_checker",
         ),
     ),
 ]
 
-# TODO(lead, at the i20-verify merge): verify.py is being split into a package on another branch; remove this
-# and list the package's modules in LAYERS (its upward import of weightcheck.reporters must be gone).
-SKIPPED = ("weightcheck.verify",)
+SKIPPED: tuple[str, ...] = ()
 
 
 def _module_name(path: Path) -> str:

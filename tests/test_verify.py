@@ -511,7 +511,11 @@ def fake_engine() -> Iterator[str]:
 
 
 def test_weights_checker_interop(bench: Callable[[str], Bench], fake_engine: str) -> None:
-    from weightcheck.tap.weights_checker import WeightsCheckerClient, WeightsCheckerError, checked_weight_update
+    from weightcheck.integrations.weights_checker import (
+        WeightsCheckerClient,
+        WeightsCheckerError,
+        checked_weight_update,
+    )
 
     b = bench("llama")
     FakeSGLang.compare_ok = True

@@ -3,8 +3,9 @@
 Every adapter here does two things at the framework's single trainer-side send point:
 
 1. writes this rank's trainer manifest part (`weightcheck.manifest`) from the very tensors it sends, and
-2. after the sync, when asked, calls `weightcheck.verify.check_weight_update_equal()` on the engines' tap
-   records (`WEIGHTCHECK_DIR`) against the checkpoint (first sync) or the manifest parts (every later sync).
+2. after the sync, when asked, calls `check_weight_update_equal()` (`weightcheck.integrations.sync_check`) on the
+   engines' tap records (`WEIGHTCHECK_DIR`) against the checkpoint (first sync) or the manifest parts (every
+   later sync).
 
 Adapters are off unless enabled: `SyncMonitor.from_env()` returns None unless `WEIGHTCHECK_SYNC_CHECK=1`,
 and the adapters do nothing with `monitor=None`. They never break the sync they observe: a failure of the
@@ -305,7 +306,8 @@ class SyncMonitor:
     def after_sync(self) -> Result | None:
         """Check the sync just made (on the checker rank, every `check_every` syncs). Returns the Result, or
         None when nothing was checked; raises only in strict mode."""
-        from weightcheck.verify import TrainerLayout, WeightSyncError, check_weight_update_equal
+        from weightcheck.integrations.sync_check import check_weight_update_equal
+        from weightcheck.verify import TrainerLayout, WeightSyncError
 
         index, self._syncs = self._syncs, self._syncs + 1
         if self.barrier is not None:

@@ -76,42 +76,5 @@ FIX_TEXTS: dict[str, str] = {
     "change is intended",
     "WC607": "pass a manifest written by `weightcheck lint --content --hash FILE`",
     "WC608": "make the listed shards readable (see the WC1xx findings), then run --content again",
-    # WC7xx live verify
-    # Applied in tests/test_fix_texts_all.py: a re-run alone left the finding (the unreadable file cannot say
-    # which sync it held, so verify reports it whatever sync is selected).
-    "WC720": "re-run the sync with the tap enabled (a truncated record means the process died while writing), "
-    "then move the damaged record file out of the records directory: it cannot say which sync it held, so "
-    "it is reported whatever sync you select",
-    "WC721": "pass a reference checkpoint or manifest that is readable and uses the records' digest algorithm",
-    "WC722": "make the trainer send the tensor (check its name mapping and bucket filter)",
-    "WC723": "fix the sender's name mapping, or drop the tensor from the update",
-    "WC724": "send each name once per sync (check overlapping buckets or ranks both sending it)",
-    "WC725": "add the pipeline stage's layer offset where the trainer names its layers",
-    "WC726": "add the expert-parallel rank's expert offset where the trainer names its experts",
-    "WC727": "find where the sent bytes diverge from the trainer's (casting, resharding, stale buffer)",
-    "WC728": "the sender sent a zeroed buffer: check it is filled before the broadcast",
-    "WC729": "find the step that produced NaN/Inf before the sync",
-    "WC730": "expected for a lower-precision transfer; use a lossless dtype if bytes must match",
-    "WC731": "fix the engine-side name the tensor is sent under, so a weight_loader takes it",
-    "WC732": "send the parameter in every sync (check the trainer's bucket list)",
-    "WC733": "send every shard/expert of the parameter in the same sync",
-    "WC734": "enable the tap on every engine rank (WEIGHTCHECK_DIR visible to each), then re-run",
-    "WC735": "make every rank receive the same bytes (check the broadcast group)",
-    "WC736": "send q_a_proj and kv_a_proj_with_mqa of a layer in the same load_weights call (one bucket holds "
-    "both): the engine fuses the pair only within one call and drops a half left over",
-    "WC737": "find the parameter SGLang's /weights_checker names, then apply the fix of weightcheck's finding "
-    "for that parameter in the same sync (WC72x/WC74x: it says what went wrong), and re-run the checked push",
-    "WC738": "pass a sync or weight version that the records hold",
-    "WC739": "read the engine's log for the load_weights exception; an unfinished sync must be re-run",
-    "WC740": "find the transport that wrote the parameter outside load_weights (direct, custom loader, "
-    "RDMA/P2P) and fix its source tensor or name mapping; WC744 says which sync bypassed the tap",
-    "WC741": "re-sync from one source so every TP/EP rank (or DP engine) receives the same bytes; check the "
-    "broadcast group and any rank-local post-processing",
-    "WC742": "restore the buffer after memory release (resume with its tags) or recompute it after the sync",
-    "WC743": "check the parameter's weight_loader (a transform or a write that did not land) and any write "
-    "after load_weights",
-    "WC744": "expected for direct/custom/P2P transports; enable WEIGHTCHECK_STATE=1 so the state checks judge "
-    "them",
-    "WC745": "make the trainer's quantizer follow the engine's quantization_config: leave modules the engine "
-    "builds unquantized (routers, ignore list) in BF16, and quantize every module it serves quantized, with its scale",
+    # WC720–WC749 (live verify): with their rules, in weightcheck/rules/verify.py
 }

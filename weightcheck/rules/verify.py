@@ -1,11 +1,18 @@
-"""WC720–WC749: live weight-sync verification (`weightcheck verify`). Fired by `weightcheck.verify`, not by lint."""
+"""WC720–WC749: live weight-sync verification (`weightcheck verify`). Fired by `weightcheck.verify`, not by lint.
+
+Each rule is a module constant (`SYNC_TENSOR_MISSING`...) that the verify package imports and builds its
+findings from (`make_finding`, or `weightcheck.verify.sink.FindingSink.add`); the rule carries its doc,
+examples and fix text. `verify_rule(code)` looks a code up and raises `UnknownVerifyRule` for a code that is
+not one of these, so a mistyped code fails loudly instead of being dropped.
+"""
 
 from __future__ import annotations
 
 import inspect
 import textwrap
+from typing import Any
 
-from weightcheck.findings import Severity
+from weightcheck.findings import Finding, Location, Severity
 from weightcheck.rules import Rule, register
 
 # Severities verify emits besides the default (identical duplicates and untraceable writes are warnings;
@@ -16,26 +23,70 @@ _ALSO = {
     "WC734": frozenset({Severity.ERROR}),
 }
 
+VERIFY_RULES: dict[str, Rule] = {}
 
-def _verify_rule(code: str, name: str, severity: Severity, summary: str, doc: str, bad: str, good: str) -> None:
-    register(
-        Rule(
-            also=_ALSO.get(code, frozenset()),
-            code=code,
-            name=name,
-            severity=severity,
-            summary=summary,
-            doc=inspect.cleandoc(doc),
-            bad=textwrap.dedent(bad),
-            good=textwrap.dedent(good),
-            check=None,
-            needs=frozenset(),
-            command="verify",
-        )
+
+class UnknownVerifyRule(KeyError):
+    """A code (or Rule) that is not one of verify's registered rules: a bug in the caller, never dropped."""
+
+
+def _verify_rule(
+    code: str, name: str, severity: Severity, summary: str, doc: str, bad: str, good: str, *, fix: str
+) -> Rule:
+    new = Rule(
+        also=_ALSO.get(code, frozenset()),
+        code=code,
+        name=name,
+        severity=severity,
+        summary=summary,
+        doc=inspect.cleandoc(doc),
+        bad=textwrap.dedent(bad),
+        good=textwrap.dedent(good),
+        check=None,
+        needs=frozenset(),
+        command="verify",
+        fix=fix,
+    )
+    register(new)
+    VERIFY_RULES[code] = new
+    return new
+
+
+def verify_rule(code: str | Rule) -> Rule:
+    """The registered verify rule for `code` (or the Rule itself, checked to be one of verify's)."""
+    key = code.code if isinstance(code, Rule) else code
+    found = VERIFY_RULES.get(key)
+    if found is None or (isinstance(code, Rule) and code is not found):
+        raise UnknownVerifyRule(f"{key!r} is not a weightcheck verify rule (WC720–WC749 registered in {__name__})")
+    return found
+
+
+def make_finding(
+    rule: Rule,
+    message: str,
+    *,
+    file: str | None = None,
+    tensor: str | None = None,
+    module: str | None = None,
+    count: int = 1,
+    severity: Severity | None = None,
+    details: dict[str, Any] | None = None,
+) -> Finding:
+    """A finding of verify rule `rule`, with the rule's code, name, default severity and fix text."""
+    rule = verify_rule(rule)
+    return Finding(
+        code=rule.code,
+        name=rule.name,
+        severity=severity or rule.severity,
+        message=message,
+        location=Location(file=file, tensor=tensor, module=module),
+        count=count,
+        details=details or {},
+        fix=rule.fix_text(),
     )
 
 
-_verify_rule(
+SYNC_RECORD_INVALID = _verify_rule(
     "WC720",
     "sync-record-invalid",
     Severity.ERROR,
@@ -46,8 +97,13 @@ _verify_rule(
     """,
     "sync-00003/tp0-pp0-ep0.host.123.jsonl  # no 'end' line",
     'every record ends with {"t": "end", ...} carrying the counts',
+    # Applied in tests/test_fix_texts_all.py: a re-run alone left the finding (the unreadable file cannot say
+    # which sync it held, so verify reports it whatever sync is selected).
+    fix="re-run the sync with the tap enabled (a truncated record means the process died while writing), "
+    "then move the damaged record file out of the records directory: it cannot say which sync it held, so "
+    "it is reported whatever sync you select",
 )
-_verify_rule(
+SYNC_REFERENCE_INVALID = _verify_rule(
     "WC721",
     "sync-reference-invalid",
     Severity.ERROR,
@@ -61,8 +117,9 @@ _verify_rule(
     """,
     "weightcheck verify rec/ --against broken-manifest.json",
     "weightcheck verify rec/ --against manifests/step-7/",
+    fix="pass a reference checkpoint or manifest that is readable and uses the records' digest algorithm",
 )
-_verify_rule(
+SYNC_TENSOR_MISSING = _verify_rule(
     "WC722",
     "sync-tensor-missing",
     Severity.ERROR,
@@ -76,8 +133,9 @@ _verify_rule(
     """,
     "reference: model.layers.3.mlp.down_proj.weight; sync: (absent)",
     "every reference tensor is sent once per sync",
+    fix="make the trainer send the tensor (check its name mapping and bucket filter)",
 )
-_verify_rule(
+SYNC_TENSOR_UNEXPECTED = _verify_rule(
     "WC723",
     "sync-tensor-unexpected",
     Severity.WARNING,
@@ -88,8 +146,9 @@ _verify_rule(
     """,
     "sync: model.layers.0.mlp.gate.weight_packed; reference: model.layers.0.mlp.gate.weight",
     "sync and reference use the same names",
+    fix="fix the sender's name mapping, or drop the tensor from the update",
 )
-_verify_rule(
+SYNC_TENSOR_DUPLICATED = _verify_rule(
     "WC724",
     "sync-tensor-duplicated",
     Severity.ERROR,
@@ -100,8 +159,9 @@ _verify_rule(
     """,
     "pp_rank 0 and pp_rank 1 both send model.layers.0.*",
     "each stage sends its own global layer ids",
+    fix="send each name once per sync (check overlapping buckets or ranks both sending it)",
 )
-_verify_rule(
+SYNC_LAYER_SHIFTED = _verify_rule(
     "WC725",
     "sync-layer-shifted",
     Severity.ERROR,
@@ -113,8 +173,9 @@ _verify_rule(
     """,
     "pp_rank 1 sends layers 2..3 as model.layers.0..1 (local ids, offset forgotten)",
     "pp_rank 1 adds its offset 2: model.layers.2..3",
+    fix="add the pipeline stage's layer offset where the trainer names its layers",
 )
-_verify_rule(
+SYNC_EXPERT_SHIFTED = _verify_rule(
     "WC726",
     "sync-expert-shifted",
     Severity.ERROR,
@@ -125,8 +186,9 @@ _verify_rule(
     """,
     "ep_rank 1 sends experts 2..3 as mlp.experts.0..1",
     "ep_rank 1 offsets its local expert ids by 2",
+    fix="add the expert-parallel rank's expert offset where the trainer names its experts",
 )
-_verify_rule(
+SYNC_TENSOR_MISMATCH = _verify_rule(
     "WC727",
     "sync-tensor-mismatch",
     Severity.ERROR,
@@ -139,8 +201,9 @@ _verify_rule(
     """,
     "sync: q_proj.weight sha256 3f2a…; reference: 9c1d…",
     "digests equal on both sides",
+    fix="find where the sent bytes diverge from the trainer's (casting, resharding, stale buffer)",
 )
-_verify_rule(
+SYNC_TENSOR_ZEROS = _verify_rule(
     "WC728",
     "sync-tensor-zeros",
     Severity.ERROR,
@@ -151,8 +214,9 @@ _verify_rule(
     """,
     "sync: model.layers.0.mlp.gate.weight == 0",
     "the router carries trained values",
+    fix="the sender sent a zeroed buffer: check it is filled before the broadcast",
 )
-_verify_rule(
+SYNC_TENSOR_NONFINITE = _verify_rule(
     "WC729",
     "sync-tensor-nonfinite",
     Severity.ERROR,
@@ -160,8 +224,9 @@ _verify_rule(
     "Counted by the tap on the incoming tensor; reported whether or not a reference is given.",
     "sync: model.norm.weight has 64 NaN",
     "all values finite",
+    fix="find the step that produced NaN/Inf before the sync",
 )
-_verify_rule(
+SYNC_WITHIN_TOLERANCE = _verify_rule(
     "WC730",
     "sync-within-tolerance",
     Severity.WARNING,
@@ -172,8 +237,9 @@ _verify_rule(
     """,
     "sync sends F32 values of a BF16 checkpoint tensor",
     "sync sends the BF16 bytes",
+    fix="expected for a lower-precision transfer; use a lossless dtype if bytes must match",
 )
-_verify_rule(
+ENGINE_DROPPED_TENSOR = _verify_rule(
     "WC731",
     "engine-dropped-tensor",
     Severity.ERROR,
@@ -186,8 +252,9 @@ _verify_rule(
     """,
     "sync: model.layers.0.mlp.gate.weight_packed → no parameter written",
     "sync: model.layers.0.mlp.gate.weight → mlp.gate.weight written",
+    fix="fix the engine-side name the tensor is sent under, so a weight_loader takes it",
 )
-_verify_rule(
+ENGINE_PARAM_NEVER_WRITTEN = _verify_rule(
     "WC732",
     "engine-param-never-written",
     Severity.ERROR,
@@ -198,8 +265,9 @@ _verify_rule(
     """,
     "model.layers.1.self_attn.fused_qkv_a_proj_with_mqa.weight: never written",
     "every parameter is written by the sync",
+    fix="send the parameter in every sync (check the trainer's bucket list)",
 )
-_verify_rule(
+ENGINE_PARAM_PARTIALLY_WRITTEN = _verify_rule(
     "WC733",
     "engine-param-partially-written",
     Severity.ERROR,
@@ -210,8 +278,9 @@ _verify_rule(
     """,
     "model.layers.0.self_attn.qkv_proj.weight: shard k never written",
     "all shards written",
+    fix="send every shard/expert of the parameter in the same sync",
 )
-_verify_rule(
+SYNC_RANKS_INCOMPLETE = _verify_rule(
     "WC734",
     "sync-ranks-incomplete",
     Severity.WARNING,
@@ -222,8 +291,9 @@ _verify_rule(
     """,
     "pp_size 2, records only for pp_rank 0",
     "one record per (tp_rank, pp_rank)",
+    fix="enable the tap on every engine rank (WEIGHTCHECK_DIR visible to each), then re-run",
 )
-_verify_rule(
+SYNC_RANKS_DISAGREE = _verify_rule(
     "WC735",
     "sync-ranks-disagree",
     Severity.ERROR,
@@ -231,8 +301,9 @@ _verify_rule(
     "Every rank of an engine gets the same full tensor; a difference means a corrupted or stale transfer.",
     "tp_rank 0 and tp_rank 1 got different model.embed_tokens.weight",
     "identical digests on every rank",
+    fix="make every rank receive the same bytes (check the broadcast group)",
 )
-_verify_rule(
+SYNC_FUSED_PAIR_SPLIT = _verify_rule(
     "WC736",
     "sync-fused-pair-split",
     Severity.ERROR,
@@ -244,8 +315,10 @@ _verify_rule(
     """,
     "bucket 3: layers.5.self_attn.q_a_proj.weight; bucket 4: layers.5.self_attn.kv_a_proj_with_mqa.weight",
     "one bucket holds both",
+    fix="send q_a_proj and kv_a_proj_with_mqa of a layer in the same load_weights call (one bucket holds "
+    "both): the engine fuses the pair only within one call and drops a half left over",
 )
-_verify_rule(
+ENGINE_CHECKER_FAILED = _verify_rule(
     "WC737",
     "engine-checker-failed",
     Severity.ERROR,
@@ -253,8 +326,10 @@ _verify_rule(
     "Reported next to weightcheck's localised findings for the same sync.",
     "/weights_checker compare: check tensor equality failed",
     "/weights_checker compare: success",
+    fix="find the parameter SGLang's /weights_checker names, then apply the fix of weightcheck's finding "
+    "for that parameter in the same sync (WC72x/WC74x: it says what went wrong), and re-run the checked push",
 )
-_verify_rule(
+SYNC_NOT_FOUND = _verify_rule(
     "WC738",
     "sync-not-found",
     Severity.ERROR,
@@ -262,8 +337,9 @@ _verify_rule(
     "The tap was off, the engine wrote elsewhere, or the version string differs from the one pushed.",
     "weightcheck verify rec/ --weight-version step-9  # only step-1..8 recorded",
     "the version that was pushed",
+    fix="pass a sync or weight version that the records hold",
 )
-_verify_rule(
+SYNC_LOAD_FAILED = _verify_rule(
     "WC739",
     "sync-load-failed",
     Severity.ERROR,
@@ -271,8 +347,9 @@ _verify_rule(
     "The engine holds a partial update; SGLang's tensor path does not roll back.",
     "call 2 raised KeyError: 'model.layers.0.self_attn.qkv_proj.weight_packed'",
     "every call completes",
+    fix="read the engine's log for the load_weights exception; an unfinished sync must be re-run",
 )
-_verify_rule(
+ENGINE_STATE_DIVERGED = _verify_rule(
     "WC740",
     "engine-state-diverged",
     Severity.ERROR,
@@ -285,8 +362,10 @@ _verify_rule(
     """,
     "update_weights_from_tensor(load_format='direct') wrote gate_up_proj from the wrong tensor",
     "every parameter equals its startup state",
+    fix="find the transport that wrote the parameter outside load_weights (direct, custom loader, "
+    "RDMA/P2P) and fix its source tensor or name mapping; WC744 says which sync bypassed the tap",
 )
-_verify_rule(
+ENGINE_REPLICAS_DISAGREE = _verify_rule(
     "WC741",
     "engine-replicas-disagree",
     Severity.ERROR,
@@ -298,8 +377,10 @@ _verify_rule(
     """,
     "model.layers.3.mlp.gate.weight differs between tp_rank 0 and tp_rank 1",
     "replicated tensors agree on every rank",
+    fix="re-sync from one source so every TP/EP rank (or DP engine) receives the same bytes; check the "
+    "broadcast group and any rank-local post-processing",
 )
-_verify_rule(
+ENGINE_BUFFER_CHANGED = _verify_rule(
     "WC742",
     "engine-buffer-changed",
     Severity.ERROR,
@@ -311,8 +392,9 @@ _verify_rule(
     """,
     "model.layers.0.self_attn.rotary_emb.cos_sin_cache: all zeros after resume",
     "every buffer equals its startup state",
+    fix="restore the buffer after memory release (resume with its tags) or recompute it after the sync",
 )
-_verify_rule(
+ENGINE_PARAM_NOT_AS_RECEIVED = _verify_rule(
     "WC743",
     "engine-param-not-as-received",
     Severity.ERROR,
@@ -324,8 +406,10 @@ _verify_rule(
     """,
     "model.norm.weight holds other bytes than the model.norm.weight the tap saw written into it",
     "every whole-tensor write holds the bytes received",
+    fix="check the parameter's weight_loader (a transform or a write that did not land) and any write "
+    "after load_weights",
 )
-_verify_rule(
+SYNC_BYPASSED_LOAD_WEIGHTS = _verify_rule(
     "WC744",
     "sync-bypassed-load-weights",
     Severity.INFO,
@@ -336,8 +420,10 @@ _verify_rule(
     """,
     "sync 4: 0 tensors through load_weights; 38 parameters changed since sync 3",
     "transports that go through load_weights, or WEIGHTCHECK_STATE=1",
+    fix="expected for direct/custom/P2P transports; enable WEIGHTCHECK_STATE=1 so the state checks judge "
+    "them",
 )
-_verify_rule(
+ENGINE_PARAM_CAST_ACROSS_QUANTIZATION = _verify_rule(
     "WC745",
     "engine-param-cast-across-quantization",
     Severity.ERROR,
@@ -354,4 +440,6 @@ _verify_rule(
     """,
     "model.layers.0.mlp.gate.weight: F8_E4M3 data copied into a BF16 parameter",
     "quantize exactly the modules the engine quantizes (its quantization_config and ignore list)",
+    fix="make the trainer's quantizer follow the engine's quantization_config: leave modules the engine "
+    "builds unquantized (routers, ignore list) in BF16, and quantize every module it serves quantized, with its scale",
 )

@@ -5,7 +5,7 @@ SGLang's checker works on the engine's parameters: `snapshot` (host copy of ever
 `checksum`. Frameworks that already run `snapshot → reset_tensors → update_weights → compare` at step 0 can
 keep doing so and get weightcheck's localised report next to SGLang's verdict:
 
-    from weightcheck.tap.weights_checker import checked_weight_update
+    from weightcheck.integrations.weights_checker import checked_weight_update
 
     with checked_weight_update("/shared/wc", against="/ckpt/Qwen3-8B", engines=["http://10.0.0.5:30000"]):
         update_weights()            # the framework's push; WEIGHTCHECK_DIR=/shared/wc in the engines
@@ -25,7 +25,8 @@ import urllib.request
 from collections.abc import Iterator, Sequence
 from typing import Any
 
-from weightcheck.findings import Finding, Location, Severity
+from weightcheck.findings import Finding, Severity
+from weightcheck.rules.verify import ENGINE_CHECKER_FAILED, make_finding
 
 ACTIONS = ("snapshot", "reset_tensors", "compare", "checksum")
 _MESSAGE_LINES = 12
@@ -111,18 +112,14 @@ class WeightsCheckerClient:
 
 
 def _finding(url: str, message: str, reply: dict[str, Any] | None = None) -> Finding:
-    # These findings join the result after verify's finalize step filled the fix texts: carry it here, or the
-    # report and the raised WeightSyncError show WC737 with no fix.
-    from weightcheck.rules import all_rules
-
-    return Finding(
-        code="WC737",
-        name="engine-checker-failed",
+    # Built from the rule, fix text included: these findings join the result after verify ran, and the
+    # report and the raised WeightSyncError must show WC737 with its fix.
+    return make_finding(
+        ENGINE_CHECKER_FAILED,
+        message,
+        file=url,
         severity=Severity.ERROR,
-        message=message,
-        location=Location(file=url),
         details={"engine": url, "reply": reply} if reply is not None else {"engine": url},
-        fix=all_rules()["WC737"].fix_text(),
     )
 
 
@@ -142,7 +139,7 @@ def checked_weight_update(
     Raises `weightcheck.verify.WeightSyncError` when either finds a problem. Without `engines` it is
     `check_weight_update_equal` on exit.
     """
-    from weightcheck.verify import check_weight_update_equal
+    from weightcheck.integrations.sync_check import check_weight_update_equal
 
     clients = [WeightsCheckerClient(url) for url in engines]
     for client in clients:

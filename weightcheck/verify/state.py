@@ -16,6 +16,13 @@ from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 from weightcheck.collapse import summarize
+from weightcheck.rules.verify import (
+    ENGINE_BUFFER_CHANGED,
+    ENGINE_PARAM_NOT_AS_RECEIVED,
+    ENGINE_REPLICAS_DISAGREE,
+    ENGINE_STATE_DIVERGED,
+    SYNC_BYPASSED_LOAD_WEIGHTS,
+)
 from weightcheck.tap.records import StateEntry, SyncRecord
 
 RankKey = tuple[int, int, int]
@@ -101,7 +108,7 @@ def check_sync_state(
             if buffers:
                 how = _describe(states[buffers[0]])
                 add(
-                    "WC742",
+                    ENGINE_BUFFER_CHANGED,
                     f"{summarize(buffers)} on {record.rank_label()}: buffers differ from their state after sync "
                     f"{first_seq} ({how} now); released during memory release and not restored, or overwritten",
                     tensor=summarize(buffers, limit=1),
@@ -111,7 +118,7 @@ def check_sync_state(
             gone = sorted(n for n, s in first.states.items() if s.kind == "buffer" and n not in record.states)
             if gone:
                 add(
-                    "WC742",
+                    ENGINE_BUFFER_CHANGED,
                     f"{summarize(gone)} on {record.rank_label()}: buffers present after sync {first_seq} are gone",
                     tensor=summarize(gone, limit=1),
                     count=len(gone),
@@ -121,7 +128,7 @@ def check_sync_state(
                 params = _changed(states, first.states, "param")
                 if params:
                     add(
-                        "WC740",
+                        ENGINE_STATE_DIVERGED,
                         f"{summarize(params)} on {record.rank_label()}: parameters differ from their state after "
                         f"the startup load (sync {first_seq}) though the reference is the startup checkpoint",
                         tensor=summarize(params, limit=1),
@@ -145,7 +152,7 @@ def check_sync_state(
             else "no earlier state to compare with"
         )
         add(
-            "WC744",
+            SYNC_BYPASSED_LOAD_WEIGHTS,
             f"nothing reached load_weights on any rank ({what}); a transport that bypasses load_weights "
             "(direct, custom loader, RDMA): only the engine-state checks judged this sync",
             details={"changed": sorted(changed)[:200], "changed_count": len(changed)},
@@ -177,7 +184,7 @@ def _check_as_received(record: SyncRecord, states: Mapping[str, StateEntry], add
     if wrong:
         names = [n for n, _ in wrong]
         add(
-            "WC743",
+            ENGINE_PARAM_NOT_AS_RECEIVED,
             f"{summarize(names)} on {record.rank_label()}: after the sync the parameter does not hold the bytes of "
             f"the tensor the tap saw written into it (e.g. {wrong[0][1]}); overwritten outside load_weights, or "
             "the write did not land",
@@ -207,7 +214,7 @@ def _check_tp_replicas(records: Sequence[SyncRecord], add: Add, skipped: Callabl
         if differing:
             names = sorted(differing)
             add(
-                "WC741",
+                ENGINE_REPLICAS_DISAGREE,
                 f"{summarize(names)}: replicated tensors differ between {first.rank_label()} and {differing[names[0]]}",
                 tensor=summarize(names, limit=1),
                 count=len(names),
@@ -240,7 +247,7 @@ def check_dp_replicas(syncs: Sequence[tuple[str | None, str, Sequence[SyncRecord
             if differing:
                 names = sorted(set(differing))
                 add(
-                    "WC741",
+                    ENGINE_REPLICAS_DISAGREE,
                     f"weight version {version}: engines {base_engine} and {engine} hold different state for "
                     f"{summarize(names)}",
                     tensor=summarize(names, limit=1),
