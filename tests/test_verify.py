@@ -19,8 +19,9 @@ from torch import nn
 
 from weightcheck import tap
 from weightcheck.findings import Finding, Result
+from weightcheck.integrations.sync_check import check_weight_update_equal
 from weightcheck.manifest import ManifestWriter, manifest_part_path, read_manifest_parts, write_manifest
-from weightcheck.verify import TrainerLayout, WeightSyncError, check_weight_update_equal, verify
+from weightcheck.verify import TrainerLayout, WeightSyncError, verify
 
 _LAYER = re.compile(r"(^|\.)layers\.(\d+)\.")
 _EXPERT = re.compile(r"\.experts\.(\d+)\.")

@@ -1,6 +1,5 @@
 """`check_weight_update_equal`: the call a training loop makes right after a push. It sits with the
-trainer-side helpers because it renders the text report (the reporters sit above `weightcheck.verify`);
-`from weightcheck.verify import check_weight_update_equal` still finds it."""
+trainer-side helpers because it renders the text report (the reporters sit above `weightcheck.verify`)."""
 
 from __future__ import annotations
 

@@ -22,7 +22,7 @@ one sync, run on a `SyncContext`) and `state` (engine-state checks) → `merge` 
 `reference` / `relabel` (the reference), `sink` (findings from the Rule objects of `weightcheck.rules.verify`),
 `_names` (layer/expert ids) → `options`. `waiting` waits for rank records; `sync` is the checked push a
 training loop makes. `verify()` returns a `Result` (same reporters and exit codes as lint); rendering is the
-caller's: `check_weight_update_equal()` (in `weightcheck.integrations.sync_check`, importable from here)
+caller's: `check_weight_update_equal()` (in `weightcheck.integrations.sync_check`)
 raises `WeightSyncError` carrying the rendered report.
 """
 
@@ -58,13 +58,3 @@ __all__ = [
     "wait_for_records",
 ]
 
-
-def __getattr__(name: str) -> Any:
-    # `check_weight_update_equal` renders the text report, so it lives above the reporters, with the
-    # trainer-side helpers; this keeps `from weightcheck.verify import check_weight_update_equal` working
-    # without this package importing upward at import time.
-    if name == "check_weight_update_equal":
-        import importlib
-
-        return importlib.import_module("weightcheck.integrations.sync_check").check_weight_update_equal
-    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
