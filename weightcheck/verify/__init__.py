@@ -28,8 +28,6 @@ raises `WeightSyncError` carrying the rendered report.
 
 from __future__ import annotations
 
-from typing import Any
-
 from weightcheck.verify.options import TrainerLayout
 from weightcheck.verify.reference import (
     Reference,
