@@ -130,13 +130,13 @@ def _compile(pattern: str) -> tuple[SafeRegex | None, str | None]:
     return SafeRegex(pattern, py, None), None
 
 
-def compile(pattern: str) -> SafeRegex | None:
+def compile_regex(pattern: str) -> SafeRegex | None:
     """The safe compiled form of `pattern`, or None (invalid in Python `re`, or refused: see `refusal`)."""
     return _compile(pattern)[0]
 
 
 def refusal(pattern: str) -> str | None:
-    """Why `compile(pattern)` is None (does not compile / cannot be evaluated safely), or None if usable."""
+    """Why `compile_regex(pattern)` is None (does not compile / cannot be evaluated safely), or None if usable."""
     return _compile(pattern)[1]
 
 
