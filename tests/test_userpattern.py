@@ -14,7 +14,7 @@ from quant_fixtures import edit_tensors
 
 from weightcheck import skiplist, userpattern
 from weightcheck.compare.policy import DEFAULT_RULES, Policy, PolicyError, parse_policy
-from weightcheck.diff import DiffOptions, NameMapError, diff, parse_name_map, skip_allowed
+from weightcheck.diffing import DiffOptions, NameMapError, diff, parse_name_map, skip_allowed
 from weightcheck.findings import Finding, Location, Result, Severity
 from weightcheck.triage import suppress_per_name
 from weightcheck.userpattern import PatternSyntaxError, capture_pattern, first_match, matches, policy_pattern

@@ -33,7 +33,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
-    from weightcheck.diff import DiffOptions, _Outcome
+    from weightcheck.diffing import DiffOptions, _Outcome
     from weightcheck.findings import Result
     from weightcheck.rules import LintContext
     from weightcheck.rules.content import TensorScan
@@ -391,7 +391,7 @@ def _tell(stats: RunStats, what: str) -> None:
 # ---- diff -------------------------------------------------------------------------------------------------
 def _diff_task(path_a: str, path_b: str, opts: DiffOptions, start: int, stop: int, hook: str | None,
                files: tuple[tuple[str, str], ...]) -> Any:  # fmt: skip
-    from weightcheck.diff import compare_pairs, load_logical, plan_diff
+    from weightcheck.diffing import compare_pairs, load_logical, plan_diff
 
     started = time.perf_counter()
     _maybe_die(hook, files)
@@ -422,7 +422,7 @@ def ray_diff(path_a: Path, path_b: Path, opts: DiffOptions, result: Result) -> R
 
 
 def _ray_diff(ray: Any, path_a: Path, path_b: Path, opts: DiffOptions, result: Result) -> Result:
-    from weightcheck.diff import _Outcome, finish_diff, load_logical, nothing_to_compare, plan_diff
+    from weightcheck.diffing import _Outcome, finish_diff, load_logical, nothing_to_compare, plan_diff
 
     view_a, view_b = load_logical(path_a), load_logical(path_b)
     try:
@@ -446,7 +446,7 @@ def _ray_diff(ray: Any, path_a: Path, path_b: Path, opts: DiffOptions, result: R
         needed = {f for c in chunks for f in c.files}
         strategies = placement(ray, chunks, {f: sizes[f] for f in needed if f in sizes})
         hook = os.environ.get(KILL_HOOK_ENV)
-        from weightcheck.diff import make_progress
+        from weightcheck.diffing import make_progress
 
         progress = make_progress(opts, sum(c.nbytes for c in chunks))
 

@@ -33,7 +33,7 @@ else:  # pragma: no cover
 KNOWN_KEYS = {"select", "ignore", "extend-select", "fail-on", "format", "pattern", "allow-skip", "map", "validate-with"}
 # Suppression and targets (see docs/suppression.md).
 KNOWN_KEYS |= {"per-tensor-ignores", "consumers", "baseline"}
-# `weightcheck rollout` thresholds: a `[tool.weightcheck.rollout]` table, keys checked by weightcheck.rollout.
+# `weightcheck rollout` thresholds: a `[tool.weightcheck.rollout]` table, keys checked by weightcheck.rollouts.
 KNOWN_KEYS |= {"rollout"}
 
 

@@ -75,8 +75,8 @@ def diff(
     from weightcheck.collapse import full_lists
     from weightcheck.compare.policy import PolicyError, load_policy
     from weightcheck.deps import MissingDependency, require
-    from weightcheck.diff import DiffOptions, NameMapError, internal_error, load_name_map
-    from weightcheck.diff import diff as run_diff
+    from weightcheck.diffing import DiffOptions, NameMapError, internal_error, load_name_map
+    from weightcheck.diffing import diff as run_diff
     from weightcheck.progress import choose_mode
     from weightcheck.skiplist import check_entries
 

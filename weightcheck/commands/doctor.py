@@ -59,9 +59,9 @@ def doctor(
     and the guides' next step; a line whose input is absent says "not checked". Inputs are found under RUN
     by convention or named with the options.
     """
+    from weightcheck.checkup import discover, render_checklist
+    from weightcheck.checkup import doctor as run_doctor
     from weightcheck.deps import MissingDependency
-    from weightcheck.doctor import discover, render_checklist
-    from weightcheck.doctor import doctor as run_doctor
 
     settings = resolve_settings(run, config_path, command=None, select=select, ignore=ignore, fail_on=fail_on, fmt=fmt)
     where = f" in {settings.source}" if settings.source else ""

@@ -533,7 +533,7 @@ def _tensor_evidence(outcome: _Outcome) -> dict[str, Any]:
 
 
 def _findings(outcomes: list[_Outcome], only_a: list[str], only_b: list[str], opts: DiffOptions) -> list[Finding]:
-    from weightcheck.lint import selected_rules
+    from weightcheck.linting import selected_rules
     from weightcheck.rules.content import DIFF_CLASS_CODES
 
     findings: list[Finding] = []
@@ -589,7 +589,7 @@ def _findings(outcomes: list[_Outcome], only_a: list[str], only_b: list[str], op
 def _refusal_findings(view_a: LogicalCheckpoint, view_b: LogicalCheckpoint, opts: DiffOptions) -> list[Finding]:
     """Files either checkpoint references that the loader refused (leaving the checkpoint, a loop, not a
     regular file): the diff may still find every tensor elsewhere, but the checkpoint is not clean."""
-    from weightcheck.lint import selected_rules
+    from weightcheck.linting import selected_rules
     from weightcheck.rules import get_rule
 
     if "WC718" not in {r.code for r in selected_rules(opts.select, opts.ignore, command="diff")}:

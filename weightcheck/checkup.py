@@ -456,7 +456,7 @@ def doctor(
     # 5-9. rollout dumps
     keys = ("rollout-coherent", "logprobs-equal", "logprob-level", "train-vs-rollout", "rewards")
     if inputs.dumps is not None:
-        from weightcheck.rollout import check_rollout_verdicts
+        from weightcheck.rollouts import check_rollout_verdicts
 
         sub, verdicts = check_rollout_verdicts(inputs.dumps, thresholds, select=select, ignore=ignore)
         result.findings.extend(sub.findings)
