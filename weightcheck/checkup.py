@@ -23,7 +23,6 @@ verify and rollout run through their Python APIs.
 
 from __future__ import annotations
 
-import os
 import re
 from collections.abc import Iterator
 from dataclasses import dataclass, field
@@ -584,12 +583,3 @@ def render_checklist(lines: list[Line], result: Result) -> str:
         elif line.verdict in (PROBLEM, WARN):
             out.append(f"      next: {line.next_step}")
     return "\n".join(out) + "\n"
-
-
-def environment_log_dirs() -> list[Path]:
-    """Default places the guides name for logs, when they exist (not read unless given with --log)."""
-    out = []
-    for candidate in (Path("/tmp/sglang"), Path(os.path.expanduser("~/.ray/session_latest/logs"))):
-        if candidate.is_dir():
-            out.append(candidate)
-    return out
