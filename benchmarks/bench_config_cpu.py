@@ -35,8 +35,11 @@ def cpu_seconds(code: str, target: Path, tree: Path | None) -> float:
     env.pop("PYTHONDONTWRITEBYTECODE", None)  # as installed: compiled bytecode is cached
     if tree is not None:
         env["PYTHONPATH"] = str(tree)
-    args = [sys.executable, "-c", code, str(target)] + (["--format", "json"] if code is LINT else [])
-    proc = subprocess.Popen(args, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    args = [sys.executable, "-c", code, str(target.resolve())] + (["--format", "json"] if code is LINT else [])
+    # cwd outside every tree: `python -c` puts the working directory first on sys.path, which would shadow
+    # PYTHONPATH (the baseline tree would import this checkout's weightcheck when run from its root).
+    proc = subprocess.Popen(args, env=env, cwd=tempfile.gettempdir(), stdout=subprocess.DEVNULL,
+                            stderr=subprocess.DEVNULL)  # fmt: skip
     _, status, usage = os.wait4(proc.pid, 0)
     proc.returncode = os.waitstatus_to_exitcode(status)
     if code is LINT and proc.returncode not in (0, 1):
