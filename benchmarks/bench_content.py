@@ -153,7 +153,7 @@ def worker(mode: str, paths: list[str]) -> dict[str, float]:
         return {"seconds": time.perf_counter() - start}
     _warm_up()
     if mode == "weightcheck-content":
-        from weightcheck.lint import lint
+        from weightcheck.linting import lint
 
         lint(paths[0])  # header-only: loads the rule modules, reads no tensor data
         start = time.perf_counter()
@@ -173,7 +173,7 @@ def worker(mode: str, paths: list[str]) -> dict[str, float]:
         seconds = time.perf_counter() - start
     elif mode == "weightcheck-diff":
         import weightcheck.compare.classify  # noqa: F401  (imports outside the timed region)
-        from weightcheck.diff import diff
+        from weightcheck.diffing import diff
 
         start = time.perf_counter()
         result = diff(paths[0], paths[1])

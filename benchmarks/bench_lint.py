@@ -199,7 +199,7 @@ def main() -> None:
     args = ap.parse_args()
 
     ckpt = generate(args.workdir)
-    from weightcheck.lint import lint
+    from weightcheck.linting import lint
 
     n_tensors = baseline(ckpt)
     result = lint(ckpt)

@@ -35,7 +35,7 @@ REPO = HERE.parent
 def contender(mode: str, ckpt: str, repeat: int) -> dict:
     sys.path.insert(0, str(REPO))
     from weightcheck import distributed
-    from weightcheck.lint import lint
+    from weightcheck.linting import lint
     from weightcheck.reporters import render
 
     options: dict = {"content": True, "local_path": ckpt}

@@ -58,7 +58,7 @@ def main() -> None:
     server.latency = args.latency_ms / 1000
 
     from weightcheck import hub
-    from weightcheck.lint import lint
+    from weightcheck.linting import lint
 
     def view(result) -> list:
         return [(f.code, f.message, f.location.as_dict()) for f in result.findings]

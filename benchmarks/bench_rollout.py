@@ -88,8 +88,8 @@ def main() -> None:
     args = parser.parse_args()
     import torch
 
-    from weightcheck.rollout import check_rollout
-    from weightcheck.rollout.loading import load_dump
+    from weightcheck.rollouts import check_rollout
+    from weightcheck.rollouts.loading import load_dump
 
     work = Path(tempfile.mkdtemp(dir=args.workdir))
     build(work, args.samples, args.tokens)

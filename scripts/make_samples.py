@@ -8,30 +8,23 @@ from __future__ import annotations
 
 import json
 import shutil
+import sys
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent / "sample_configs"
-TINY = dict(hidden_size=64, num_attention_heads=4, num_key_value_heads=2, head_dim=16, vocab_size=128)
+sys.path.insert(0, str(ROOT.parent / "tests"))  # tiny checkpoints and edits: tests/factories.py (and quantized.py)
 
 
 def broken_moe_export() -> None:
     """A3/A4-style export: one shard never written, and a ghost index entry for an MTP tensor."""
     import torch
-    from transformers import AutoModelForCausalLM, Qwen3MoeConfig
+    from factories import tiny_qwen3_moe_config
+    from transformers import AutoModelForCausalLM
 
     out = ROOT / "tiny-qwen3-moe-lost-shard"
     shutil.rmtree(out, ignore_errors=True)
     torch.manual_seed(0)
-    cfg = Qwen3MoeConfig(
-        intermediate_size=128,
-        moe_intermediate_size=32,
-        num_hidden_layers=3,
-        num_experts=4,
-        num_experts_per_tok=2,
-        tie_word_embeddings=False,
-        dtype="bfloat16",
-        **TINY,
-    )
+    cfg = tiny_qwen3_moe_config(num_hidden_layers=3, dtype="bfloat16")
     model = AutoModelForCausalLM.from_config(cfg).to(torch.bfloat16)
     model.save_pretrained(out, max_shard_size="60KB")
     (out / "generation_config.json").unlink(missing_ok=True)
@@ -47,9 +40,6 @@ def glm_router_packed() -> None:
     """THUDM/slime#1642: a GLM-style MoE quantized to W4A16 by llm-compressor, then the routers packed the way an
     online INT4 quantizer with ignore = ["lm_head"] packs every 2-D weight (compressed-tensors' own
     `pack_to_int32`). SGLang drops the router's quantized names silently: routing on garbage."""
-    import sys
-
-    sys.path.insert(0, str(ROOT.parent / "tests"))
     from quantized import build_quantized, quantize_modules_in_place, set_ignore
 
     out = ROOT / "tiny-glm4-moe-w4a16-router-packed"

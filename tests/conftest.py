@@ -12,9 +12,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-
-# Tiny dimensions: fast to build, still genuinely sharded with a small max_shard_size.
-TINY = dict(hidden_size=64, num_attention_heads=4, num_key_value_heads=2, head_dim=16, vocab_size=128)
+from factories import TINY  # tiny dimensions: fast to build, still genuinely sharded with a small max_shard_size
 
 
 def _save(model, path: Path, shard: str) -> Path:
@@ -33,18 +31,11 @@ def build_llama(path: Path) -> Path:
 
 def build_qwen3_moe(path: Path) -> Path:
     import torch
-    from transformers import AutoModelForCausalLM, Qwen3MoeConfig
+    from factories import tiny_qwen3_moe_config
+    from transformers import AutoModelForCausalLM
 
     torch.manual_seed(0)
-    cfg = Qwen3MoeConfig(
-        intermediate_size=128,
-        moe_intermediate_size=32,
-        num_hidden_layers=3,
-        num_experts=4,
-        num_experts_per_tok=2,
-        tie_word_embeddings=False,
-        **TINY,
-    )
+    cfg = tiny_qwen3_moe_config(num_hidden_layers=3)
     return _save(AutoModelForCausalLM.from_config(cfg), path, "100KB")
 
 

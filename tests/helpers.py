@@ -5,7 +5,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from weightcheck.findings import Finding, Result
-from weightcheck.lint import lint
+from weightcheck.linting import lint
 
 
 def run(path: Path, **kw) -> Result:

@@ -17,6 +17,7 @@ from types import SimpleNamespace
 from typing import Any
 
 import pytest
+from factories import edit_tensors  # noqa: F401  (re-exported: tests import it from here)
 
 # W4A16 needs in_features % 128 == 0 (group size 128); hidden 256 / intermediate 512 satisfy it.
 DIMS = dict(vocab_size=256, hidden_size=256, num_attention_heads=4, num_key_value_heads=2, head_dim=64)
@@ -150,32 +151,3 @@ def copy_ckpt(tmp_path: Path) -> Callable[[Path], Path]:
         return dest
 
     return copy
-
-
-def edit_tensors(path: Path, edit: Callable[[dict[str, Any]], None]) -> None:
-    """Load every shard, let `edit` change the dict of tensors (add, drop, rename, replace) and write each
-    shard back with safetensors' own writer. Tensors keep their shard; new ones go to the first shard."""
-    from safetensors import safe_open
-    from safetensors.torch import save_file
-
-    files = sorted(path.glob("*.safetensors"))
-    owner: dict[str, Path] = {}
-    tensors: dict[str, Any] = {}
-    metadata: dict[Path, dict[str, str] | None] = {}
-    for shard in files:
-        with safe_open(str(shard), framework="pt") as fh:
-            metadata[shard] = fh.metadata()
-            for key in fh.keys():
-                tensors[key] = fh.get_tensor(key)
-                owner[key] = shard
-    edit(tensors)
-    per_shard: dict[Path, dict[str, Any]] = {shard: {} for shard in files}
-    for key, value in tensors.items():
-        per_shard[owner.get(key, files[0])][key] = value.contiguous()
-    for shard, content in per_shard.items():
-        save_file(content, str(shard), metadata=metadata[shard])
-    index = path / "model.safetensors.index.json"
-    if index.exists():
-        doc = json.loads(index.read_text())
-        doc["weight_map"] = {k: owner.get(k, files[0]).name for k in tensors}
-        index.write_text(json.dumps(doc, indent=2))

@@ -10,20 +10,23 @@ import shutil
 from pathlib import Path
 from typing import Any
 
+from factories import drop_add_tensors as edit_tensors
+from factories import index_of
+
 # W4A16 uses group_size 128, so every quantized Linear needs in_features % 128 == 0.
 DIMS = dict(vocab_size=256, hidden_size=256, num_attention_heads=4, num_key_value_heads=2, head_dim=64)
 
 
 def tiny_config(family: str) -> Any:
-    from transformers import Glm4MoeConfig, LlamaConfig, Qwen3Config, Qwen3MoeConfig
+    from factories import tiny_qwen3_moe_config
+    from transformers import Glm4MoeConfig, LlamaConfig, Qwen3Config
 
     if family == "llama":
         return LlamaConfig(intermediate_size=512, num_hidden_layers=2, tie_word_embeddings=False, **DIMS)
     if family == "qwen3":
         return Qwen3Config(intermediate_size=512, num_hidden_layers=2, tie_word_embeddings=False, **DIMS)
     if family == "qwen3_moe":
-        return Qwen3MoeConfig(intermediate_size=512, moe_intermediate_size=128, num_hidden_layers=2, num_experts=4,
-                              num_experts_per_tok=2, tie_word_embeddings=False, **DIMS)  # fmt: skip
+        return tiny_qwen3_moe_config(intermediate_size=512, moe_intermediate_size=128, **DIMS)
     if family == "glm4_moe":
         return Glm4MoeConfig(intermediate_size=512, moe_intermediate_size=128, num_hidden_layers=3, n_routed_experts=4,
                              num_experts_per_tok=2, n_shared_experts=1, first_k_dense_replace=1,
@@ -54,41 +57,6 @@ def build_quantized(family: str, scheme: str, out: Path, ignore: list[str] | Non
 
 
 # ---- planting defects -------------------------------------------------------------------------------
-
-
-def index_of(path: Path) -> dict:
-    return json.loads((path / "model.safetensors.index.json").read_text())
-
-
-def edit_tensors(path: Path, drop: set[str] = frozenset(), add: dict[str, Any] | None = None) -> None:
-    """Drop/add tensors across shards with safetensors' writer and keep the index in step."""
-    from safetensors import safe_open
-    from safetensors.torch import save_file
-
-    index = index_of(path)
-    wm = index["weight_map"]
-    add = dict(add or {})
-    touched = {wm[n] for n in drop if n in wm}
-    target_shard = sorted(set(wm.values()))[-1]
-    if add:
-        touched.add(target_shard)
-    for shard in touched:
-        file = path / shard
-        with safe_open(str(file), framework="pt") as fh:
-            meta = fh.metadata()
-            tensors = {k: fh.get_tensor(k) for k in fh.keys() if k not in drop}
-        if shard == target_shard:
-            tensors.update(add)
-        save_file(tensors, str(file), metadata=meta)
-    for n in drop:
-        wm.pop(n, None)
-    for n in add:
-        wm[n] = target_shard
-    if "total_size" in index.get("metadata", {}):  # keep the index honest: only the planted defect shows
-        from weightcheck.safetensors_header import read_header
-
-        index["metadata"]["total_size"] = sum(read_header(path / s).data_end for s in set(wm.values()))
-    (path / "model.safetensors.index.json").write_text(json.dumps(index, indent=2))
 
 
 def read_tensor(path: Path, name: str) -> Any:

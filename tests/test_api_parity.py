@@ -66,7 +66,7 @@ def test_every_cli_option_has_its_api_keyword(name: str) -> None:
         if option.name in PRESENTATION or option.name in HOOK_ONLY:
             continue
         if option.name in THRESHOLDS and "thresholds" in keywords:
-            from weightcheck.rollout import Thresholds
+            from weightcheck.rollouts import Thresholds
 
             Thresholds().updated({option.name: None})  # the attribute name is one `thresholds=` accepts
             continue
@@ -179,7 +179,7 @@ def test_hub_keywords_apply_for_the_call_only(ghost: Path, monkeypatch: pytest.M
     caller's environment as it was."""
     import importlib
 
-    lint_module = importlib.import_module("weightcheck.lint")  # `weightcheck.lint` the attribute is the API
+    lint_module = importlib.import_module("weightcheck.linting")  # the engine module (`weightcheck.lint` is the API)
     monkeypatch.delenv("HF_TOKEN", raising=False)
     monkeypatch.setenv("HF_HUB_CACHE", "/elsewhere")
     seen: dict[str, str | None] = {}

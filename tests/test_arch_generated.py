@@ -271,7 +271,7 @@ def test_generated_patterns_load_lazily_and_lint_stays_torch_free(tmp_path: Path
            "quantization_config": {"quant_method": "fp8", "modules_to_not_convert": ["lm_head"]}}  # fmt: skip
     (tmp_path / "config.json").write_text(json.dumps(cfg))
     code = (
-        "import sys; from weightcheck.lint import lint; from weightcheck import patterns as p; "
+        "import sys; from weightcheck.linting import lint; from weightcheck import patterns as p; "
         f"r = lint({str(tmp_path)!r}); "
         "assert 'torch' not in sys.modules and 'transformers' not in sys.modules, 'heavy import'; "
         "print(p.generated_pattern.cache_info().currsize)"

@@ -126,7 +126,7 @@ def test_every_rule_documents_bad_and_good() -> None:
 
 def test_lint_does_not_import_torch(make_ckpt) -> None:
     code = (
-        "import sys; from weightcheck.lint import lint; "
+        "import sys; from weightcheck.linting import lint; "
         f"r = lint({str(make_ckpt('qwen3_moe'))!r}); "
         "from weightcheck.reporters import render; import io; render(r, 'json', io.StringIO()); "
         "render(r, 'text', io.StringIO()); "

@@ -24,7 +24,7 @@ from weightcheck.digest import (
     write_manifest,
 )
 from weightcheck.findings import Result
-from weightcheck.lint import lint
+from weightcheck.linting import lint
 from weightcheck.tensors import TensorStore
 
 # Shared fixtures: the session-wide quantized suite and private copies of checkpoints.

@@ -13,7 +13,7 @@ import quant_fixtures
 import torch
 from quant_fixtures import edit_tensors
 
-from weightcheck.diff import DiffOptions, NameMapError, diff, parse_name_map
+from weightcheck.diffing import DiffOptions, NameMapError, diff, parse_name_map
 from weightcheck.findings import Result
 
 # Shared fixtures: the session-wide quantized suite and private copies of checkpoints.
@@ -278,7 +278,7 @@ def test_rules_listing_documents_diff_codes() -> None:
 
 
 def test_builtin_name_map_from_pattern_root_alias() -> None:
-    from weightcheck.diff import builtin_name_maps, map_name
+    from weightcheck.diffing import builtin_name_maps, map_name
 
     cfg = {"model_type": "qwen2_5_vl"}
     new_layout = ["model.language_model.layers.0.mlp.down_proj.weight", "model.language_model.norm.weight",

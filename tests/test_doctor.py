@@ -19,8 +19,8 @@ from click.testing import CliRunner
 from test_verify import Engine, default_loader, layer_of, read_stream, relabel_layer
 
 from weightcheck import api, tap
+from weightcheck.checkup import CHECKLIST, NOT_CHECKED, OK, PROBLEM
 from weightcheck.cli import cli
-from weightcheck.doctor import CHECKLIST, NOT_CHECKED, OK, PROBLEM
 
 TRAINER_LOG = """\
 using world size: 4, data-parallel size: 1, context-parallel size: 2, tensor-model-parallel size: 2

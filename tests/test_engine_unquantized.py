@@ -111,7 +111,7 @@ def test_router_not_a_linear_in_transformers_is_not_targeted_by_linear(tmp_path:
 
 def test_declared_consumers_limit_the_engines(tmp_path: Path) -> None:
     """OLMo's attention is unquantized only in SGLang 0.5.23: a team that deploys to vLLM alone is not told."""
-    from weightcheck.lint import lint_many
+    from weightcheck.linting import lint_many
 
     path = write_config(tmp_path / "a", "olmo", ["lm_head"])
     assert by_code(lint_many([path], options={"consumers": ["sglang"]}), "WC320")

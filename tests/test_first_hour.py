@@ -15,7 +15,7 @@ import pytest
 import yaml
 from conftest import shards
 
-from weightcheck.lint import lint_many
+from weightcheck.linting import lint_many
 
 REPO = Path(__file__).resolve().parents[1]
 SAMPLE_CT = REPO / "sample_configs" / "glm-4.5-air-w4a16-recommended" / "config.json"
@@ -218,7 +218,7 @@ def hub(monkeypatch: pytest.MonkeyPatch, tmp_path: Path):
 
 @pytest.mark.parametrize("spec", ["ck/nope", "ck/nope@main", "typo/config.json", "typo/model.safetensors"])
 def test_a_local_looking_typo_says_no_such_file_and_asks_no_hub(hub, make_ckpt, tmp_path, monkeypatch, spec) -> None:
-    from weightcheck.lint import lint
+    from weightcheck.linting import lint
 
     hub.add("ck/nope", make_ckpt("llama"))  # the same spelling on the Hub must not be what gets linted
     work = tmp_path / "work"
@@ -231,7 +231,7 @@ def test_a_local_looking_typo_says_no_such_file_and_asks_no_hub(hub, make_ckpt, 
 
 
 def test_a_repo_id_with_no_local_candidate_goes_to_the_hub_and_says_both_were_tried(hub, tmp_path, monkeypatch):
-    from weightcheck.lint import lint
+    from weightcheck.linting import lint
 
     monkeypatch.chdir(tmp_path)
     result = lint("acme/absent")
@@ -242,7 +242,7 @@ def test_a_repo_id_with_no_local_candidate_goes_to_the_hub_and_says_both_were_tr
 
 
 def test_hf_uri_is_always_the_hub_even_when_a_local_folder_shares_the_first_name(hub, make_ckpt, tmp_path, monkeypatch):
-    from weightcheck.lint import lint
+    from weightcheck.linting import lint
 
     hub.add("ck/model", make_ckpt("llama"))
     (tmp_path / "ck").mkdir()

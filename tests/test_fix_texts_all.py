@@ -26,7 +26,7 @@ from helpers import rewrite_shard
 from quantized import dequantize_module_in_place, edit_tensors, quant_config, quantize_modules_in_place, set_ignore
 
 from weightcheck.findings import Finding, Severity
-from weightcheck.lint import lint
+from weightcheck.linting import lint
 
 Ctx = dict[str, Any]  # per-case scratch: "target" (what to lint), "options" (lint options), anything else
 
@@ -1072,7 +1072,7 @@ DIFF_CASES: list[DiffCase] = [
 
 @pytest.mark.parametrize("case", DIFF_CASES, ids=lambda c: c.code)
 def test_diff_fix_text_applied_clears_the_finding(make_ckpt, tmp_path: Path, case: DiffCase) -> None:
-    from weightcheck.diff import DiffOptions, diff
+    from weightcheck.diffing import DiffOptions, diff
 
     a = make_ckpt("llama")
     if case.both:

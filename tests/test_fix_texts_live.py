@@ -313,7 +313,7 @@ def test_wc717_fix_text_applied(w4a16: tuple[Path, Path], tmp_path: Path) -> Non
     from quant_fixtures import edit_tensors
     from safetensors import safe_open
 
-    from weightcheck.diff import DiffOptions, diff
+    from weightcheck.diffing import DiffOptions, diff
 
     base, export = w4a16
     candidate = shutil.copytree(export, tmp_path / "candidate")

@@ -21,7 +21,7 @@ import rollout_fixtures as rf
 import torch
 
 from weightcheck import api
-from weightcheck.doctor import OK
+from weightcheck.checkup import OK
 from weightcheck.findings import Finding, Result, Severity
 
 World = dict[str, Any]

@@ -16,7 +16,7 @@ import pytest
 from conftest import read_index, shards, write_index
 from hubserver import HubServer
 
-from weightcheck.lint import lint
+from weightcheck.linting import lint
 
 pytest.importorskip("huggingface_hub")
 
@@ -127,7 +127,7 @@ def test_cli_lint_repo_id_and_hf_uri_in_a_subprocess(hub: HubServer, make_ckpt, 
 
 
 def test_content_and_diff_on_a_remote_repo_need_download(hub: HubServer, make_ckpt) -> None:
-    from weightcheck.diff import diff
+    from weightcheck.diffing import diff
 
     ckpt = make_ckpt("llama")
     hub.add("acme/tiny-llama", ckpt)

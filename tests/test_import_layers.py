@@ -30,6 +30,7 @@ LAYERS: list[tuple[str, tuple[str, ...]]] = [
             "weightcheck.deps",
             "weightcheck.progress",
             "weightcheck.skiplist",
+            "weightcheck.userpattern",
             "weightcheck.structure",
             "weightcheck.precommit",
             "weightcheck.posmix",
@@ -59,8 +60,8 @@ LAYERS: list[tuple[str, tuple[str, ...]]] = [
             "weightcheck.arch",
             "weightcheck.compare",
             "weightcheck.tap",
-            "weightcheck.rollout.loading",
-            "weightcheck.rollout.readers",
+            "weightcheck.rollouts.loading",
+            "weightcheck.rollouts.readers",
         ),
     ),
     (
@@ -81,12 +82,12 @@ LAYERS: list[tuple[str, tuple[str, ...]]] = [
     (
         "commands' engines: one per command, each returning a Result",
         (
-            "weightcheck.lint",
+            "weightcheck.linting",
             "weightcheck.fixes",
-            "weightcheck.diff",
+            "weightcheck.diffing",
             "weightcheck.verify",
-            "weightcheck.rollout",
-            "weightcheck.doctor",
+            "weightcheck.rollouts",
+            "weightcheck.checkup",
         ),
     ),
     (
@@ -256,11 +257,11 @@ def test_the_cycle_finder_finds_a_cycle_and_passes_a_chain() -> None:
     ("module", "source", "expected"),
     [
         ("weightcheck.diff", "from weightcheck.rules.diff import SKIPPED", {"weightcheck.rules.diff"}),
-        ("weightcheck.diff", "def f():\n    from weightcheck import safe_io", {"weightcheck.safe_io"}),
+        ("weightcheck.diffing", "def f():\n    from weightcheck import safe_io", {"weightcheck.safe_io"}),
         ("weightcheck.cli", "from weightcheck import __version__", {"weightcheck"}),
         ("weightcheck.rules.quant", "from . import LintContext", {"weightcheck.rules"}),
         ("weightcheck.reporters", "from .machine import emit_json", {"weightcheck.reporters.machine"}),
-        ("weightcheck.diff", "import os\nfrom typing import Any", set()),
+        ("weightcheck.diffing", "import os\nfrom typing import Any", set()),
     ],
 )
 def test_imports_are_resolved_to_modules(module: str, source: str, expected: set[str]) -> None:

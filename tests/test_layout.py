@@ -24,20 +24,14 @@ from weightcheck.layout import (
     ep_rank_experts,
     infer_pp_offset_bug,
     local_to_global_layer,
-    megatron_layer_offset,
     megatron_local_name_to_global,
-    megatron_num_layers_to_build,
-    megatron_owner_stage,
-    megatron_stage_layers,
     mtp_hf_layer,
     parse_pipeline_layout,
     range_owner,
-    sglang_owner_stage,
     sglang_pp_indices,
     sglang_pp_ranges,
     stage_feeds,
     suggest_uneven_split,
-    vllm_owner_stage,
     vllm_pp_indices,
     vllm_pp_ranges,
 )
@@ -174,13 +168,13 @@ def check(mc: dict[str, Any], stats: dict[str, int], **kw: Any) -> str | None:
     got = {key: (ours.offset(*key), ours.num_layers_to_build(*key)) for key in ours.stage_keys()}
     if got != expected:
         return f"{kw}: ours {got} != megatron-core {expected}"
-    # The public functions agree with the object (and vp_stage=None works without VPP).
-    layers = megatron_stage_layers(**kw)
+    # The stage map agrees with the offsets (and vp_stage=None works without VPP).
+    layers = ours.stage_layers()
     for (rank, v), (off, n) in expected.items():
         stage = v if ours.vp_size and ours.vp_size > 1 else None
         assert layers[(rank, v)] == list(range(off, off + n))
-        assert megatron_layer_offset(pp_rank=rank, vp_stage=stage, **kw) == off
-        assert megatron_num_layers_to_build(pp_rank=rank, vp_stage=stage, **kw) == n
+        assert ours.offset(rank, stage) == off
+        assert ours.num_layers_to_build(rank, stage) == n
     stats["matched"] += 1
     stats["stages"] += len(expected)
     return None
@@ -299,14 +293,15 @@ def test_layout_decoder_count_mismatch_refused(mcore: dict[str, Any]) -> None:
 
 
 def test_uneven_first_last_example() -> None:
-    layers = megatron_stage_layers(28, 4, first_stage_layers=4, last_stage_layers=6)
+    pipe = MegatronPipeline(28, 4, first_stage_layers=4, last_stage_layers=6)
+    layers = pipe.stage_layers()
     assert layers == {
         (0, 0): list(range(0, 4)),
         (1, 0): list(range(4, 13)),
         (2, 0): list(range(13, 22)),
         (3, 0): list(range(22, 28)),
     }
-    assert [megatron_layer_offset(28, 4, r, first_stage_layers=4, last_stage_layers=6) for r in range(4)] == [
+    assert [pipe.offset(r) for r in range(4)] == [
         0,
         4,
         13,
@@ -315,8 +310,10 @@ def test_uneven_first_last_example() -> None:
 
 
 def test_vpp_examples() -> None:
-    assert megatron_stage_layers(8, 2, vp_size=2) == {(0, 0): [0, 1], (0, 1): [4, 5], (1, 0): [2, 3], (1, 1): [6, 7]}
-    assert megatron_stage_layers(8, 2, vp_size=4) == {
+    assert MegatronPipeline(8, 2, vp_size=2).stage_layers() == {
+        (0, 0): [0, 1], (0, 1): [4, 5], (1, 0): [2, 3], (1, 1): [6, 7]
+    }  # fmt: skip
+    assert MegatronPipeline(8, 2, vp_size=4).stage_layers() == {
         (0, 0): [0],
         (0, 1): [2],
         (0, 2): [4],
@@ -328,7 +325,8 @@ def test_vpp_examples() -> None:
     }
     # The uneven VPP numbers from the megatron-core oracle run.
     kw = dict(num_layers=28, pp_size=4, vp_size=2, first_stage_layers=2, last_stage_layers=6)
-    offsets = [megatron_layer_offset(pp_rank=r, vp_stage=v, **kw) for r in range(4) for v in range(2)]
+    pipe = MegatronPipeline(**kw)
+    offsets = [pipe.offset(r, v) for r in range(4) for v in range(2)]
     assert offsets == [0, 14, 1, 15, 6, 20, 11, 25]
 
 
@@ -369,18 +367,16 @@ def test_invalid_configs_are_refused(kw: dict[str, Any], needle: str) -> None:
     with pytest.raises(ValueError, match=None) as info:
         MegatronPipeline(**kw)
     assert needle in str(info.value)
-    with pytest.raises(ValueError):
-        megatron_layer_offset(pp_rank=0, **kw)
 
 
 def test_rank_and_stage_arguments_are_checked() -> None:
     with pytest.raises(ValueError, match="pp_rank"):
-        megatron_layer_offset(28, 4, 4)
+        MegatronPipeline(28, 4).offset(4)
     with pytest.raises(ValueError, match="vp_stage is required"):
-        megatron_layer_offset(8, 2, 0, vp_size=2)
+        MegatronPipeline(8, 2, vp_size=2).offset(0)
     with pytest.raises(ValueError, match="vp_stage 2 out of range"):
-        megatron_layer_offset(8, 2, 0, vp_size=2, vp_stage=2)
-    assert megatron_layer_offset(28, 4, 1, vp_stage=0) == 7
+        MegatronPipeline(8, 2, vp_size=2).offset(0, 2)
+    assert MegatronPipeline(28, 4).offset(1, 0) == 7
 
 
 def test_suggest_uneven_split() -> None:
@@ -398,10 +394,10 @@ def test_local_to_global_and_owner() -> None:
     assert local_to_global_layer(8, pp_rank=1, **kw) == 12
     with pytest.raises(ValueError, match="builds 9 layers"):
         local_to_global_layer(9, pp_rank=1, **kw)
-    assert megatron_owner_stage(17, **kw) == (2, 0)
-    assert megatron_owner_stage(17, 8 * 4, 2, vp_size=2) == (0, 1)  # 32 layers: chunk stride 16
+    assert MegatronPipeline(**kw).owner(17) == (2, 0)
+    assert MegatronPipeline(8 * 4, 2, vp_size=2).owner(17) == (0, 1)  # 32 layers: chunk stride 16
     with pytest.raises(ValueError, match="not a decoder layer"):
-        megatron_owner_stage(28, **kw)
+        MegatronPipeline(**kw).owner(28)
     assert mtp_hf_layer(0, 47) == 47 and mtp_hf_layer(1, 61) == 62
 
 
@@ -436,10 +432,8 @@ def test_engine_default_partitions(layers: int, pp: int, sglang: list[int], vllm
 def test_sglang_61_over_4_ranges_and_owner() -> None:
     assert sglang_pp_ranges(61, 4) == [(0, 15), (15, 30), (30, 45), (45, 61)]
     assert sglang_pp_indices(61, 3, 4) == (45, 61)
-    assert sglang_owner_stage(17, 61, 4) == 1 and vllm_owner_stage(45, 61, 4) == 2
-    with pytest.raises(ValueError, match="no SGLang stage"):
-        sglang_owner_stage(61, 61, 4)
-    assert range_owner(61, sglang_pp_ranges(61, 4)) is None
+    assert range_owner(17, sglang_pp_ranges(61, 4)) == 1 and range_owner(45, vllm_pp_ranges(61, 4)) == 2
+    assert range_owner(61, sglang_pp_ranges(61, 4)) is None  # no SGLang stage holds layer 61 of 61
 
 
 def test_explicit_partitions() -> None:
@@ -461,11 +455,11 @@ def test_explicit_partitions() -> None:
 
 
 def test_megatron_stages_feed_sglang_stages() -> None:
-    stages = megatron_stage_layers(28, 4, first_stage_layers=4, last_stage_layers=6)
-    feeds = stage_feeds(stages, sglang_pp_ranges(28, 2))
+    pipe = MegatronPipeline(28, 4, first_stage_layers=4, last_stage_layers=6)
+    feeds = stage_feeds(pipe.stage_layers(), sglang_pp_ranges(28, 2))
     assert feeds == {(0, 0): [0], (1, 0): [0], (2, 0): [0, 1], (3, 0): [1]}
-    assert megatron_owner_stage(17, 28, 4, first_stage_layers=4, last_stage_layers=6) == (2, 0)
-    assert sglang_owner_stage(17, 28, 2) == 1
+    assert pipe.owner(17) == (2, 0)
+    assert range_owner(17, sglang_pp_ranges(28, 2)) == 1
 
 
 @pytest.mark.sglang
@@ -558,7 +552,7 @@ def test_name_mapping() -> None:
 
 
 def test_infer_forgotten_offset() -> None:
-    stages = megatron_stage_layers(28, 4)
+    stages = MegatronPipeline(28, 4).stage_layers()
     # Stage 3 sent local indices: 0..6 where 21..27 were due.
     assert infer_pp_offset_bug(range(7), stages, stage=(3, 0)) == OffsetBug((3, 0), 21, True)
     assert infer_pp_offset_bug(range(21, 28), stages, stage=(3, 0)) is None  # correct
@@ -566,7 +560,7 @@ def test_infer_forgotten_offset() -> None:
     # Sender unknown: ids equal to a real stage's ids are taken as correct.
     assert infer_pp_offset_bug(range(7, 14), stages) is None
     # Unequal stages identify the sender by size.
-    uneven = megatron_stage_layers(28, 4, first_stage_layers=4, last_stage_layers=6)
+    uneven = MegatronPipeline(28, 4, first_stage_layers=4, last_stage_layers=6).stage_layers()
     assert infer_pp_offset_bug(range(6), uneven) == OffsetBug((3, 0), 22, True)
     bug = infer_pp_offset_bug(range(9), uneven)
     assert bug == OffsetBug((1, 0), 4, True, ambiguous_with=((2, 0),))

@@ -158,17 +158,3 @@ def test_fused_groups() -> None:
     groups = fused_groups(mods)
     assert groups["m.layers.0.self_attn.qkv_proj"] == [f"m.layers.0.self_attn.{x}_proj" for x in "qkv"]
     assert groups["m.layers.0.mlp.gate_up_proj"] == ["m.layers.0.mlp.gate_proj", "m.layers.0.mlp.up_proj"]
-
-
-def test_indexed_lookup_equals_scanning_every_entry() -> None:
-    from weightcheck.quant.matchers import CONSUMERS
-
-    entries = [*ENTRIES, "model.layers.3", "layers.3.mlp", "model.layers.1.self_attn.q_proj.weight"]
-    names = [*NAMES, *(n + ".weight" for n in NAMES)]
-    for consumer in CONSUMERS:
-        index = consumer.index(entries)
-        for name in names:
-            assert sorted(index.matching(name)) == sorted(e for e in entries if consumer.match(name, e)), (
-                consumer.key,
-                name,
-            )

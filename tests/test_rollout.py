@@ -19,7 +19,7 @@ from click.testing import CliRunner
 
 from weightcheck.cli import cli
 from weightcheck.findings import Result, Severity
-from weightcheck.rollout import Thresholds, check_rollout
+from weightcheck.rollouts import Thresholds, check_rollout
 
 
 def codes(result: Result) -> set[str]:
@@ -47,7 +47,7 @@ def test_clean_dumps_are_clean(rollout_world: dict[str, Any], tmp_path: Path, fr
 
 def test_miles_cp_slices_are_put_back_in_order(rollout_world: dict[str, Any], tmp_path: Path) -> None:
     """TP replicas dropped and zigzag CP slices reassembled: the merged values are the unsliced ones."""
-    from weightcheck.rollout.readers import read_dumps
+    from weightcheck.rollouts.readers import read_dumps
 
     root = rf.write_miles(rollout_world["perturbed"], tmp_path / "m", tp=2, cp=2)
     dumps = read_dumps(sorted((root / "train_data").glob("*.pt")))

@@ -15,8 +15,8 @@ import pytest
 import torch
 
 from weightcheck.findings import Result
-from weightcheck.rollout import check_rollout
-from weightcheck.rollout.loading import DumpRefused, load_dump
+from weightcheck.rollouts import check_rollout
+from weightcheck.rollouts.loading import DumpRefused, load_dump
 
 
 def codes(result: Result) -> set[str]:
@@ -104,7 +104,7 @@ def relax_jsonl(rollout_world: dict[str, Any], path: Path) -> Path:
 def test_relax_jsonl_is_read_without_torch(rollout_world: dict[str, Any], tmp_path: Path) -> None:
     root = relax_jsonl(rollout_world, tmp_path / "rollout_result" / "train")
     code = (
-        "import sys, json; from weightcheck.rollout import check_rollout; from pathlib import Path; "
+        "import sys, json; from weightcheck.rollouts import check_rollout; from pathlib import Path; "
         f"r = check_rollout(Path({str(root)!r})); "
         "print(json.dumps({'codes': [f.code for f in r.findings], 'checked': r.checked, "
         "'torch': 'torch' in sys.modules}))"
@@ -211,6 +211,6 @@ def test_miles_parquet_sidecar(rollout_world: dict[str, Any], tmp_path: Path) ->
     ],
 )
 def test_double_template_markers(prompt: str, doubled: bool) -> None:
-    from weightcheck.rollout.checks import double_template
+    from weightcheck.rollouts.checks import double_template
 
     assert (double_template(prompt) is not None) is doubled

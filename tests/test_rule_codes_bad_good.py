@@ -18,7 +18,7 @@ import quant_fixtures
 import torch
 from quant_fixtures import edit_tensors
 
-from weightcheck.diff import DiffOptions, diff
+from weightcheck.diffing import DiffOptions, diff
 from weightcheck.findings import Result, Severity
 
 copy_ckpt = quant_fixtures.copy_ckpt
@@ -184,7 +184,7 @@ def _write_modelopt(path: Path, exclude: list[str] | None = None) -> Path:
 
 
 def test_wc316_good_published_lists_agree(tmp_path: Path) -> None:
-    from weightcheck.lint import lint
+    from weightcheck.linting import lint
 
     entry = _modelopt_entry()
     assert entry["quantization_config"]["ignore"] == entry["hf_quant_config"]["quantization"]["exclude_modules"]
@@ -192,7 +192,7 @@ def test_wc316_good_published_lists_agree(tmp_path: Path) -> None:
 
 
 def test_wc316_bad_side_file_excludes_one_module_more(tmp_path: Path) -> None:
-    from weightcheck.lint import lint
+    from weightcheck.linting import lint
 
     ignore = _modelopt_entry()["quantization_config"]["ignore"]
     extra = "model.layers.0.self_attn.o_proj"
@@ -243,7 +243,7 @@ def test_unknown_diff_code_and_class_raise() -> None:
 def test_a_finding_with_an_unknown_code_fails_the_diff(make_ckpt, copy_ckpt, monkeypatch) -> None:
     """Before: a mistyped code was dropped by the selection filter and the diff passed. Now it raises (the
     API and CLI turn that into WC000 / exit 2)."""
-    diff_module = importlib.import_module("weightcheck.diff")  # `weightcheck.diff` is also the API function
+    diff_module = importlib.import_module("weightcheck.diffing")  # the engine module (`weightcheck.diff` is the API)
     from weightcheck.rules.diff import UnknownRuleCode
 
     a, b = pair(make_ckpt, copy_ckpt)
@@ -263,7 +263,7 @@ def test_an_unknown_class_through_the_cli_is_an_internal_error(make_ckpt, copy_c
     """The CLI reports it as WC000 and exits 2: never exit 0 with the mismatch gone."""
     from click.testing import CliRunner
 
-    diff_module = importlib.import_module("weightcheck.diff")  # `weightcheck.diff` is also the API function
+    diff_module = importlib.import_module("weightcheck.diffing")  # the engine module (`weightcheck.diff` is the API)
     from weightcheck.cli import cli
     from weightcheck.rules.diff import class_rule
 

@@ -76,7 +76,7 @@ NAMES = ["model.layers.0.mlp.gate", "model.layers.12.mlp.gate_proj", "lm_head", 
 
 @pytest.mark.parametrize("pattern", PATTERNS)
 def test_safe_regex_keeps_python_re_semantics(pattern: str) -> None:
-    compiled = safe_regex.compile(pattern)
+    compiled = safe_regex.compile_regex(pattern)
     assert compiled is not None
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
@@ -90,7 +90,7 @@ def test_safe_regex_runs_catastrophic_patterns_in_linear_time_or_refuses_them() 
     name = "model.layers.0.mlp.experts.7.gate_proj." + "a" * 5000
     assert safe_regex.match("(.+)+!", name) is False  # RE2: instant
     assert safe_regex.match("(x+x+)+y", "x" * 5000) is False
-    assert safe_regex.compile("(?=a)(.*)*x") is None
+    assert safe_regex.compile_regex("(?=a)(.*)*x") is None
     assert "cannot be evaluated safely" in (safe_regex.refusal("(?=a)(.*)*x") or "")
     assert "does not compile" in (safe_regex.refusal("a{99999999999}") or "")
     assert "does not compile" in (safe_regex.refusal("(") or "")

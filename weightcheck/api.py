@@ -142,7 +142,7 @@ def lint(
 
     `fix=True` writes the mechanical JSON fixes and lints again; with `fix_diff=True` nothing is written and
     the planned edits are returned as unified diffs in `result.notes` (prefixed "fix --diff:")."""
-    from weightcheck.lint import lint_many
+    from weightcheck.linting import lint_many
     from weightcheck.progress import choose_mode
 
     targets = [Path(target)] if isinstance(target, (str, os.PathLike)) else [Path(t) for t in target]
@@ -222,8 +222,8 @@ def diff(
     """`weightcheck diff REFERENCE CANDIDATE`: tensor by tensor (needs `weightcheck[content]`). `maps` are
     map files or inline `a.* -> b.*` rules, `policy` a policy file, `allow_skip` globs or `re:` patterns."""
     from weightcheck.compare.policy import load_policy
-    from weightcheck.diff import DiffOptions, load_name_map
-    from weightcheck.diff import diff as run_diff
+    from weightcheck.diffing import DiffOptions, load_name_map
+    from weightcheck.diffing import diff as run_diff
     from weightcheck.progress import choose_mode
     from weightcheck.skiplist import check_entries
 
@@ -344,7 +344,7 @@ def rollout(
     """`weightcheck rollout DUMPS`: the step-1 checks on rollout/train debug dumps (needs torch for `.pt`).
     `thresholds` takes the CLI's threshold options by their attribute names or the config file's
     `[tool.weightcheck.rollout]` keys (`ref_tol` / `ref-tol`, `routing_replay`, ...)."""
-    from weightcheck.rollout import Thresholds, check_rollout
+    from weightcheck.rollouts import Thresholds, check_rollout
 
     root = Path(dumps)
     settings = _settings(root, config, "rollout", select, ignore, fail_on, consumers)
@@ -372,10 +372,10 @@ def doctor(
     write_baseline: PathLike | None = None,
 ) -> tuple[Result, list[Any]]:
     """`weightcheck doctor RUN`: the guides' step-1 checklist for one run. Returns the Result (every finding)
-    and the checklist lines (`weightcheck.doctor.Line`: key, title, verdict, evidence, next_step)."""
-    from weightcheck.doctor import discover
-    from weightcheck.doctor import doctor as run_doctor
-    from weightcheck.rollout import Thresholds
+    and the checklist lines (`weightcheck.checkup.Line`: key, title, verdict, evidence, next_step)."""
+    from weightcheck.checkup import discover
+    from weightcheck.checkup import doctor as run_doctor
+    from weightcheck.rollouts import Thresholds
 
     root = Path(run)
     settings = _settings(root, config, "doctor", select, ignore, fail_on, consumers)

@@ -422,7 +422,7 @@ def lint(
     ends in .json/.safetensors/.jsonl/.toml; otherwise the HF cache, then the Hub, are tried."""
     from weightcheck.collapse import full_lists
     from weightcheck.deps import require
-    from weightcheck.lint import lint_many
+    from weightcheck.linting import lint_many
     from weightcheck.patterns import PatternError
     from weightcheck.progress import choose_mode
 

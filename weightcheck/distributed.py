@@ -2,7 +2,7 @@
 the result a single process gives, in the same order.
 
 This module knows chunks, tasks, placement and retries, not what a task computes: the data-reading
-modules (weightcheck.scan, weightcheck.diff) open a `session`, hand `run_work` their own task function
+modules (weightcheck.scan, weightcheck.diffing) open a `session`, hand `run_work` their own task function
 and work list, and turn failed chunks into their own findings. It imports none of them.
 
 Work units. The single-process work walks its list in storage order (shard by shard, by offset). That list

@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import os
 import re
-from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path, PurePosixPath
 from typing import Any
@@ -198,6 +197,8 @@ class HubSource:
         return parse_json_doc(doc, raw)
 
     def read_headers(self, names: list[str]) -> dict[str, HeaderReport | PathRefusal]:
+        from concurrent.futures import ThreadPoolExecutor  # only for remote headers: keeps local lint's import light
+
         with ThreadPoolExecutor(max_workers=max(1, min(self.max_workers, len(names)))) as pool:
             opened = list(pool.map(self._open_shard, names))
         return dict(zip(names, opened, strict=True))

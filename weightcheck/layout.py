@@ -391,91 +391,6 @@ def _pipeline(
     )
 
 
-def megatron_layer_offset(
-    num_layers: int,
-    pp_size: int,
-    pp_rank: int,
-    vp_size: int | None = None,
-    vp_stage: int | None = None,
-    first_stage_layers: int | None = None,
-    last_stage_layers: int | None = None,
-    layout: str | None = None,
-    account_for_embedding: bool = False,
-    account_for_loss: bool = False,
-    mtp_num_layers: int | None = None,
-) -> int:
-    """Global id of the first decoder layer on `(pp_rank, vp_stage)`, as megatron-core computes it.
-
-    Raises ValueError for configurations megatron-core refuses (see `MegatronPipeline`).
-    """
-    pipe = _pipeline(
-        num_layers,
-        pp_size,
-        vp_size,
-        first_stage_layers,
-        last_stage_layers,
-        layout,
-        account_for_embedding,
-        account_for_loss,
-        mtp_num_layers,
-    )
-    return pipe.offset(pp_rank, vp_stage)
-
-
-def megatron_num_layers_to_build(
-    num_layers: int,
-    pp_size: int,
-    pp_rank: int,
-    vp_size: int | None = None,
-    vp_stage: int | None = None,
-    first_stage_layers: int | None = None,
-    last_stage_layers: int | None = None,
-    layout: str | None = None,
-    account_for_embedding: bool = False,
-    account_for_loss: bool = False,
-    mtp_num_layers: int | None = None,
-) -> int:
-    """Number of decoder layers on `(pp_rank, vp_stage)` (megatron-core's `get_num_layers_to_build`)."""
-    pipe = _pipeline(
-        num_layers,
-        pp_size,
-        vp_size,
-        first_stage_layers,
-        last_stage_layers,
-        layout,
-        account_for_embedding,
-        account_for_loss,
-        mtp_num_layers,
-    )
-    return pipe.num_layers_to_build(pp_rank, vp_stage)
-
-
-def megatron_stage_layers(
-    num_layers: int,
-    pp_size: int,
-    vp_size: int | None = None,
-    first_stage_layers: int | None = None,
-    last_stage_layers: int | None = None,
-    layout: str | None = None,
-    account_for_embedding: bool = False,
-    account_for_loss: bool = False,
-    mtp_num_layers: int | None = None,
-) -> dict[StageKey, list[int]]:
-    """`{(pp_rank, vp_stage): [global decoder layer ids]}` for every stage (vp_stage 0 without VPP)."""
-    pipe = _pipeline(
-        num_layers,
-        pp_size,
-        vp_size,
-        first_stage_layers,
-        last_stage_layers,
-        layout,
-        account_for_embedding,
-        account_for_loss,
-        mtp_num_layers,
-    )
-    return pipe.stage_layers()
-
-
 def local_to_global_layer(
     local_idx: int,
     num_layers: int,
@@ -503,33 +418,6 @@ def local_to_global_layer(
         mtp_num_layers,
     )
     return pipe.local_to_global(local_idx, pp_rank, vp_stage)
-
-
-def megatron_owner_stage(
-    global_layer: int,
-    num_layers: int,
-    pp_size: int,
-    vp_size: int | None = None,
-    first_stage_layers: int | None = None,
-    last_stage_layers: int | None = None,
-    layout: str | None = None,
-    account_for_embedding: bool = False,
-    account_for_loss: bool = False,
-    mtp_num_layers: int | None = None,
-) -> StageKey:
-    """The `(pp_rank, vp_stage)` building global decoder layer `global_layer` (not MTP: see `mtp_hf_layer`)."""
-    pipe = _pipeline(
-        num_layers,
-        pp_size,
-        vp_size,
-        first_stage_layers,
-        last_stage_layers,
-        layout,
-        account_for_embedding,
-        account_for_loss,
-        mtp_num_layers,
-    )
-    return pipe.owner(global_layer)
 
 
 def mtp_hf_layer(mtp_idx: int, num_layers: int) -> int:
@@ -740,22 +628,6 @@ def range_owner(global_layer: int, ranges: Sequence[tuple[int, int]]) -> int | N
     return None
 
 
-def sglang_owner_stage(global_layer: int, num_layers: int, pp_size: int, partition: str | None = None) -> int:
-    """The SGLang pp_rank holding `global_layer`; ValueError for a layer outside the model."""
-    owner = range_owner(global_layer, sglang_pp_ranges(num_layers, pp_size, partition))
-    if owner is None:
-        raise ValueError(f"layer {global_layer} is on no SGLang stage of a {num_layers}-layer model")
-    return owner
-
-
-def vllm_owner_stage(global_layer: int, num_layers: int, pp_size: int, partition: str | None = None) -> int:
-    """The vLLM pp_rank holding `global_layer`; ValueError for a layer outside the model."""
-    owner = range_owner(global_layer, vllm_pp_ranges(num_layers, pp_size, partition))
-    if owner is None:
-        raise ValueError(f"layer {global_layer} is on no vLLM stage of a {num_layers}-layer model")
-    return owner
-
-
 def stage_feeds(
     trainer_stages: Mapping[StageKey, Iterable[int]], engine_ranges: Sequence[tuple[int, int]]
 ) -> dict[StageKey, list[int]]:
@@ -805,7 +677,7 @@ def infer_pp_offset_bug(
     """Say whether the layer ids a Megatron stage sent are its expected ids shifted by −offset.
 
     `stage_ranges` maps a stage key to its expected global ids (a list, or `range(start, end)`), e.g.
-    `megatron_stage_layers(...)`. Pass `stage=` when the sender is known: the answer is then exact.
+    `MegatronPipeline(...).stage_layers()`. Pass `stage=` when the sender is known: the answer is then exact.
     Without it, ids equal to some stage's expected ids are taken as correct (None), and otherwise every
     stage whose ids they match under a non-zero shift is a candidate (the first in `stage_ranges` order is
     reported, the rest in `ambiguous_with`). Returns None when no shift explains the ids.

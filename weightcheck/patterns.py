@@ -19,7 +19,6 @@ import sys
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 from functools import cache, lru_cache
-from importlib import resources
 from pathlib import Path
 from typing import Any, NamedTuple
 
@@ -294,6 +293,8 @@ def _pattern_dir() -> Path | None:
     local = Path(__file__).resolve().parent.parent / "patterns"
     if local.is_dir():
         return local
+    from importlib import resources  # installed copies only: a source checkout never pays for the import
+
     try:
         return Path(str(resources.files("weightcheck._patterns")))
     except (ModuleNotFoundError, TypeError):

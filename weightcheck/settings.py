@@ -33,7 +33,7 @@ else:  # pragma: no cover
 KNOWN_KEYS = {"select", "ignore", "extend-select", "fail-on", "format", "pattern", "allow-skip", "map", "validate-with"}
 # Suppression and targets (see docs/suppression.md).
 KNOWN_KEYS |= {"per-tensor-ignores", "consumers", "baseline"}
-# `weightcheck rollout` thresholds: a `[tool.weightcheck.rollout]` table, keys checked by weightcheck.rollout.
+# `weightcheck rollout` thresholds: a `[tool.weightcheck.rollout]` table, keys checked by weightcheck.rollouts.
 KNOWN_KEYS |= {"rollout"}
 
 
@@ -215,6 +215,16 @@ def load_settings(target: Path | None = None, explicit: Path | None = None) -> S
     return settings
 
 
+def _check_patterns(patterns: list[str], key: str) -> None:
+    """A bad `re:` pattern is a usage error when the settings file is read, before any work starts."""
+    from weightcheck.userpattern import PatternSyntaxError, check_patterns
+
+    try:
+        check_patterns(patterns)
+    except PatternSyntaxError as exc:
+        raise SettingsError(f"[tool.weightcheck] {key}: {exc}") from None
+
+
 def _load_triage(settings: Settings, table: dict[str, Any], path: Path) -> None:
     ignores = table.get("per-tensor-ignores", {})
     if not isinstance(ignores, dict):
@@ -222,6 +232,7 @@ def _load_triage(settings: Settings, table: dict[str, Any], path: Path) -> None:
     settings.per_tensor_ignores = {
         str(glob): check_codes(_str_list(codes, f"per-tensor-ignores {glob!r}")) for glob, codes in ignores.items()
     }
+    _check_patterns(list(settings.per_tensor_ignores), "per-tensor-ignores")
     if "consumers" in table:
         settings.consumers = check_consumers(_str_list(table["consumers"], "consumers"))
     if "baseline" in table:

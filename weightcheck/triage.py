@@ -10,13 +10,13 @@
 
 from __future__ import annotations
 
-import fnmatch
 import json
 from collections.abc import Iterable, Mapping
 from pathlib import Path
 from typing import Any
 
 from weightcheck.findings import Finding, Result
+from weightcheck.userpattern import first_match
 
 BASELINE_KIND = "weightcheck-baseline"
 
@@ -103,14 +103,15 @@ def suppress_per_name(
     findings: list[Finding], ignores: Mapping[str, list[str]]
 ) -> tuple[list[Finding], int]:
     """ruff's per-file-ignores for names: `{"model.embed_tokens.*": ["WC309"]}` drops a finding of those
-    codes when every name it is about matches one of the globs. A finding about several names is kept
-    if any of them is not covered (the others still need looking at)."""
+    codes when every name it is about matches one of the patterns (glob or `re:`, whole name:
+    weightcheck.userpattern). A finding about several names is kept if any of them is not covered (the
+    others still need looking at)."""
     kept: list[Finding] = []
     dropped = 0
     for finding in findings:
         names = finding.subjects()
         codes_for = [g for g, codes in ignores.items() if _code_matches(finding.code, codes)]
-        if codes_for and names and all(any(fnmatch.fnmatchcase(n, g) for g in codes_for) for n in names):
+        if codes_for and names and all(first_match(n, codes_for) is not None for n in names):
             dropped += 1
             continue
         kept.append(finding)

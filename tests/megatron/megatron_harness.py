@@ -52,7 +52,8 @@ from typing import Any
 
 def hf_config(kind: str) -> Any:
     """Tiny transformers configs: Qwen3 with 4 layers (2 per PP stage), Qwen3-MoE with 4 experts (2 per EP rank)."""
-    from transformers import Qwen3Config, Qwen3MoeConfig
+    from factories import tiny_qwen3_moe_config
+    from transformers import Qwen3Config
 
     common: dict[str, Any] = dict(
         hidden_size=64,
@@ -67,14 +68,7 @@ def hf_config(kind: str) -> Any:
     if kind == "qwen3":
         return Qwen3Config(num_hidden_layers=4, **common)
     if kind == "qwen3_moe":
-        return Qwen3MoeConfig(
-            num_hidden_layers=2,
-            num_experts=4,
-            num_experts_per_tok=2,
-            moe_intermediate_size=32,
-            decoder_sparse_step=1,
-            **common,
-        )
+        return tiny_qwen3_moe_config(decoder_sparse_step=1, **common)
     raise KeyError(kind)
 
 

@@ -19,10 +19,10 @@ import quant_fixtures
 import torch
 from quant_fixtures import edit_tensors
 
-from weightcheck.diff import DiffOptions, diff
+from weightcheck.diffing import DiffOptions, diff
 from weightcheck.distributed import KILL_HOOK_ENV
 from weightcheck.findings import Result
-from weightcheck.lint import lint
+from weightcheck.linting import lint
 from weightcheck.reporters import render
 
 ray = pytest.importorskip("ray")

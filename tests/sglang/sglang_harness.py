@@ -55,7 +55,8 @@ def install_cpu_stubs() -> None:
 
 def tiny_config(kind: str, **overrides: Any) -> Any:
     """Tiny transformers configs (the classes `AutoConfig` returns), shared by SGLang and the checkpoint."""
-    from transformers import DeepseekV3Config, Qwen2Config, Qwen3Config, Qwen3MoeConfig
+    from factories import tiny_qwen3_moe_config
+    from transformers import DeepseekV3Config, Qwen2Config, Qwen3Config
 
     common: dict[str, Any] = dict(
         hidden_size=64,
@@ -72,14 +73,7 @@ def tiny_config(kind: str, **overrides: Any) -> Any:
     if kind == "qwen3":
         return Qwen3Config(head_dim=16, **{**common, **overrides})
     if kind == "qwen3_moe":
-        return Qwen3MoeConfig(
-            head_dim=16,
-            num_experts=4,
-            num_experts_per_tok=2,
-            moe_intermediate_size=32,
-            decoder_sparse_step=1,
-            **{**common, **overrides},
-        )
+        return tiny_qwen3_moe_config(decoder_sparse_step=1, **{**common, **overrides})
     if kind == "deepseek_v3":
         values = dict(
             common,

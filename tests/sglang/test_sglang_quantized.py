@@ -67,7 +67,7 @@ def fp8_config(kind: str) -> Any:
     requires it): Qwen3-MoE with q = k = v = 128 (4 heads of 32, no GQA) and 128-wide experts; DeepSeek-V3
     (dense layer 0, shared expert, MLA) with hidden 128, q_lora_rank 128, 128-wide experts and MLP."""
     import torch
-    from transformers import Qwen3MoeConfig
+    from factories import tiny_qwen3_moe_config
 
     if kind == "deepseek_v3":
         return tiny_config(
@@ -82,20 +82,14 @@ def fp8_config(kind: str) -> Any:
             v_head_dim=32,
             dtype=torch.bfloat16,
         )
-    return Qwen3MoeConfig(
+    return tiny_qwen3_moe_config(
         hidden_size=128,
-        num_hidden_layers=2,
-        num_attention_heads=4,
         num_key_value_heads=4,
         head_dim=32,
         intermediate_size=256,
         moe_intermediate_size=128,
-        num_experts=4,
-        num_experts_per_tok=2,
         decoder_sparse_step=1,
-        vocab_size=128,
         max_position_embeddings=256,
-        tie_word_embeddings=False,
         dtype=torch.bfloat16,
     )
 

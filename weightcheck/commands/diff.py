@@ -26,19 +26,21 @@ from weightcheck.cli import (
     "--map",
     "maps",
     multiple=True,
-    help="Name map: a file of `pattern_a -> pattern_b` lines (`*` wildcards), or one inline rule. Repeatable.",
+    help="Name map: a file of `pattern_a -> pattern_b` lines, or one inline rule; pattern_a is a glob whose `*` "
+    "fill pattern_b's `*`, or `re:REGEX` whose groups do. Repeatable.",
 )
 @click.option(
     "--policy",
     "policy_path",
     type=click.Path(dir_okay=False, path_type=Path),
     default=None,
-    help="Comparison policy file: `<regex> <tier> [key=value]` lines, tried before the built-in rules.",
+    help="Comparison policy file: `<pattern> <tier> [key=value]` lines (glob or `re:REGEX`, whole name), tried "
+    "before the built-in rules.",
 )
 @click.option(
     "--allow-skip",
     multiple=True,
-    help="Tensors (glob with `*`, or `re:REGEX`) that may be skipped or missing without failing. Repeatable.",
+    help="Tensors (glob, or `re:REGEX`; whole name) that may be skipped or missing without failing. Repeatable.",
 )
 @progress_option
 @click.option("--download", is_flag=True, help="A Hub repo id not fully cached is downloaded into the HF cache.")
@@ -75,8 +77,8 @@ def diff(
     from weightcheck.collapse import full_lists
     from weightcheck.compare.policy import PolicyError, load_policy
     from weightcheck.deps import MissingDependency, require
-    from weightcheck.diff import DiffOptions, NameMapError, internal_error, load_name_map
-    from weightcheck.diff import diff as run_diff
+    from weightcheck.diffing import DiffOptions, NameMapError, internal_error, load_name_map
+    from weightcheck.diffing import diff as run_diff
     from weightcheck.progress import choose_mode
     from weightcheck.skiplist import check_entries
 

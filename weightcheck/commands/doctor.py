@@ -60,9 +60,9 @@ def doctor(
     by convention or named with the options.
     """
     from weightcheck import api
+    from weightcheck.checkup import discover, render_checklist
+    from weightcheck.checkup import doctor as run_doctor
     from weightcheck.deps import MissingDependency
-    from weightcheck.doctor import discover, render_checklist
-    from weightcheck.doctor import doctor as run_doctor
 
     settings = resolve_settings(run, config_path, command=None, select=select, ignore=ignore, fail_on=fail_on, fmt=fmt)
     where = f" in {settings.source}" if settings.source else ""

@@ -47,7 +47,7 @@ def threshold_options(fn: Any) -> Any:
 
 
 def thresholds_from(settings_rollout: dict[str, Any], cli_values: dict[str, Any], where: str) -> Any:
-    from weightcheck.rollout import Thresholds
+    from weightcheck.rollouts import Thresholds
 
     try:
         th = Thresholds().updated(settings_rollout, where)
@@ -81,7 +81,7 @@ def rollout(
     rollout_result/ folder of JSONL files. Dumps are loaded with torch.load(weights_only=True) only.
     """
     from weightcheck.deps import MissingDependency
-    from weightcheck.rollout import check_rollout
+    from weightcheck.rollouts import check_rollout
 
     settings = resolve_settings(
         dumps, config_path, command="rollout", select=select, ignore=ignore, fail_on=fail_on, fmt=fmt

@@ -1,16 +1,20 @@
-"""Comparison policy: which tier (and threshold) applies to which tensor, chosen by regex on its name.
+"""Comparison policy: which tier (and threshold) applies to which tensor, chosen by a pattern on its name.
 
-A policy is an ordered list of rules; the first rule whose regex matches (`re.search`) the tensor's
-logical name in checkpoint A wins. A tensor that matches no rule is an error (WC716), never a silent pass.
-User rules (`--policy FILE`) come before the built-in ones, so they can override them.
+A policy is an ordered list of rules; the first rule whose pattern matches the tensor's logical name in
+checkpoint A wins. Patterns follow the one user-pattern syntax (`weightcheck.userpattern`): a glob or
+`re:REGEX`, matching the whole name; a bare pattern without a glob wildcard keeps the format's older reading,
+a regex searched anywhere in the name (`\\.experts\\.`, `bias$`, `lm_head`). A tensor that matches no rule
+is an error (WC716), never a silent pass. User rules (`--policy FILE`) come before the built-in ones, so they
+can override them.
 
 File format, one rule per line (`#` starts a comment):
 
-    <regex>  <tier>  [key=value ...]
+    <pattern>  <tier>  [key=value ...]
 
-    \\.mlp\\.experts\\.        ulp   ulps=2
-    ^lm_head\\.weight$        stat  rel_l2=0.25 sqnr_db=12
-    (^|\\.)bias$              exact
+    *.mlp.experts.*            ulp   ulps=2
+    re:lm_head\\.weight        stat  rel_l2=0.25 sqnr_db=12
+    *.bias                     exact
+    \\.mlp\\.experts\\.        ulp   ulps=2      (older form: a regex searched in the name)
 
 Tiers:
 
@@ -28,11 +32,11 @@ Tiers:
 
 from __future__ import annotations
 
-import re
 from dataclasses import dataclass
 from pathlib import Path
 
 from weightcheck import safe_io
+from weightcheck.userpattern import PatternSyntaxError, policy_pattern
 
 TIERS = ("auto", "exact", "ulp", "stat")
 _STAT_KEYS = ("rel_l2", "sqnr_db", "cosine", "max_abs")
@@ -71,7 +75,7 @@ class PolicyRule:
     source: str = "built-in"
 
     def matches(self, name: str) -> bool:
-        return _compiled(self.pattern).search(name) is not None
+        return policy_pattern(self.pattern).matches(name)
 
     def describe(self) -> str:
         extra = ""
@@ -84,15 +88,6 @@ class PolicyRule:
     @property
     def has_thresholds(self) -> bool:
         return any(getattr(self, k) is not None for k in _STAT_KEYS)
-
-
-_CACHE: dict[str, re.Pattern[str]] = {}
-
-
-def _compiled(pattern: str) -> re.Pattern[str]:
-    if pattern not in _CACHE:
-        _CACHE[pattern] = re.compile(pattern)
-    return _CACHE[pattern]
 
 
 def parse_policy(text: str, source: str = "policy") -> list[PolicyRule]:
@@ -110,9 +105,9 @@ def parse_policy(text: str, source: str = "policy") -> list[PolicyRule]:
             raise PolicyError(f"{where}: expected `<regex> <tier> [key=value ...]`, got {raw.strip()!r}")
         pattern, tier, options = fields[0], fields[1].lower(), fields[2:]
         try:
-            _compiled(pattern)
-        except re.error as exc:
-            raise PolicyError(f"{where}: invalid regex {pattern!r}: {exc}") from None
+            policy_pattern(pattern)
+        except PatternSyntaxError as exc:
+            raise PolicyError(f"{where}: {exc}") from None
         if tier not in TIERS:
             raise PolicyError(f"{where}: unknown tier {tier!r} (choose from {', '.join(TIERS)})")
         values: dict[str, float] = {}

@@ -25,10 +25,6 @@ FLOAT_FORMATS: dict[str, tuple[float, float]] = {
 }
 
 
-def is_float_dtype(dtype: str) -> bool:
-    return dtype in FLOAT_FORMATS or dtype in ("F8_E8M0", "F4", "F6_E2M3", "F6_E3M2", "C64")
-
-
 def float_ulp(values: torch.Tensor, *, eps: float, smallest_normal: float) -> torch.Tensor:
     """ULP of each value: 2^floor(log2|x|) * eps, zeros and subnormals clamped to the smallest normal
     (their spacing is the subnormal step). NaN and Inf give NaN, so a comparison against them fails.

@@ -22,7 +22,7 @@ from weightcheck.quant import safe_regex
 def _compiled(pattern: str) -> safe_regex.SafeRegex | None:
     # Linear-time evaluation (RE2) with Python `re` meaning; None also for a pattern that could only be
     # evaluated by backtracking without end (safe_regex.refusal says why; WC303 reports it).
-    return safe_regex.compile(pattern)
+    return safe_regex.compile_regex(pattern)
 
 
 def regex_match(pattern: str, name: str) -> bool:
@@ -130,7 +130,7 @@ def _modelopt_glob(entry: str) -> tuple[safe_regex.SafeRegex | None, str | None]
     # character, the glob's longest `*`-free piece must be a substring of whatever it matches: a cheap test
     # that skips the regex for almost every (name, entry) pair of a per-layer list.
     piece = None if set(entry) & set("^$+?{}[]\\|()") else max(entry.split("*"), key=len)
-    return safe_regex.compile(safe_regex.glob_to_regex(entry)), piece
+    return safe_regex.compile_regex(safe_regex.glob_to_regex(entry)), piece
 
 
 def sglang_modelopt_match(name: str, entry: str) -> bool:
@@ -165,60 +165,19 @@ class Consumer:
     match: Callable[[str, str], bool]
     # Quantizes targets from the config itself (so an unignored router gets quantized by it).
     quantizes_online: bool = False
-    # How plain (non-`re:`) entries match, when it allows an indexed lookup instead of a scan:
-    # "exact", "suffix" (exact or dotted suffix), "prefix" (bare string prefix), "dot-prefix"; None = scan.
-    plain_rule: str | None = None
-
     def matches(self, name: str, entries: Iterable[str]) -> list[str]:
         return [e for e in entries if self.match(name, e)]
-
-    def index(self, entries: Iterable[str]) -> IgnoreIndex:
-        return IgnoreIndex(self, list(entries))
-
-
-class IgnoreIndex:
-    """An ignore list prepared for one consumer: `matching(name)` in O(#regexes + name length) instead of
-    O(#entries). llm-compressor writes one entry per ignored module, so lists of thousands are common."""
-
-    def __init__(self, consumer: Consumer, entries: list[str]) -> None:
-        self.consumer = consumer
-        self.entries = entries
-        fast = consumer.plain_rule is not None
-        self.regexes = [(e, _compiled(e[3:])) for e in entries if fast and e.startswith("re:")]
-        self.plain = {e for e in entries if fast and not e.startswith("re:")}
-        self.scan = [] if fast else entries
-
-    def matching(self, name: str) -> list[str]:
-        if self.scan:
-            return [e for e in self.scan if self.consumer.match(name, e)]
-        out = [e for e, rx in self.regexes if rx is not None and rx.match(name)]
-        plain, rule = self.plain, self.consumer.plain_rule
-        if not plain:
-            return out
-        if name in plain:
-            out.append(name)
-        if rule == "suffix":
-            pos = name.find(".")
-            while pos >= 0:
-                if name[pos + 1 :] in plain:
-                    out.append(name[pos + 1 :])
-                pos = name.find(".", pos + 1)
-        elif rule == "prefix":
-            out.extend(name[:i] for i in range(1, len(name)) if name[:i] in plain)
-        elif rule == "dot-prefix":
-            out.extend(name[:i] for i in range(1, len(name)) if name[i] == "." and name[:i] in plain)
-        return out
 
 
 _CT = frozenset({"compressed-tensors"})
 CONSUMERS: tuple[Consumer, ...] = (
-    Consumer("ct", "compressed-tensors (producer, llm-compressor)", "module", _CT, ct_match, plain_rule="exact"),
-    Consumer("vllm", "vLLM", "module", _CT, vllm_ct_match, plain_rule="exact"),
-    Consumer("sglang", "SGLang >= 0.5.23", "module", _CT, sglang_ct_match, plain_rule="suffix"),
+    Consumer("ct", "compressed-tensors (producer, llm-compressor)", "module", _CT, ct_match),
+    Consumer("vllm", "vLLM", "module", _CT, vllm_ct_match),
+    Consumer("sglang", "SGLang >= 0.5.23", "module", _CT, sglang_ct_match),
     Consumer("sglang-substring", "SGLang 0.5.x before #32736 (substring era)", "module", _CT,
              sglang_ct_substring_match),
     Consumer("slime-int4", "slime/miles online INT4 quantizer (parameter names)", "param", _CT, slime_int4_match,
-             quantizes_online=True, plain_rule="prefix"),
+             quantizes_online=True),
     Consumer("vllm-fp8", "vLLM", "module", frozenset({"fp8"}), vllm_fp8_match),
     Consumer("sglang-fp8", "SGLang 0.5.23", "module", frozenset({"fp8"}), sglang_fp8_match),
     Consumer("transformers", "transformers (modules_to_not_convert)", "module",
@@ -231,7 +190,7 @@ CONSUMERS: tuple[Consumer, ...] = (
     # miles' online NVFP4 (radixark/miles quantizer_nvfp4.py, every version to Aug 2026) packs only the
     # routed and shared experts' fc1/fc2; routers, embeddings, lm_head and attention pass through untouched.
     Consumer("miles-nvfp4", "miles online NVFP4 (parameter names)", "param", frozenset({"modelopt"}),
-             miles_nvfp4_match, plain_rule="dot-prefix"),
+             miles_nvfp4_match),
 )  # fmt: skip
 
 

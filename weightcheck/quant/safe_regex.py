@@ -67,6 +67,52 @@ class SafeRegex:
         return self._py is not None and self._py.fullmatch(text) is not None
 
 
+class _DottedLiteral(SafeRegex):
+    """A pattern of literal name characters, `.` (any character but a newline) and `\\.` (a dot): what a
+    module name used as a regex is (transformers' `modules_to_not_convert` entries, `entry + r"\\."`).
+    Matched by comparing characters, with `re` meaning, without compiling a regex: an ignore list of a few
+    hundred module names otherwise spends most of a config-only lint in `re` / RE2 compilation."""
+
+    __slots__ = ("_literals", "_width")
+
+    def __init__(self, pattern: str, width: int, literals: list[tuple[int, str]]) -> None:
+        super().__init__(pattern, None, None)
+        self._width = width
+        self._literals = literals
+
+    def _fits(self, text: str) -> bool:
+        # `.` matches anything but a newline; the other positions must hold their literal character.
+        head = text[: self._width]
+        return "\n" not in head and all(head[i] == char for i, char in self._literals)
+
+    def match(self, text: str) -> bool:
+        return len(text) >= self._width and self._fits(text)
+
+    def fullmatch(self, text: str) -> bool:
+        return len(text) == self._width and self._fits(text)
+
+
+_DOTTED_LITERAL = re.compile(r"(?:[A-Za-z0-9_]|\\?\.)*")
+
+
+def _dotted_literal(pattern: str) -> _DottedLiteral | None:
+    """The character-comparing form of `pattern`, if it has that shape (else None: compile it)."""
+    if not _DOTTED_LITERAL.fullmatch(pattern):
+        return None
+    literals: list[tuple[int, str]] = []
+    width = i = 0
+    while i < len(pattern):
+        if pattern[i] == "\\":  # `\.`, the only escape the shape admits: a literal dot
+            literals.append((width, "."))
+            i += 2
+        else:
+            if pattern[i] != ".":  # a bare `.` is the wildcard
+                literals.append((width, pattern[i]))
+            i += 1
+        width += 1
+    return _DottedLiteral(pattern, width, literals)
+
+
 def _backtracks(pattern: str) -> bool:
     """True when the parsed pattern has a repetition containing another repetition or an alternation
     (`(a+)+`, `(a|aa)*`, `(.*)*`): the shapes with exponential backtracking in Python `re`."""
@@ -108,6 +154,9 @@ def _backtracks(pattern: str) -> bool:
 def _compile(pattern: str) -> tuple[SafeRegex | None, str | None]:
     if len(pattern) > MAX_PATTERN_CHARS:
         return None, f"pattern longer than {MAX_PATTERN_CHARS} characters"
+    literal = _dotted_literal(pattern)
+    if literal is not None:
+        return literal, None
     try:
         with warnings.catch_warnings():  # `[[:alpha:]]` warns about nested sets; a config must not spam stderr
             warnings.simplefilter("ignore")
@@ -130,13 +179,13 @@ def _compile(pattern: str) -> tuple[SafeRegex | None, str | None]:
     return SafeRegex(pattern, py, None), None
 
 
-def compile(pattern: str) -> SafeRegex | None:
+def compile_regex(pattern: str) -> SafeRegex | None:
     """The safe compiled form of `pattern`, or None (invalid in Python `re`, or refused: see `refusal`)."""
     return _compile(pattern)[0]
 
 
 def refusal(pattern: str) -> str | None:
-    """Why `compile(pattern)` is None (does not compile / cannot be evaluated safely), or None if usable."""
+    """Why `compile_regex(pattern)` is None (does not compile / cannot be evaluated safely), or None if usable."""
     return _compile(pattern)[1]
 
 

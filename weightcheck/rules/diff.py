@@ -2,7 +2,7 @@
 so a code's doc, examples and fix text live in one place and a mistyped code fails loudly (UnknownRuleCode)
 instead of being dropped by the selection filter.
 
-They have no `check`: diff's comparison engine (weightcheck.diff) decides which rule a tensor pair breaks;
+They have no `check`: diff's comparison engine (weightcheck.diffing) decides which rule a tensor pair breaks;
 registering them here documents them in `weightcheck rules`, SARIF and docs/rules.md.
 """
 

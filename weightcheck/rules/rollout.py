@@ -2,7 +2,7 @@
 WC850–WC869: the run-level checklist lines only `weightcheck doctor` can answer (trainer and engine logs,
 the Megatron load directory).
 
-Fired by `weightcheck.rollout.checks` and `weightcheck.doctor`, not by lint. Default thresholds are the
+Fired by `weightcheck.rollouts.checks` and `weightcheck.checkup`, not by lint. Default thresholds are the
 frameworks' own (see each doc); every one is an option of `weightcheck rollout` and a key of the config
 file's `[tool.weightcheck.rollout]` table.
 """

@@ -14,7 +14,7 @@ from dataclasses import dataclass, field, fields
 from typing import Any
 
 from weightcheck.findings import Finding, Location, Severity
-from weightcheck.rollout.readers import DumpSet, RolloutDump, RolloutSample, TrainDump, TrainSample
+from weightcheck.rollouts.readers import DumpSet, RolloutDump, RolloutSample, TrainDump, TrainSample
 
 # How many samples / token positions a finding lists (the JSON details keep the same bounded lists).
 _TOP = 5

@@ -28,7 +28,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from weightcheck.rollout.loading import (
+from weightcheck.rollouts.loading import (
     DumpRefused,
     as_float_list,
     as_int_list,

@@ -40,6 +40,7 @@ from weightcheck.rules.diff import (
     diff_rule,
 )
 from weightcheck.structure import is_index
+from weightcheck.userpattern import PatternSyntaxError, capture_pattern, captures, first_match
 
 if TYPE_CHECKING:
     from weightcheck.compare.classify import Classification, ReferenceIndex
@@ -67,8 +68,9 @@ class NameMapError(ValueError):
 # ---- name maps ----------------------------------------------------------------------------------
 @dataclass(frozen=True)
 class NameMapRule:
-    """`pattern_a -> pattern_b`: each `*` in pattern_a captures a non-empty run (dots included), and
-    the captures fill pattern_b's `*` in order."""
+    """`pattern_a -> pattern_b` in the user-pattern syntax (weightcheck.userpattern): each `*` of a glob
+    pattern_a captures lazily (an `re:` pattern_a captures with its groups), and the captures fill
+    pattern_b's `*` in order."""
 
     pattern_a: str
     pattern_b: str
@@ -76,7 +78,7 @@ class NameMapRule:
 
     @property
     def regex(self) -> re.Pattern[str]:
-        return _glob_regex(self.pattern_a, capture=True)
+        return capture_pattern(self.pattern_a)
 
     def apply(self, name: str) -> str | None:
         match = self.regex.fullmatch(name)
@@ -85,22 +87,8 @@ class NameMapRule:
         pieces = self.pattern_b.split("*")
         out = pieces[0]
         for group, piece in zip(match.groups(), pieces[1:], strict=True):
-            out += group + piece
+            out += (group or "") + piece
         return out
-
-
-_REGEX_CACHE: dict[tuple[str, bool], re.Pattern[str]] = {}
-
-
-def _glob_regex(pattern: str, *, capture: bool) -> re.Pattern[str]:
-    key = (pattern, capture)
-    if key not in _REGEX_CACHE:
-        if pattern.startswith("re:"):
-            _REGEX_CACHE[key] = re.compile(pattern[3:])
-        else:
-            star = "(.+?)" if capture else ".*"
-            _REGEX_CACHE[key] = re.compile("".join(star if c == "*" else re.escape(c) for c in pattern))
-    return _REGEX_CACHE[key]
 
 
 def parse_name_map(text: str, source: str = "map") -> list[NameMapRule]:
@@ -115,8 +103,17 @@ def parse_name_map(text: str, source: str = "map") -> list[NameMapRule]:
         where = f"{source}:{number}"
         if not arrow or not left or not right or " " in left or " " in right:
             raise NameMapError(f"{where}: expected `pattern_a -> pattern_b`, got {raw.strip()!r}")
-        if left.count("*") != right.count("*"):
-            raise NameMapError(f"{where}: both sides need the same number of `*` ({left!r} -> {right!r})")
+        try:
+            captured = captures(left)
+        except PatternSyntaxError as exc:
+            raise NameMapError(f"{where}: {exc}") from None
+        if captured != right.count("*"):
+            what = (
+                f"the right side needs the same number of `*` as the regex has groups ({captured})"
+                if left.startswith("re:")
+                else "both sides need the same number of `*`"
+            )
+            raise NameMapError(f"{where}: {what} ({left!r} -> {right!r})")
         rules.append(NameMapRule(left, right, where))
     return rules
 
@@ -170,9 +167,7 @@ def map_name(name: str, rules: Iterable[NameMapRule]) -> str:
 
 def skip_allowed(name: str, patterns: Iterable[str]) -> str | None:
     """The first `--allow-skip` pattern (glob, or `re:` regex) matching the whole name: the syntax verify's
-    `--skip` shares (weightcheck.skiplist)."""
-    from weightcheck.skiplist import first_match
-
+    `--skip` and every other user pattern share (weightcheck.userpattern)."""
     return first_match(name, patterns)
 
 
@@ -618,7 +613,7 @@ def _tensor_evidence(outcome: Outcome) -> dict[str, Any]:
 
 
 def _findings(outcomes: list[Outcome], only_a: list[str], only_b: list[str], opts: DiffOptions) -> list[Finding]:
-    from weightcheck.lint import selected_rules
+    from weightcheck.linting import selected_rules
 
     findings: list[Finding] = []
     by_class: dict[str, list[Outcome]] = defaultdict(list)
@@ -674,7 +669,7 @@ def _findings(outcomes: list[Outcome], only_a: list[str], only_b: list[str], opt
 def _refusal_findings(view_a: LogicalCheckpoint, view_b: LogicalCheckpoint, opts: DiffOptions) -> list[Finding]:
     """Files either checkpoint references that the loader refused (leaving the checkpoint, a loop, not a
     regular file): the diff may still find every tensor elsewhere, but the checkpoint is not clean."""
-    from weightcheck.lint import selected_rules
+    from weightcheck.linting import selected_rules
 
     rule = FILE_REFUSED
     if rule.code not in {r.code for r in selected_rules(opts.select, opts.ignore, command="diff")}:

@@ -23,7 +23,6 @@ verify and rollout run through their Python APIs.
 
 from __future__ import annotations
 
-import os
 import re
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
@@ -462,7 +461,7 @@ def doctor(
     # 5-9. rollout dumps
     keys = ("rollout-coherent", "logprobs-equal", "logprob-level", "train-vs-rollout", "rewards")
     if inputs.dumps is not None:
-        from weightcheck.rollout import check_rollout_verdicts
+        from weightcheck.rollouts import check_rollout_verdicts
 
         sub, verdicts = check_rollout_verdicts(inputs.dumps, thresholds, select=select, ignore=ignore)
         result.findings.extend(sub.findings)
@@ -590,12 +589,3 @@ def render_checklist(lines: list[Line], result: Result) -> str:
         elif line.verdict in (PROBLEM, WARN):
             out.append(f"      next: {line.next_step}")
     return "\n".join(out) + "\n"
-
-
-def environment_log_dirs() -> list[Path]:
-    """Default places the guides name for logs, when they exist (not read unless given with --log)."""
-    out = []
-    for candidate in (Path("/tmp/sglang"), Path(os.path.expanduser("~/.ray/session_latest/logs"))):
-        if candidate.is_dir():
-            out.append(candidate)
-    return out

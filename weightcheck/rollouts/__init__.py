@@ -11,7 +11,7 @@ from pathlib import Path
 
 from weightcheck import safe_io
 from weightcheck.findings import Result
-from weightcheck.rollout.checks import Thresholds
+from weightcheck.rollouts.checks import Thresholds
 
 __all__ = ["Thresholds", "check_rollout", "check_rollout_verdicts", "discover"]
 
@@ -82,8 +82,8 @@ def check_rollout_verdicts(
     files: list[Path] | None = None,
 ) -> tuple[Result, dict[str, str]]:
     """`check_rollout` plus one line per step-1 verdict (what `doctor` prints on its checklist)."""
-    from weightcheck.rollout.checks import run_checks
-    from weightcheck.rollout.readers import read_dumps
+    from weightcheck.rollouts.checks import run_checks
+    from weightcheck.rollouts.readers import read_dumps
     from weightcheck.rules import all_rules, matches_selector
 
     th = thresholds or Thresholds()

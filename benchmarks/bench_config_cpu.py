@@ -1,0 +1,84 @@
+"""Config-only lint in process CPU time (user + system of the whole child process), against the json-parse
+floor, and optionally against another source tree (a baseline commit) in the same run.
+
+    python benchmarks/bench_config_cpu.py [--repeat 9] [--baseline-tree DIR]
+
+CPU time is far less sensitive than wall time to the other jobs on a shared machine. Commands alternate
+within each repetition (floor, this tree, baseline tree); figures are medians. Inputs: the published
+Qwen3-30B-A3B-FP8 config (`sample_configs/qwen3-30b-a3b-fp8-block`, a 145-entry `modules_to_not_convert`)
+and the Qwen3-235B-A22B-style config of bench_lint_real.py (94 layers x 128 experts, 283 entries).
+
+`--baseline-tree DIR`: a directory holding another checkout's `weightcheck/` (and `patterns/`), e.g.
+`mkdir /tmp/base && git archive <commit> weightcheck patterns | tar -x -C /tmp/base`.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+FLOOR = "import json, sys; json.load(open(sys.argv[1] + '/config.json'))"
+LINT = "import sys; from weightcheck.cli import main; sys.argv = ['weightcheck', 'lint', *sys.argv[1:]]; main()"
+
+
+def cpu_seconds(code: str, target: Path, tree: Path | None) -> float:
+    """User + system CPU seconds of one `python -c code target --format json` process."""
+    env = dict(os.environ)
+    env.pop("PYTHONDONTWRITEBYTECODE", None)  # as installed: compiled bytecode is cached
+    if tree is not None:
+        env["PYTHONPATH"] = str(tree)
+    args = [sys.executable, "-c", code, str(target.resolve())] + (["--format", "json"] if code is LINT else [])
+    # cwd outside every tree: `python -c` puts the working directory first on sys.path, which would shadow
+    # PYTHONPATH (the baseline tree would import this checkout's weightcheck when run from its root).
+    proc = subprocess.Popen(args, env=env, cwd=tempfile.gettempdir(), stdout=subprocess.DEVNULL,
+                            stderr=subprocess.DEVNULL)  # fmt: skip
+    _, status, usage = os.wait4(proc.pid, 0)
+    proc.returncode = os.waitstatus_to_exitcode(status)
+    if code is LINT and proc.returncode not in (0, 1):
+        raise SystemExit(f"lint of {target} exited {proc.returncode}")
+    return usage.ru_utime + usage.ru_stime
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--repeat", type=int, default=9)
+    ap.add_argument("--baseline-tree", type=Path)
+    args = ap.parse_args()
+    from bench_lint_real import qwen3_235b_fp8
+
+    work = Path(tempfile.mkdtemp(prefix="wc-config-cpu-"))
+    inputs = {
+        "Qwen3-30B-A3B-FP8 (published, 145 entries)": ROOT / "sample_configs" / "qwen3-30b-a3b-fp8-block",
+        "Qwen3-235B-A22B-style FP8 (94x128, 283 entries)": qwen3_235b_fp8(work),
+    }
+    trees = {"floor": None, "lint": ROOT}
+    if args.baseline_tree:
+        trees["baseline"] = args.baseline_tree.resolve()
+    for tree in trees.values():  # warm the bytecode caches before timing
+        if tree is not None:
+            cpu_seconds(LINT, next(iter(inputs.values())), tree)
+    print(f"load average at start: {os.getloadavg()[0]:.2f}")
+    print("| input | floor | lint | ratio |" + (" baseline | ratio |" if args.baseline_tree else ""))
+    for label, target in inputs.items():
+        times: dict[str, list[float]] = {k: [] for k in trees}
+        for _ in range(args.repeat):
+            for key, tree in trees.items():
+                times[key].append(cpu_seconds(FLOOR if key == "floor" else LINT, target, tree))
+        med = {k: statistics.median(v) for k, v in times.items()}
+        row = f"| {label} | {med['floor']:.3f} s | {med['lint']:.3f} s | {med['lint'] / med['floor']:.1f}x |"
+        if "baseline" in med:
+            row += f" {med['baseline']:.3f} s | {med['baseline'] / med['floor']:.1f}x |"
+        print(row, flush=True)
+    print(f"load average at end: {os.getloadavg()[0]:.2f}")
+
+
+if __name__ == "__main__":
+    main()
