@@ -340,7 +340,7 @@ def main() -> int:
     from weightcheck.digest import live_algorithm
     from weightcheck.manifest import write_manifest
     from weightcheck.tensors import TensorStore
-    from weightcheck.verify import verify
+    from weightcheck.verifying import verify
 
     work = Path(tempfile.mkdtemp(prefix="bench-tap-"))
     ckpt = args.keep or work / "ckpt"

@@ -205,7 +205,7 @@ def test_api_waits_for_expected_records_before_verifying(bench, tmp_path: Path) 
     import shutil
     import threading
 
-    from weightcheck.verify import count_records
+    from weightcheck.verifying import count_records
 
     b = bench("llama")
     b.push(b.stream)

@@ -13,7 +13,7 @@ from weightcheck import tap
 from weightcheck.devdigest import PosmixHasher, posmix128_bytes, posmix128_tensor
 from weightcheck.digest import POSMIX128, digest_stored, digest_tensor
 from weightcheck.findings import Result, Severity
-from weightcheck.verify import verify
+from weightcheck.verifying import verify
 
 MASK = (1 << 64) - 1
 

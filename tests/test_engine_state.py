@@ -14,7 +14,7 @@ from torch import nn
 
 from weightcheck import tap
 from weightcheck.findings import Result, Severity
-from weightcheck.verify import verify
+from weightcheck.verifying import verify
 
 
 def default_loader(param: torch.Tensor, loaded_weight: torch.Tensor) -> None:

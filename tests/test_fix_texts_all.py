@@ -1346,7 +1346,7 @@ VERIFY_CASES: list[VerifyCase] = [
 
 @pytest.mark.parametrize("case", VERIFY_CASES, ids=lambda c: c.code)
 def test_verify_fix_text_applied_clears_the_finding(bench, case: VerifyCase) -> None:
-    from weightcheck.verify import verify
+    from weightcheck.verifying import verify
 
     b = bench(case.kind)
     pushes = {"buggy": case.buggy, "fixed": case.fixed}
@@ -1365,7 +1365,7 @@ def test_verify_fix_text_applied_clears_the_finding(bench, case: VerifyCase) -> 
 
 def test_wc738_fix_text_applied(bench) -> None:
     """ "pass a sync or weight version that the records hold": one the finding lists."""
-    from weightcheck.verify import verify
+    from weightcheck.verifying import verify
 
     b = bench("llama")
     b.push(b.stream, "step-1")
@@ -1379,7 +1379,7 @@ def test_wc738_fix_text_applied(bench) -> None:
 def test_wc720_fix_text_applied(bench) -> None:
     """ "re-run the sync with the tap enabled": a sync whose record was cut short is run again; the new
     sync verifies clean (the damaged one keeps its finding: records are evidence, never rewritten)."""
-    from weightcheck.verify import verify
+    from weightcheck.verifying import verify
 
     b = bench("llama")
     b.push(b.stream, "step-1", ranks=_tv.pp_ranks(2, 4))
@@ -1396,7 +1396,7 @@ def test_wc720_fix_text_applied(bench) -> None:
 
 def test_wc721_fix_text_applied(bench, tmp_path: Path) -> None:
     """ "pass a reference checkpoint or manifest that is readable": the checkpoint itself."""
-    from weightcheck.verify import verify
+    from weightcheck.verifying import verify
 
     b = bench("llama")
     b.push(b.stream, "step-1")
@@ -1411,7 +1411,7 @@ def test_wc721_fix_text_applied(bench, tmp_path: Path) -> None:
 def test_wc739_fix_text_applied(bench) -> None:
     """ "read the engine's log for the load_weights exception; an unfinished sync must be re-run": the
     exception (a shape mismatch in the loader) is fixed and the sync re-run."""
-    from weightcheck.verify import verify
+    from weightcheck.verifying import verify
 
     b = bench("llama")
     wrong = [(n, t[:1] if n == V_NAME else t) for n, t in b.stream]

@@ -31,7 +31,7 @@ from torch import nn
 
 from weightcheck import tap
 from weightcheck.findings import Finding, Result, Severity
-from weightcheck.verify import verify
+from weightcheck.verifying import verify
 
 setup = _es.setup
 records = _qc.records
@@ -375,7 +375,7 @@ def test_wc737_fix_text_applied(bench: Any) -> None:
     withholds one tensor; SGLang names the parameter, weightcheck's WC722 for the same name says "make the
     trainer send the tensor", and the re-run push that does passes both."""
     from weightcheck.integrations.weights_checker import checked_weight_update
-    from weightcheck.verify import WeightSyncError
+    from weightcheck.verifying import WeightSyncError
 
     b = bench("llama")
     engine = b.engine()

@@ -22,7 +22,7 @@ from weightcheck import safe_io
 from weightcheck.safetensors_header import MAX_NAME_CHARS, read_header
 from weightcheck.tap import records as records_mod
 from weightcheck.tap.records import RecordError, read_record
-from weightcheck.verify import verify
+from weightcheck.verifying import verify
 
 
 @pytest.fixture(scope="session")

@@ -85,7 +85,7 @@ LAYERS: list[tuple[str, tuple[str, ...]]] = [
             "weightcheck.linting",
             "weightcheck.fixes",
             "weightcheck.diffing",
-            "weightcheck.verify",
+            "weightcheck.verifying",
             "weightcheck.rollouts",
             "weightcheck.checkup",
         ),

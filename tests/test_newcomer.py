@@ -174,7 +174,7 @@ def test_partial_fused_group_is_one_finding_naming_the_engines(make_quant) -> No
 
 
 def test_a_tensor_never_sent_is_one_finding_with_its_unwritten_parameter_attached(bench) -> None:  # noqa: F811
-    from weightcheck.verify import verify
+    from weightcheck.verifying import verify
 
     b = bench("llama")
     lost = "model.layers.1.self_attn.o_proj.weight"

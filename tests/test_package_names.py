@@ -8,7 +8,7 @@ from pathlib import Path
 
 API = ("lint", "diff", "verify", "rollout", "doctor")
 ENGINES = ("weightcheck.linting", "weightcheck.diffing", "weightcheck.checkup", "weightcheck.rollouts",
-           "weightcheck.rollouts.checks", "weightcheck.verify")  # fmt: skip
+           "weightcheck.rollouts.checks", "weightcheck.verifying")  # fmt: skip
 
 
 def test_api_names_stay_functions_after_every_engine_is_imported() -> None:
@@ -23,10 +23,16 @@ def test_api_names_stay_functions_after_every_engine_is_imported() -> None:
 
 
 def test_engine_modules_do_not_take_the_api_names() -> None:
-    """No engine module is named like an API function any more (verify's package is the one left, until it
-    is renamed): the package holds no `lint.py` / `lint/` etc."""
+    """No engine module is named like an API function: the package holds no `lint.py` / `lint/` etc."""
     import weightcheck
 
     root = Path(weightcheck.__file__).parent
-    for name in ("lint", "diff", "doctor", "rollout"):
+    for name in API:
         assert not (root / f"{name}.py").exists() and not (root / name).exists(), name
+
+
+def test_live_check_types_are_exported_lazily() -> None:
+    import weightcheck
+    from weightcheck.verifying import TrainerLayout, WeightSyncError
+
+    assert weightcheck.TrainerLayout is TrainerLayout and weightcheck.WeightSyncError is WeightSyncError

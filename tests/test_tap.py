@@ -598,6 +598,6 @@ def test_sync_left_open_at_exit_is_written_as_incomplete(tmp_path: Path) -> None
     assert done.returncode == 0, done.stderr
     record = only_record(tmp_path)
     assert record.header["sync"]["incomplete"] is True and len(record.tensors) == len(stream())
-    from weightcheck.verify import verify
+    from weightcheck.verifying import verify
 
     assert [f.code for f in verify(tmp_path).findings] == ["WC739"]

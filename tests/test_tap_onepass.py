@@ -189,7 +189,7 @@ def test_profile_switch_writes_stages_and_verify_prints_them(
     (note,) = profile_notes([record])
     assert note.startswith("tap profile, sync 0 (1 record(s), 3000 tensors") and "bookkeeping" in note
 
-    from weightcheck.verify import verify
+    from weightcheck.verifying import verify
 
     result = verify(records)
     assert any(n.startswith("tap profile, sync 0") for n in result.notes)

@@ -15,7 +15,7 @@ from torch import nn
 
 from weightcheck import tap
 from weightcheck.tap.coverage import crosses_quantization
-from weightcheck.verify import verify
+from weightcheck.verifying import verify
 
 FP8 = torch.float8_e4m3fn
 

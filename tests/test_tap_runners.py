@@ -12,7 +12,7 @@ import pytest
 from test_tap import Engine, default_loader, stream
 
 from weightcheck import tap
-from weightcheck.verify import verify
+from weightcheck.verifying import verify
 
 
 class TinyMTP(Engine):

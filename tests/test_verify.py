@@ -21,7 +21,7 @@ from weightcheck import tap
 from weightcheck.findings import Finding, Result
 from weightcheck.integrations.sync_check import check_weight_update_equal
 from weightcheck.manifest import ManifestWriter, manifest_part_path, read_manifest_parts, write_manifest
-from weightcheck.verify import TrainerLayout, WeightSyncError, verify
+from weightcheck.verifying import TrainerLayout, WeightSyncError, verify
 
 _LAYER = re.compile(r"(^|\.)layers\.(\d+)\.")
 _EXPERT = re.compile(r"\.experts\.(\d+)\.")
@@ -451,7 +451,7 @@ def test_manifest_digests_match_the_checkpoint(
     make_ckpt: Callable[[str], Path], tmp_path: Path, algorithm: str
 ) -> None:
     from weightcheck.digest import read_manifest
-    from weightcheck.verify import load_checkpoint_reference
+    from weightcheck.verifying import load_checkpoint_reference
 
     ckpt = make_ckpt("qwen3_tied")
     path = write_manifest(tmp_path / "m.json", read_stream(ckpt), step=3, algorithm=algorithm)
@@ -536,7 +536,7 @@ def test_weights_checker_interop(bench: Callable[[str], Bench], fake_engine: str
 
 
 def test_a_loaded_reference_is_reused_across_syncs(bench: Callable[[str], Bench]) -> None:
-    from weightcheck.verify import load_reference
+    from weightcheck.verifying import load_reference
 
     b = bench("llama")
     reference = load_reference(b.ckpt)
@@ -674,7 +674,7 @@ def test_records_of_either_algorithm_against_the_checkpoint(bench: Callable[[str
 
 
 def test_a_sha256_checkpoint_reference_is_rehashed_for_xxh3_records(bench: Callable[[str], Bench]) -> None:
-    from weightcheck.verify import load_reference
+    from weightcheck.verifying import load_reference
 
     b = bench("llama")
     _configure_digest(b, "xxh3_128")

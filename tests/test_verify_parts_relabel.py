@@ -19,7 +19,7 @@ from test_tap import Engine, stream
 from weightcheck import tap
 from weightcheck.findings import Finding, Result
 from weightcheck.manifest import ManifestWriter, manifest_part_path
-from weightcheck.verify import TrainerLayout, verify
+from weightcheck.verifying import TrainerLayout, verify
 
 Named = list[tuple[str, torch.Tensor]]
 

@@ -5,13 +5,13 @@ Python API (see README "Python API"): `weightcheck.lint()`, `weightcheck.diff()`
 its checklist lines). Importing the package imports nothing heavy.
 
 The engines behind them live in modules with other names (`weightcheck.linting`, `weightcheck.diffing`,
-`weightcheck.checkup`, `weightcheck.rollouts`), so `weightcheck.lint` is only ever the function.
+`weightcheck.verifying`, `weightcheck.checkup`, `weightcheck.rollouts`), so `weightcheck.lint` is only ever the
+function. `weightcheck.TrainerLayout` and `weightcheck.WeightSyncError` (the live check's) load on first use.
 """
 
 from __future__ import annotations
 
-import sys
-import types
+from typing import Any
 
 from weightcheck.api import diff, doctor, lint, rollout, verify
 from weightcheck.deps import MissingDependency
@@ -19,21 +19,18 @@ from weightcheck.findings import Finding, Location, Result, Severity
 from weightcheck.version import __version__
 
 __all__ = [
-    "Finding", "Location", "MissingDependency", "Result", "Severity", "__version__", "diff", "doctor", "lint",
-    "rollout", "verify",
+    "Finding", "Location", "MissingDependency", "Result", "Severity", "TrainerLayout", "WeightSyncError",
+    "__version__", "diff", "doctor", "lint", "rollout", "verify",
 ]  # fmt: skip
 
 
-class _Package(types.ModuleType):
-    """`weightcheck.verify` is still both the API function and the verify engine (`weightcheck/verify.py`,
-    becoming the `weightcheck/verify/` package): importing a submodule makes Python set it as an attribute of
-    the package; this keeps the function. TODO(lead, after the verify-package merge): rename that package
-    (e.g. `weightcheck/verifying/`) as lint/diff/doctor/rollout were, and delete this class."""
-
-    def __setattr__(self, name: str, value: object) -> None:
-        if name == "verify" and isinstance(value, types.ModuleType):
-            return
-        super().__setattr__(name, value)
+_LAZY = {"TrainerLayout": "weightcheck.verifying", "WeightSyncError": "weightcheck.verifying"}
 
 
-sys.modules[__name__].__class__ = _Package
+def __getattr__(name: str) -> Any:
+    # The live check's types load on first use: `import weightcheck` stays as light as config-only lint needs.
+    if name in _LAZY:
+        import importlib
+
+        return getattr(importlib.import_module(_LAZY[name]), name)
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

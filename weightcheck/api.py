@@ -25,7 +25,7 @@ from weightcheck.findings import Result, Severity
 
 if TYPE_CHECKING:
     from weightcheck.settings import Settings
-    from weightcheck.verify import Reference, TrainerLayout
+    from weightcheck.verifying import Reference, TrainerLayout
 
 PathLike = str | os.PathLike[str]
 ConfigArg = PathLike | bool | None
@@ -282,12 +282,12 @@ def verify(
     cache_dir: PathLike | None = None,
 ) -> Result:
     """`weightcheck verify RECORDS --against REF`: the tap's sync records against a checkpoint or trainer
-    manifests. `sync` is a sync number or "latest"; `trainer` a `weightcheck.verify.TrainerLayout`, or its
+    manifests. `sync` is a sync number or "latest"; `trainer` a `weightcheck.verifying.TrainerLayout`, or its
     fields as the CLI's `trainer_pp=`... keywords. `skip` entries are globs or `re:` regexes (as allow-skip).
     `expect_records=N` waits up to `wait` seconds for N rank records, then reports WC734 if fewer came."""
     from weightcheck.skiplist import check_entries
-    from weightcheck.verify import TrainerLayout, records_incomplete, wait_for_records
-    from weightcheck.verify import verify as run_verify
+    from weightcheck.verifying import TrainerLayout, records_incomplete, wait_for_records
+    from weightcheck.verifying import verify as run_verify
 
     root = Path(records)
     settings = _settings(root, config, "verify", select, ignore, fail_on, consumers)

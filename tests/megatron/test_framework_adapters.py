@@ -32,7 +32,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "sglang"))
 from sglang_harness import *  # noqa: E402, F403
 
 from weightcheck import tap  # noqa: E402
-from weightcheck.verify import WeightSyncError  # noqa: E402
+from weightcheck.verifying import WeightSyncError  # noqa: E402
 
 pytestmark = pytest.mark.megatron
 

@@ -11,7 +11,7 @@ from megatron_harness import Trainer, serving_config, write_checkpoint
 from sync_common import *  # noqa: F403
 from sync_common import by_code, cli_verify, messages, push
 
-from weightcheck.verify import TrainerLayout, verify
+from weightcheck.verifying import TrainerLayout, verify
 
 pytestmark = pytest.mark.megatron
 

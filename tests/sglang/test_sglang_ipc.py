@@ -31,7 +31,7 @@ else:
 import test_sglang_sync_paths as paths
 from sglang_harness import *  # noqa: F403
 
-from weightcheck.verify import verify
+from weightcheck.verifying import verify
 
 pytestmark = pytest.mark.sglang
 

@@ -44,7 +44,7 @@ from sglang_harness import checkpoint_stream, fill_pattern, tiny_config
 
 from weightcheck import tap
 from weightcheck.findings import Finding, Result
-from weightcheck.verify import verify
+from weightcheck.verifying import verify
 
 pytestmark = pytest.mark.sglang
 

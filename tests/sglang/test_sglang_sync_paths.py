@@ -36,7 +36,7 @@ from sglang_harness import *  # noqa: F403
 
 from weightcheck import tap
 from weightcheck.findings import Result, Severity
-from weightcheck.verify import verify
+from weightcheck.verifying import verify
 
 pytestmark = pytest.mark.sglang
 

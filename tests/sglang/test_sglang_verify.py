@@ -24,7 +24,7 @@ from sglang_harness import *  # noqa: F403
 
 from weightcheck import tap
 from weightcheck.findings import Finding, Result
-from weightcheck.verify import TrainerLayout, verify
+from weightcheck.verifying import TrainerLayout, verify
 
 
 def with_related(result: Result, code: str) -> list[Finding]:

@@ -82,8 +82,8 @@ def verify(
     """
     from weightcheck.collapse import full_lists
     from weightcheck.deps import MissingDependency, require_verify_deps
-    from weightcheck.verify import TrainerLayout, records_incomplete, wait_for_records
-    from weightcheck.verify import verify as run_verify
+    from weightcheck.verifying import TrainerLayout, records_incomplete, wait_for_records
+    from weightcheck.verifying import verify as run_verify
 
     against = with_revision(against) if against is not None else None
     settings = resolve_settings(

@@ -307,7 +307,7 @@ class SyncMonitor:
         """Check the sync just made (on the checker rank, every `check_every` syncs). Returns the Result, or
         None when nothing was checked; raises only in strict mode."""
         from weightcheck.integrations.sync_check import check_weight_update_equal
-        from weightcheck.verify import TrainerLayout, WeightSyncError
+        from weightcheck.verifying import TrainerLayout, WeightSyncError
 
         index, self._syncs = self._syncs, self._syncs + 1
         if self.barrier is not None:

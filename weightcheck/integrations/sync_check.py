@@ -1,5 +1,5 @@
 """`check_weight_update_equal`: the call a training loop makes right after a push. It sits with the
-trainer-side helpers because it renders the text report (the reporters sit above `weightcheck.verify`)."""
+trainer-side helpers because it renders the text report (the reporters sit above `weightcheck.verifying`)."""
 
 from __future__ import annotations
 
@@ -10,9 +10,9 @@ from typing import Any
 
 from weightcheck.findings import Result, Severity
 from weightcheck.reporters import render
-from weightcheck.verify.options import TrainerLayout
-from weightcheck.verify.reference import Reference
-from weightcheck.verify.sync import WeightSyncError, check_pushed_sync, sync_failed
+from weightcheck.verifying.options import TrainerLayout
+from weightcheck.verifying.reference import Reference
+from weightcheck.verifying.sync import WeightSyncError, check_pushed_sync, sync_failed
 
 
 def check_weight_update_equal(

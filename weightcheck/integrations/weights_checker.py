@@ -136,7 +136,7 @@ def checked_weight_update(
 ) -> Iterator[list[WeightsCheckerClient]]:
     """Wrap one weight push: SGLang snapshot (+ reset) before, SGLang compare + weightcheck verify after.
 
-    Raises `weightcheck.verify.WeightSyncError` when either finds a problem. Without `engines` it is
+    Raises `weightcheck.verifying.WeightSyncError` when either finds a problem. Without `engines` it is
     `check_weight_update_equal` on exit.
     """
     from weightcheck.integrations.sync_check import check_weight_update_equal

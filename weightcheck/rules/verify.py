@@ -1,7 +1,7 @@
-"""WC720–WC749: live weight-sync verification (`weightcheck verify`). Fired by `weightcheck.verify`, not by lint.
+"""WC720–WC749: live weight-sync verification (`weightcheck verify`). Fired by `weightcheck.verifying`, not by lint.
 
 Each rule is a module constant (`SYNC_TENSOR_MISSING`...) that the verify package imports and builds its
-findings from (`make_finding`, or `weightcheck.verify.sink.FindingSink.add`); the rule carries its doc,
+findings from (`make_finding`, or `weightcheck.verifying.sink.FindingSink.add`); the rule carries its doc,
 examples and fix text. `verify_rule(code)` looks a code up and raises `UnknownVerifyRule` for a code that is
 not one of these, so a mistyped code fails loudly instead of being dropped.
 """

@@ -17,9 +17,9 @@ from weightcheck.rules.verify import (
 )
 from weightcheck.structure import QUANT_COMPANIONS
 from weightcheck.tap.records import CallEntry, SyncRecord, TensorEntry
-from weightcheck.verify import _names
-from weightcheck.verify.checks.context import SyncContext, param_key, rank_list, untracked_keys
-from weightcheck.verify.state import rank_key
+from weightcheck.verifying import _names
+from weightcheck.verifying.checks.context import SyncContext, param_key, rank_list, untracked_keys
+from weightcheck.verifying.state import rank_key
 
 _FUSED_PAIRS = (("q_a_proj", "kv_a_proj_with_mqa"),)
 _COMPANION_SUFFIXES = tuple(f".{c}" for c in QUANT_COMPANIONS)

@@ -7,13 +7,13 @@ checked; the stream (drops, content, reference) is judged on the target's record
 
 from __future__ import annotations
 
-from weightcheck.verify.checks.against import check_against_reference
-from weightcheck.verify.checks.content import check_content
-from weightcheck.verify.checks.context import SyncContext, SyncView
-from weightcheck.verify.checks.engine import check_dropped, check_params, check_quantization_casts, check_split_pairs
-from weightcheck.verify.checks.ranks import check_calls, check_ranks
-from weightcheck.verify.checks.stream import check_disagreement, check_duplicates, streams
-from weightcheck.verify.state import check_sync_state
+from weightcheck.verifying.checks.against import check_against_reference
+from weightcheck.verifying.checks.content import check_content
+from weightcheck.verifying.checks.context import SyncContext, SyncView
+from weightcheck.verifying.checks.engine import check_dropped, check_params, check_quantization_casts, check_split_pairs
+from weightcheck.verifying.checks.ranks import check_calls, check_ranks
+from weightcheck.verifying.checks.stream import check_disagreement, check_duplicates, streams
+from weightcheck.verifying.state import check_sync_state
 
 __all__ = ["SyncContext", "SyncView", "run_checks"]
 

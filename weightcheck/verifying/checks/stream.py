@@ -11,7 +11,7 @@ from weightcheck.digest import TensorDigest
 from weightcheck.findings import Severity
 from weightcheck.rules.verify import SYNC_RANKS_DISAGREE, SYNC_TENSOR_DUPLICATED
 from weightcheck.tap.records import SyncRecord, TensorEntry
-from weightcheck.verify.checks.context import SyncContext, digest_of
+from weightcheck.verifying.checks.context import SyncContext, digest_of
 
 
 def streams(

@@ -8,7 +8,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from weightcheck.digest import TensorDigest
-from weightcheck.verify import _names
+from weightcheck.verifying import _names
 
 
 def part_relabelling(

@@ -8,7 +8,7 @@ from weightcheck.collapse import summarize
 from weightcheck.digest import TensorDigest
 from weightcheck.rules.verify import SYNC_TENSOR_MISMATCH, SYNC_TENSOR_NONFINITE
 from weightcheck.tap.records import TensorEntry
-from weightcheck.verify.checks.context import SyncContext
+from weightcheck.verifying.checks.context import SyncContext
 
 
 def check_content(ctx: SyncContext, effective: Mapping[str, tuple[TensorDigest | None, TensorEntry]]) -> None:

@@ -13,11 +13,11 @@ from typing import Any
 
 from weightcheck.findings import EXIT_FINDINGS, Result, Severity
 from weightcheck.rules.verify import SYNC_RANKS_INCOMPLETE
-from weightcheck.verify.options import TrainerLayout
-from weightcheck.verify.reference import Reference
-from weightcheck.verify.run import verify
-from weightcheck.verify.sink import FindingSink
-from weightcheck.verify.waiting import count_records
+from weightcheck.verifying.options import TrainerLayout
+from weightcheck.verifying.reference import Reference
+from weightcheck.verifying.run import verify
+from weightcheck.verifying.sink import FindingSink
+from weightcheck.verifying.waiting import count_records
 
 
 class WeightSyncError(RuntimeError):

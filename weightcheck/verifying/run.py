@@ -20,14 +20,14 @@ from weightcheck.tap.records import (
     record_algorithm,
     scan_records,
 )
-from weightcheck.verify.checks import SyncContext, SyncView, run_checks
-from weightcheck.verify.fold import fold_never_written
-from weightcheck.verify.merge import baselines as rank_baselines
-from weightcheck.verify.merge import dedupe_ranks, logical_syncs, slot
-from weightcheck.verify.options import TrainerLayout
-from weightcheck.verify.reference import Reference, ReferenceError, load_reference
-from weightcheck.verify.sink import FindingSink
-from weightcheck.verify.state import StateHistory, check_dp_replicas, rank_key
+from weightcheck.verifying.checks import SyncContext, SyncView, run_checks
+from weightcheck.verifying.fold import fold_never_written
+from weightcheck.verifying.merge import baselines as rank_baselines
+from weightcheck.verifying.merge import dedupe_ranks, logical_syncs, slot
+from weightcheck.verifying.options import TrainerLayout
+from weightcheck.verifying.reference import Reference, ReferenceError, load_reference
+from weightcheck.verifying.sink import FindingSink
+from weightcheck.verifying.state import StateHistory, check_dp_replicas, rank_key
 
 
 def verify(

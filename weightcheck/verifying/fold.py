@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from weightcheck.findings import Finding
 from weightcheck.rules.verify import ENGINE_PARAM_NEVER_WRITTEN, SYNC_TENSOR_MISSING
-from weightcheck.verify import _names
+from weightcheck.verifying import _names
 
 
 def _explains(missing: str, param: str) -> bool:

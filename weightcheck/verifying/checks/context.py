@@ -13,10 +13,10 @@ from weightcheck.digest import SHA256, TensorDigest
 from weightcheck.rules import Rule
 from weightcheck.skiplist import first_match
 from weightcheck.tap.records import SyncRecord, TensorEntry
-from weightcheck.verify.options import TrainerLayout
-from weightcheck.verify.reference import Reference
-from weightcheck.verify.sink import FindingSink
-from weightcheck.verify.state import StateHistory
+from weightcheck.verifying.options import TrainerLayout
+from weightcheck.verifying.reference import Reference
+from weightcheck.verifying.sink import FindingSink
+from weightcheck.verifying.state import StateHistory
 
 
 def digest_of(entry: TensorEntry) -> TensorDigest | None:

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from weightcheck.rules.verify import SYNC_LOAD_FAILED, SYNC_RANKS_INCOMPLETE
-from weightcheck.verify.checks.context import SyncContext
+from weightcheck.verifying.checks.context import SyncContext
 
 # More missing ranks than this are not listed one by one (rank sizes come from untrusted records).
 _MAX_MISSING_RANKS = 4096

@@ -28,17 +28,17 @@ raises `WeightSyncError` carrying the rendered report.
 
 from __future__ import annotations
 
-from weightcheck.verify.options import TrainerLayout
-from weightcheck.verify.reference import (
+from weightcheck.verifying.options import TrainerLayout
+from weightcheck.verifying.reference import (
     Reference,
     ReferenceError,
     load_checkpoint_reference,
     load_manifest_reference,
     load_reference,
 )
-from weightcheck.verify.run import verify
-from weightcheck.verify.sync import WeightSyncError, check_pushed_sync
-from weightcheck.verify.waiting import count_records, records_incomplete, wait_for_records
+from weightcheck.verifying.run import verify
+from weightcheck.verifying.sync import WeightSyncError, check_pushed_sync
+from weightcheck.verifying.waiting import count_records, records_incomplete, wait_for_records
 
 __all__ = [
     "Reference",

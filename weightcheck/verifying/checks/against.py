@@ -19,8 +19,8 @@ from weightcheck.rules.verify import (
     SYNC_WITHIN_TOLERANCE,
 )
 from weightcheck.tap.records import SyncRecord, TensorEntry
-from weightcheck.verify.checks.context import SyncContext
-from weightcheck.verify.checks.shifts import find_shifts, report_shifts
+from weightcheck.verifying.checks.context import SyncContext
+from weightcheck.verifying.checks.shifts import find_shifts, report_shifts
 
 _TRANSPOSED_TEXT = "sent transposed: it equals the reference transposed (square, so its shape could not show it)"
 

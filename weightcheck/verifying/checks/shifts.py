@@ -12,8 +12,8 @@ from weightcheck.collapse import format_ranges, summarize
 from weightcheck.digest import TensorDigest
 from weightcheck.rules.verify import SYNC_EXPERT_SHIFTED, SYNC_LAYER_SHIFTED
 from weightcheck.tap.records import SyncRecord, TensorEntry
-from weightcheck.verify import _names
-from weightcheck.verify.checks.context import SyncContext, digest_of
+from weightcheck.verifying import _names
+from weightcheck.verifying.checks.context import SyncContext, digest_of
 
 
 @dataclass

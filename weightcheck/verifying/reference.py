@@ -1,6 +1,6 @@
 """The reference a sync is checked against: a safetensors checkpoint (hashed here, in the records' digest
 algorithm) or the trainer's manifest parts (merged; parts whose ids lack their rank's offset relabelled by
-`weightcheck.verify.relabel`). Problems with the reference are returned as (rule, message, file) for the
+`weightcheck.verifying.relabel`). Problems with the reference are returned as (rule, message, file) for the
 caller to report (WC721); nothing here renders or reports."""
 
 from __future__ import annotations
@@ -16,8 +16,8 @@ from weightcheck.digest import SHA256, ManifestError, TensorDigest
 from weightcheck.rules import Rule
 from weightcheck.rules.verify import SYNC_REFERENCE_INVALID
 from weightcheck.structure import EXPERT_COUNT_KEYS
-from weightcheck.verify import _names
-from weightcheck.verify.relabel import duplicate_relabelling, part_relabelling
+from weightcheck.verifying import _names
+from weightcheck.verifying.relabel import duplicate_relabelling, part_relabelling
 
 
 class ReferenceError(ValueError):

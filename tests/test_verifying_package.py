@@ -16,8 +16,8 @@ import torch
 from weightcheck import tap
 from weightcheck.rules import all_rules, get_rule
 from weightcheck.rules.verify import VERIFY_RULES, UnknownVerifyRule, make_finding, verify_rule
-from weightcheck.verify import _names, verify
-from weightcheck.verify.sink import FindingSink
+from weightcheck.verifying import _names, verify
+from weightcheck.verifying.sink import FindingSink
 
 PACKAGE = Path(__file__).resolve().parent.parent / "weightcheck"
 _H = re.compile(r"(^|\.)h\.(\d+)\.")
@@ -92,7 +92,7 @@ def _imports(path: Path) -> set[str]:
                 "weightcheck.triage",
             ),
         ),
-        ("tap", ("weightcheck.verify", "weightcheck.integrations", "weightcheck.reporters", "weightcheck.cli")),
+        ("tap", ("weightcheck.verifying", "weightcheck.integrations", "weightcheck.reporters", "weightcheck.cli")),
     ],
 )
 def test_imports_run_downward(folder: str, above: tuple[str, ...]) -> None:
@@ -113,7 +113,7 @@ def test_no_verify_module_is_long() -> None:
 def test_public_surface_of_weightcheck_verify() -> None:
     import weightcheck
     from weightcheck import verify as verify_package
-    from weightcheck.verify import (  # noqa: F401  (importable, as before the split)
+    from weightcheck.verifying import (  # noqa: F401  (importable, as before the split)
         Reference,
         ReferenceError,
         TrainerLayout,
@@ -128,7 +128,7 @@ def test_public_surface_of_weightcheck_verify() -> None:
 
     # the trainer-side helper renders a report: it lives above verify, in integrations, with no shim here
     assert not hasattr(verify_package, "check_weight_update_equal")
-    assert callable(weightcheck.verify) and weightcheck.verify is not verify  # the API function, not the module
+    assert callable(weightcheck.verify) and weightcheck.verify is not verify  # the API function, not the package
 
 
 # ---- h.N layer names ------------------------------------------------------------------------------------

@@ -10,8 +10,8 @@ from typing import Any
 from weightcheck.findings import Severity
 from weightcheck.rules.verify import SYNC_RANKS_INCOMPLETE
 from weightcheck.tap.records import CallEntry, SyncRecord, TensorEntry
-from weightcheck.verify.sink import FindingSink
-from weightcheck.verify.state import rank_key
+from weightcheck.verifying.sink import FindingSink
+from weightcheck.verifying.state import rank_key
 
 
 def slot(record: SyncRecord) -> tuple[str, int, int, int]:
