@@ -603,6 +603,11 @@ class _Call:
         self.batch_bytes = 0
         self.profile = sync_.profile
         self.algorithm = config.digest
+        # Looked up once per call, not once per tensor (`observe`).
+        self.entries = sync_.entries
+        self.counter = sync_.counter
+        self.keep_tensors = config.keep_tensors
+        self.synchronous_digest = config.synchronous_digest
         default_loader = _default_loader_for(model)
         self.coverage = CallCoverage(sync_.entries, sync_.params, default_loader)
         self.capture = _WarningCapture()
@@ -646,7 +651,7 @@ class _Call:
         profile = self.profile
         if profile is not None:
             started = time.perf_counter()
-        seq = next(self.sync.counter)
+        seq = next(self.counter)
         # Only atomic values and tuples (never lists) in an entry, so that the cyclic garbage collector stops
         # tracking it at its first pass: tens of thousands of tracked entries alive for the whole sync made
         # the collections the engine's own allocations trigger several times slower (written as JSON arrays).
@@ -660,7 +665,7 @@ class _Call:
             "shape": None,
             self.algorithm: None,
         }
-        self.sync.entries[seq] = entry
+        self.entries[seq] = entry
         self.names += 1
         if not isinstance(tensor, _TENSOR or _torch().Tensor):
             entry["error"] = f"not a tensor: {type(tensor).__name__}"
@@ -671,8 +676,7 @@ class _Call:
         except (RuntimeError, TypeError, NotImplementedError):  # a storage-less subclass: one at a time
             nbytes = _SMALL_TENSOR_BYTES + 1
         self.coverage.note_incoming(seq, tensor, nbytes)
-        config = self.config
-        if config.keep_tensors:
+        if self.keep_tensors:
             key = str(seq)
             self.sync.kept[key] = tensor.detach().to("cpu", copy=True).contiguous()
             entry["tensor_key"] = key
@@ -680,7 +684,7 @@ class _Call:
             profile.tensors += 1
             profile.bytes += nbytes
             profile.add("bookkeeping", time.perf_counter() - started)
-        if config.synchronous_digest:
+        if self.synchronous_digest:
             _fill_digest(entry, tensor, self.algorithm, profile)
         elif nbytes <= _SMALL_TENSOR_BYTES and tensor.is_cpu:
             self.batch.append(entry)
@@ -689,7 +693,8 @@ class _Call:
             if self.batch_bytes >= _BATCH_BYTES or len(self.batch) >= _BATCH_TENSORS:
                 self._flush_batch()
         else:
-            self.futures.append(_digest_pool(config).submit(_fill_digest, entry, tensor, self.algorithm, profile))
+            pool = _digest_pool(self.config)
+            self.futures.append(pool.submit(_fill_digest, entry, tensor, self.algorithm, profile))
 
     def _flush_batch(self) -> None:
         """Digest the waiting small tensors on this thread (handing thousands of tiny jobs to the digest threads

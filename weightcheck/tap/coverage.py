@@ -500,6 +500,30 @@ class CallCoverage:
         wrapping.active = self
         self._wrapping = wrapping
 
+    def record_plain_write(self, param_name: str, loaded: Any) -> None:
+        """`record_write` for a plain `(param, loaded_weight)` loader of a parameter that is not an expert's: the
+        common write, of the tensor just received, in a few steps; anything else takes `record_write`."""
+        with self._lock:
+            if loaded is not self._last or loaded is None:
+                fast = False
+            else:
+                fast = True
+                seq = self.current_seq
+                self._attributed.add(seq)  # type: ignore[arg-type]
+                entry = self._entries.get(seq)  # type: ignore[arg-type]
+                if entry is not None:
+                    wrote = entry.get("wrote") or ()
+                    if param_name not in wrote and len(wrote) < _MAX_WROTE_LABELS:
+                        entry["wrote"] = (*wrote, param_name)
+                coverage = self._params.get(param_name)
+                if coverage is not None:
+                    coverage.writes += 1
+                    dtype = _DTYPE_NAMES.get(loaded.dtype) or _dtype_name(loaded.dtype)
+                    if dtype != coverage.dtype and crosses_quantization(dtype, coverage.dtype):
+                        coverage.cast_from = _add(coverage.cast_from, str(dtype))
+        if not fast:
+            self.record_write(param_name, loaded, None, None, None, False)
+
     def record_write(
         self,
         param_name: str,
@@ -624,20 +648,46 @@ class ModelWrapping:
         cache.slot.wrapping = self
         params = self._params
         seen = self._seen
+        wrappers = cache.wrappers
+        restore = self._restore
+        default_loader = self._default_loader
+        dtype_names = _DTYPE_NAMES
+        tensor_type = torch.Tensor
         for name, param in model.named_parameters():
-            if not isinstance(param, torch.Tensor):
+            if not isinstance(param, tensor_type):
                 continue
             if seen.get(name) is param:  # a later call of the sync: this parameter is wrapped already
                 continue
             seen[name] = param
-            dtype = _dtype_name(param.dtype)
+            dtype = dtype_names.get(param.dtype) or _dtype_name(param.dtype)
             shape = tuple(param.shape)
             coverage = params.get(name)
             if coverage is None or coverage.shape != shape or coverage.dtype != dtype:
-                coverage = ParamCoverage(dtype=dtype, shape=shape, tracked=False)
+                coverage = ParamCoverage(dtype, shape, False)
                 params[name] = coverage
+            own = getattr(param, "__dict__", None)
+            # `_wrap_param`'s first case inlined (the same parameter as at the last sync, its loader left alone):
+            # what every parameter takes from the second sync on.
+            cached = wrappers.get(name)
+            if cached is not None and own is not None and cached[1]() is param:
+                original, _, wrapper, shards, experts, attribute, had_attribute = cached
+                if (
+                    own.get(attribute) is original
+                    if had_attribute
+                    else (attribute not in own and wrap_defaults and original is default_loader)
+                ):
+                    if coverage.shards_expected is None:
+                        coverage.shards_expected = shards
+                    if coverage.experts_local is None and experts is not None:
+                        coverage.experts_local = experts
+                    own[attribute] = wrapper
+                    restore.append((param, attribute, had_attribute, original))
+                    coverage.tracked = True
+                    coverage.optional = bool(own.get("_skip_weight_check", False))
+                    continue
             coverage.tracked = self._wrap_param(cache, name, param, coverage, wrap_defaults) or coverage.tracked
-            coverage.optional = bool(getattr(param, "_skip_weight_check", False))
+            skip = own.get("_skip_weight_check", False) if own is not None else getattr(param, "_skip_weight_check", 0)
+            coverage.optional = bool(skip)
         self.installed = True
 
     def _wrap_param(
@@ -798,7 +848,10 @@ def _make_wrapper(
             # The parameter is the first argument of every SGLang loader; the loaded weight the second.
             loaded = args[1] if len(args) > 1 else kwargs.get("loaded_weight")
             if shard_pos is None and expert_pos is None and not kwargs:  # a plain (param, weight) loader
-                call.record_write(param_name, loaded, None, None, None, maps_experts is not None)
+                if maps_experts is None:
+                    call.record_plain_write(param_name, loaded)
+                else:
+                    call.record_write(param_name, loaded, None, None, None, True)
                 return result
             shard = _loader_argument(args, kwargs, "shard_id", shard_pos)
             if shard is None:
