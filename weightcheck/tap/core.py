@@ -38,6 +38,7 @@ from weightcheck.tap.records import (
     RECORD_KIND,
     RECORD_SCHEMA_VERSION,
     encode_bytes,
+    orjson_writer,
     rank_file_stem,
     sync_dir_name,
     write_atomic_bytes,
@@ -514,10 +515,17 @@ def _write_record_now(current: _Sync, config: TapConfig, *, incomplete: bool, wi
         yield encode_bytes(header)
         for call in sorted(current.calls, key=lambda line: int(line["call"])):
             yield encode_bytes(call)
-        for entry in entries:
-            yield encode_bytes(entry)
-        for param in params:
-            yield encode_bytes(param)
+        # The per-tensor lines through orjson directly (`encode_bytes` per line costs a call and a lookup more);
+        # a line orjson refuses takes `encode_bytes`' slow path.
+        dumps, option = orjson_writer()
+        for line in itertools.chain(entries, params):
+            if dumps is None:
+                yield encode_bytes(line)
+                continue
+            try:
+                yield dumps(line, option=option)
+            except TypeError:
+                yield encode_bytes(line)
         for state in states:
             yield encode_bytes(state)
         end: dict[str, Any] = {"t": "end", "calls": len(current.calls), "tensors": len(entries), "params": len(params)}

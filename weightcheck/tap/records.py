@@ -116,6 +116,11 @@ _ORJSON: list[Any] = []  # [orjson.dumps or None], filled on first use (an impor
 _APPEND_NEWLINE = 1 << 10  # orjson.OPT_APPEND_NEWLINE (checked against orjson on first use)
 
 
+def orjson_writer() -> tuple[Any, int]:
+    """(orjson.dumps or None without orjson, its option that appends the newline): for writers of many lines."""
+    return _orjson_dumps(), _APPEND_NEWLINE
+
+
 def _orjson_dumps() -> Any:
     global _APPEND_NEWLINE
     if not _ORJSON:
