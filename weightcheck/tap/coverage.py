@@ -628,7 +628,9 @@ class ModelWrapping:
         self.active: CallCoverage | None = None
         self._params = params
         self._default_loader = default_loader
-        self._restore: list[tuple[Any, str, bool, Any]] = []
+        # (param, attribute, whether it was the parameter's own, original loader), or the wrapper-cache entry
+        # that holds the same (a parameter wrapped as at the last sync).
+        self._restore: list[tuple[Any, ...]] = []
         # name -> parameter, of the parameters handled this sync (identity compared: a replaced one is new)
         self._seen: dict[str, Any] = {}
         self.installed = False
@@ -681,7 +683,7 @@ class ModelWrapping:
                     if coverage.experts_local is None and experts is not None:
                         coverage.experts_local = experts
                     own[attribute] = wrapper
-                    restore.append((param, attribute, had_attribute, original))
+                    restore.append(cached)  # (no new tuple per parameter: see `restore`)
                     coverage.tracked = True
                     coverage.optional = bool(own.get("_skip_weight_check", False))
                     continue
@@ -752,7 +754,14 @@ class ModelWrapping:
         cache = _WRAPPER_CACHE.get(id(self.model))
         if cache is not None and cache.slot.wrapping is self:
             cache.slot.wrapping = None
-        for param, attribute, had_attribute, original in reversed(self._restore):
+        for item in reversed(self._restore):
+            if len(item) == 4:
+                param, attribute, had_attribute, original = item
+            else:  # a wrapper-cache entry (original, weakref to the parameter, wrapper, ..., attribute, had_attribute)
+                param = item[1]()
+                if param is None:
+                    continue
+                original, attribute, had_attribute = item[0], item[5], item[6]
             try:
                 own = param.__dict__
                 if had_attribute:
