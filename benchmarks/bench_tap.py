@@ -14,7 +14,9 @@ hashes the whole checkpoint) and against a trainer manifest.
 
 Side by side in the same run it also times the baseline that bounds any full digest on a CPU: the load
 with tap off plus **one extra read pass** over the same bytes (numpy `any` over each tensor's byte view, at
-memory speed), and reports the tap's added time as a multiple of that pass's added time. Finally it times
+memory speed), and reports the tap's added time as a multiple of that pass's added time, in wall time and in
+process CPU time (all threads: on a shared machine the wall-time ratio also measures how busy the other
+cores were, and its denominator is smaller than the load's run-to-run spread). Finally it times
 the digests alone over the streamed tensors: xxh3_128 (host bytes) and `posmix128` (torch integer kernels
 on the tensor's device, `weightcheck.devdigest`).
 
