@@ -14,7 +14,9 @@ hashes the whole checkpoint) and against a trainer manifest.
 
 Side by side in the same run it also times the baseline that bounds any full digest on a CPU: the load
 with tap off plus **one extra read pass** over the same bytes (numpy `any` over each tensor's byte view, at
-memory speed), and reports the tap's added time as a multiple of that pass's added time. Finally it times
+memory speed), and reports the tap's added time as a multiple of that pass's added time, in wall time and in
+process CPU time (all threads: on a shared machine the wall-time ratio also measures how busy the other
+cores were, and its denominator is smaller than the load's run-to-run spread). Finally it times
 the digests alone over the streamed tensors: xxh3_128 (host bytes) and `posmix128` (torch integer kernels
 on the tensor's device, `weightcheck.devdigest`).
 
@@ -395,20 +397,26 @@ def main() -> int:
 
     algorithm = live_algorithm(args.digest)
 
+    cpu_seconds: dict[str, list[float]] = {"off": [], "read": [], "on": []}
+
     def load_once(enabled: bool, read_pass: bool = False) -> float:
         if enabled:
             tap.configure(records, digest_threads=args.threads, digest=algorithm)
         else:
             tap.configure(None)
         synchronize()
-        started = time.perf_counter()
+        started, cpu_started = time.perf_counter(), time.process_time()
         engine.load_weights(checkpoint_stream(read_pass))
         synchronize()
+        # Process CPU time (all threads, the digest threads included) as well as wall time: on a shared machine
+        # the wall-time ratio says how busy the other cores were; the CPU-time ratio, how much work was added.
+        cpu_seconds["on" if enabled else "read" if read_pass else "off"].append(time.process_time() - cpu_started)
         return time.perf_counter() - started
 
     cpu = os.cpu_count() or 1
     torch.set_num_threads(min(torch.get_num_threads(), cpu))
     load_once(False)  # warm-up: first touch of the parameters' pages
+    cpu_seconds["off"].clear()
     off: list[float] = []
     on: list[float] = []
     read: list[float] = []
@@ -463,6 +471,10 @@ def main() -> int:
         "load_read_pass_median_s": median_read,
         "read_pass_added_s": median_read - median_off,
         "tap_added_vs_read_pass": (median_on - median_off) / max(median_read - median_off, 1e-9),
+        "cpu_s": cpu_seconds,
+        "tap_added_vs_read_pass_cpu": (statistics.median(cpu_seconds["on"]) - statistics.median(cpu_seconds["off"]))
+        / max(statistics.median(cpu_seconds["read"]) - statistics.median(cpu_seconds["off"]), 1e-9),
+        "load_average": os.getloadavg()[0] if hasattr(os, "getloadavg") else None,
         "digest_gb_per_s": throughputs,
         "small_tensor_stream": small,
         "fused_kernel": "measured" if any("fused" in k for k in throughputs) else "not run: needs CUDA and Triton",
@@ -471,7 +483,7 @@ def main() -> int:
         "trainer_manifest_write_s": manifest_s,
     }
     print(f"engine {figures['engine']}, {size / 1e9:.2f} GB, {figures['tensors']} tensors, {cpu} cores, {device}")
-    print(f"digest {algorithm}, {figures['digest_threads']} digest threads")
+    print(f"digest {algorithm}, {figures['digest_threads']} digest threads, load average {figures['load_average']}")
     print()
     print("| measurement | value | target |")
     print("|---|---|---|")
@@ -487,6 +499,10 @@ def main() -> int:
     print(
         f"| byte overhead: tap's added time ÷ one extra read pass's added time ({size / 1e9:.2f} GB) "
         f"| {figures['tap_added_vs_read_pass']:.2f}× | ≤ 1.15× |"
+    )
+    print(
+        "| the same in CPU time (all threads: the work added, whatever the other cores were doing) "
+        f"| {figures['tap_added_vs_read_pass_cpu']:.2f}× | |"
     )
     for name, gbps in throughputs.items():
         print(f"| {name} on {device} | {gbps:.2f} GB/s | |")

@@ -54,6 +54,6 @@ def test_a_write_long_after_its_sources_left_the_window_is_attributed() -> None:
         entries[seq] = {}
         call.note_incoming(seq, tensor)
     call.record_write("fused", torch.cat([q, kv]), None, None, None, False)
-    assert entries[0]["wrote"] == ["fused"] and entries[1]["wrote"] == ["fused"]
+    assert list(entries[0]["wrote"]) == ["fused"] and list(entries[1]["wrote"]) == ["fused"]
     assert not any("wrote" in entries[s] for s in range(2, len(stream)))
     assert call.unattributed_writes == 0

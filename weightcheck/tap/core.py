@@ -32,12 +32,13 @@ from pathlib import Path
 from typing import Any
 
 from weightcheck.digest import live_algorithm
-from weightcheck.tap.coverage import CallCoverage, ModelWrapping, ParamCoverage
+from weightcheck.tap.coverage import CallCoverage, ModelWrapping, ParamCoverage, gc_paused
 from weightcheck.tap.digesting import SMALL_TENSOR_BYTES as _SMALL_TENSOR_BYTES
 from weightcheck.tap.records import (
     RECORD_KIND,
     RECORD_SCHEMA_VERSION,
     encode_bytes,
+    orjson_writer,
     rank_file_stem,
     sync_dir_name,
     write_atomic_bytes,
@@ -447,6 +448,11 @@ def _close_sync(*, incomplete: bool) -> Path | None:
 
 
 def _write_record(current: _Sync, config: TapConfig, *, incomplete: bool, with_state: bool) -> Path | None:
+    with gc_paused():  # two small dicts and their bytes per tensor, all acyclic
+        return _write_record_now(current, config, incomplete=incomplete, with_state=with_state)
+
+
+def _write_record_now(current: _Sync, config: TapConfig, *, incomplete: bool, with_state: bool) -> Path | None:
     written_from = time.perf_counter()
     hooks = _STATE.hooks
     rank = current.rank if current.rank is not None else (_engine_value(hooks.rank_info) or {})
@@ -509,10 +515,17 @@ def _write_record(current: _Sync, config: TapConfig, *, incomplete: bool, with_s
         yield encode_bytes(header)
         for call in sorted(current.calls, key=lambda line: int(line["call"])):
             yield encode_bytes(call)
-        for entry in entries:
-            yield encode_bytes(entry)
-        for param in params:
-            yield encode_bytes(param)
+        # The per-tensor lines through orjson directly (`encode_bytes` per line costs a call and a lookup more);
+        # a line orjson refuses takes `encode_bytes`' slow path.
+        dumps, option = orjson_writer()
+        for line in itertools.chain(entries, params):
+            if dumps is None:
+                yield encode_bytes(line)
+                continue
+            try:
+                yield dumps(line, option=option)
+            except TypeError:
+                yield encode_bytes(line)
         for state in states:
             yield encode_bytes(state)
         end: dict[str, Any] = {"t": "end", "calls": len(current.calls), "tensors": len(entries), "params": len(params)}
@@ -592,10 +605,17 @@ class _Call:
         self.error: str | None = None
         self.futures: list[Future[None]] = []
         # Small CPU tensors waiting to be digested together (`_flush_batch`), and their bytes.
-        self.batch: list[tuple[dict[str, Any], Any]] = []
+        # (Two lists, not a list of pairs: one tuple less per tensor for the cyclic GC to look at.)
+        self.batch: list[dict[str, Any]] = []
+        self.batch_tensors: list[Any] = []
         self.batch_bytes = 0
         self.profile = sync_.profile
         self.algorithm = config.digest
+        # Looked up once per call, not once per tensor (`observe`).
+        self.entries = sync_.entries
+        self.counter = sync_.counter
+        self.keep_tensors = config.keep_tensors
+        self.synchronous_digest = config.synchronous_digest
         default_loader = _default_loader_for(model)
         self.coverage = CallCoverage(sync_.entries, sync_.params, default_loader)
         self.capture = _WarningCapture()
@@ -631,66 +651,75 @@ class _Call:
 
     def observe(self, name: Any, tensor: Any) -> None:
         """Record one incoming tensor: an entry, where it lives (for coverage), and its digest, now (synchronous
-        digest), in the current batch (small CPU tensors) or on a digest thread (the others)."""
+        digest), in the current batch (small CPU tensors) or on a digest thread (the others).
+
+        This runs once per tensor on the engine's thread, so it does the least it can (each step here costs
+        about as much as SGLang's own per-tensor work): the coverage index and the digests of small tensors
+        are done in batches."""
         profile = self.profile
         if profile is not None:
             started = time.perf_counter()
-        seq = next(self.sync.counter)
-        algorithm = self.algorithm
+        seq = next(self.counter)
+        # Only atomic values and tuples (never lists) in an entry, so that the cyclic garbage collector stops
+        # tracking it at its first pass: tens of thousands of tracked entries alive for the whole sync made
+        # the collections the engine's own allocations trigger several times slower (written as JSON arrays).
         entry: dict[str, Any] = {
             "t": "tensor",
             "seq": seq,
             "call": self.index,
             "name": name if type(name) is str else str(name),
-            "wrote": [],
+            "wrote": (),
             "dtype": None,
             "shape": None,
-            algorithm: None,
+            self.algorithm: None,
         }
-        self.sync.entries[seq] = entry
+        self.entries[seq] = entry
         self.names += 1
         if not isinstance(tensor, _TENSOR or _torch().Tensor):
             entry["error"] = f"not a tensor: {type(tensor).__name__}"
             return
-        entry["shape"] = list(tensor.shape)
-        self.coverage.note_incoming(seq, tensor)
-        config = self.config
-        if config.keep_tensors:
-            key = str(seq)
-            self.sync.kept[key] = tensor.detach().to("cpu", copy=True).contiguous()
-            entry["tensor_key"] = key
+        entry["shape"] = tuple(tensor.shape)
         try:
             nbytes = tensor.nbytes
         except (RuntimeError, TypeError, NotImplementedError):  # a storage-less subclass: one at a time
             nbytes = _SMALL_TENSOR_BYTES + 1
+        self.coverage.note_incoming(seq, tensor, nbytes)
+        if self.keep_tensors:
+            key = str(seq)
+            self.sync.kept[key] = tensor.detach().to("cpu", copy=True).contiguous()
+            entry["tensor_key"] = key
         if profile is not None:
             profile.tensors += 1
             profile.bytes += nbytes
             profile.add("bookkeeping", time.perf_counter() - started)
-        if config.synchronous_digest:
-            _fill_digest(entry, tensor, algorithm, profile)
-        elif nbytes <= _SMALL_TENSOR_BYTES and tensor.device.type == "cpu":
-            self.batch.append((entry, tensor))
+        if self.synchronous_digest:
+            _fill_digest(entry, tensor, self.algorithm, profile)
+        elif nbytes <= _SMALL_TENSOR_BYTES and tensor.is_cpu:
+            self.batch.append(entry)
+            self.batch_tensors.append(tensor)
             self.batch_bytes += nbytes
             if self.batch_bytes >= _BATCH_BYTES or len(self.batch) >= _BATCH_TENSORS:
                 self._flush_batch()
         else:
-            self.futures.append(_digest_pool(config).submit(_fill_digest, entry, tensor, algorithm, profile))
+            pool = _digest_pool(self.config)
+            self.futures.append(pool.submit(_fill_digest, entry, tensor, self.algorithm, profile))
 
     def _flush_batch(self) -> None:
         """Digest the waiting small tensors on this thread (handing thousands of tiny jobs to the digest threads
         costs more in hand-offs and GIL waits than the digests themselves)."""
-        batch, self.batch, self.batch_bytes = self.batch, [], 0
+        batch, tensors = self.batch, self.batch_tensors
+        self.batch, self.batch_tensors, self.batch_bytes = [], [], 0
         if not batch:
             return
         from weightcheck.tap.digesting import describe_batch
 
         timings: dict[str, float] | None = {} if self.profile is not None else None
         try:
-            describe_batch([tensor for _, tensor in batch], self.algorithm, timings, into=[e for e, _ in batch])
+            with gc_paused():
+                describe_batch(tensors, self.algorithm, timings, into=batch)
         except Exception as exc:  # one odd tensor must not cost the others their digest
             _fail("digesting a batch of tensors", exc)
-            for entry, tensor in batch:
+            for entry, tensor in zip(batch, tensors, strict=True):
                 _fill_digest(entry, tensor, self.algorithm, self.profile)
             return
         if self.profile is not None and timings:
@@ -715,8 +744,18 @@ class _Call:
             _fail("recording a tensor", exc)
 
     def _lazy(self, weights: Iterable[Any]) -> Iterator[Any]:
+        observe = self.observe
         for item in weights:
-            self._observe_item(item)
+            # `_observe_item`, inlined: one frame less per tensor.
+            try:
+                name, tensor = item[0], item[1]
+            except (TypeError, IndexError, KeyError):
+                yield item
+                continue
+            try:
+                observe(name, tensor)
+            except Exception as exc:
+                _fail("recording a tensor", exc)
             yield item
 
     def finish(self) -> None:

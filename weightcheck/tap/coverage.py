@@ -28,13 +28,14 @@ from __future__ import annotations
 
 import contextlib
 import functools
+import gc
 import inspect
 import re
 import sys
 import threading
 import weakref
 from collections import deque
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
@@ -45,6 +46,8 @@ if TYPE_CHECKING:
 WRAPPED_ORIGINAL = "__weightcheck_original__"
 # Incoming tensors kept for value matching of loader-built tensors (a fused pair arrives back to back).
 _RECENT_FOR_VALUE_MATCH = 64
+# Incoming tensors at most this big wait in a queue before being indexed (`CallCoverage.note_incoming`).
+_PENDING_TENSOR_BYTES = 1 << 18
 # At most this many `name:shard:expert` labels are listed per incoming tensor.
 _MAX_WROTE_LABELS = 32
 # Elements kept from each end of an evicted, unattributed incoming tensor, and at most this many fingerprints
@@ -60,6 +63,26 @@ _MAX_EVICTED_BYTES = 64 << 20
 _FP8_WEIGHT_DTYPES = frozenset({"F8_E4M3", "F8_E5M2", "F8_E4M3FNUZ", "F8_E5M2FNUZ"})
 _FLOAT_DTYPES = frozenset({"BF16", "F16", "F32", "F64"})
 _IDENTITY_CHECK = re.compile(r"\bis\s+(?:not\s+)?default_weight_loader\b|==\s*default_weight_loader\b")
+
+
+@contextlib.contextmanager
+def gc_paused() -> Iterator[None]:
+    """The cyclic garbage collector off while the tap runs one of its own loops (wrapping every parameter,
+    filing queued tensors, writing the record), as `weightcheck.lint` does for headers.
+
+    Those loops allocate one or a few small acyclic objects per tensor or parameter (they die by reference
+    count); with the collector on, their allocations trigger collections that traverse the engine's whole heap
+    (every parameter tensor) again and again, which cost more than the loops themselves (2-3x on a stream of
+    20,000 small tensors). Only the tap's own code runs on this thread meanwhile; the collector is turned back
+    on only if it was on (an engine that keeps it off keeps it off)."""
+    enabled = gc.isenabled()
+    if enabled:
+        gc.disable()
+    try:
+        yield
+    finally:
+        if enabled:
+            gc.enable()
 
 
 _NONE: frozenset[Any] = frozenset()  # the sets below until their first element (no allocation per parameter)
@@ -300,7 +323,10 @@ class CallCoverage:
         self._entries = entries
         self._params = params
         self._default_loader = default_loader
-        self._ranges: dict[tuple[str, int], list[tuple[int, int, int]]] = {}
+        # device -> storage address -> (start, end, seq) of the one incoming tensor in that storage, or a list
+        # of them (several views of one buffer): nested, not keyed by (device, address), and a bare tuple in the
+        # common case, so that filing a small tensor allocates one tuple (the cyclic GC stops tracking it).
+        self._ranges: dict[Any, dict[int, tuple[int, int, int] | list[tuple[int, int, int]]]] = {}
         self._recent: deque[tuple[int, torch.Tensor]] = deque()
         self._fingerprints: dict[int, Fingerprint] = {}
         self._attributed: set[int] = set()
@@ -309,42 +335,79 @@ class CallCoverage:
         self._wrapping: ModelWrapping | None = None
         self._owned: ModelWrapping | None = None
         self._last: Any = None  # the latest incoming tensor
+        # Small incoming tensors not yet indexed (address range, recent window): most writes are of the tensor
+        # just received (`_last`) and need no index, so indexing waits until a lookup needs it or this fills.
+        self._pending: list[int] = []
+        self._pending_tensors: list[Any] = []
         self._consumer = threading.get_ident()
         self.current_seq: int | None = None
         self.unattributed_writes = 0
 
     # ---- incoming tensors ---------------------------------------------------------------------------------
-    def note_incoming(self, seq: int, tensor: torch.Tensor) -> None:
-        """Remember where an incoming tensor lives so that loader writes can be traced back to it."""
-        try:
-            key = (tensor.device, tensor.untyped_storage().data_ptr())
-            start = tensor.data_ptr()
-            if tensor.is_contiguous():
-                end = start + tensor.nbytes
-            elif tensor.numel() == 0:
-                end = start
-            else:
-                span = sum((dim - 1) * abs(stride) for dim, stride in zip(tensor.shape, tensor.stride(), strict=True))
-                end = start + (span + 1) * tensor.element_size()
-        except (RuntimeError, TypeError, NotImplementedError):  # storage-less tensors (meta, some subclasses)
-            return
+    def note_incoming(self, seq: int, tensor: torch.Tensor, nbytes: int | None = None) -> None:
+        """Remember where an incoming tensor lives so that loader writes can be traced back to it.
+
+        A small tensor (`nbytes` at most `_PENDING_TENSOR_BYTES`) is only queued: `_index_pending` files it
+        (address range, recent window, eviction) in arrival order when a lookup needs it or the queue is full,
+        which gives the same window and the same matches as filing it now, at a fraction of the per-tensor
+        cost (the common write, of the tensor just received, needs no lookup)."""
         with self._lock:
-            ranges = self._ranges.get(key)
+            self.current_seq = seq
+            self._last = tensor
+            pending = self._pending
+            pending.append(seq)
+            self._pending_tensors.append(tensor)
+            if nbytes is None or nbytes > _PENDING_TENSOR_BYTES or len(pending) >= _RECENT_FOR_VALUE_MATCH:
+                self._index_pending()
+
+    def _index_pending(self) -> None:
+        """File the queued incoming tensors, oldest first (the caller holds the lock)."""
+        pending, tensors = self._pending, self._pending_tensors
+        if not pending:
+            return
+        self._pending, self._pending_tensors = [], []
+        with gc_paused():
+            self._file(pending, tensors)
+
+    def _file(self, pending: list[int], tensors: list[Any]) -> None:
+        """`note_incoming`'s filing, for each queued tensor in arrival order."""
+        ranges_by_device = self._ranges
+        recent = self._recent
+        attributed = self._attributed
+        for seq, tensor in zip(pending, tensors, strict=True):
+            try:
+                device = tensor.device
+                key = tensor.untyped_storage().data_ptr()
+                start = tensor.data_ptr()
+                if tensor.is_contiguous():
+                    end = start + tensor.nbytes
+                elif tensor.numel() == 0:
+                    end = start
+                else:
+                    span = sum(
+                        (dim - 1) * abs(stride) for dim, stride in zip(tensor.shape, tensor.stride(), strict=True)
+                    )
+                    end = start + (span + 1) * tensor.element_size()
+            except (RuntimeError, TypeError, NotImplementedError):  # storage-less tensors (meta, some subclasses)
+                continue
+            by_address = ranges_by_device.get(device)
+            if by_address is None:
+                by_address = ranges_by_device[device] = {}
+            ranges = by_address.get(key)
             if ranges is None:
-                self._ranges[key] = [(start, end, seq)]
+                by_address[key] = (start, end, seq)
+            elif type(ranges) is tuple:
+                by_address[key] = [ranges, (start, end, seq)]
             else:
                 ranges.append((start, end, seq))
-            recent = self._recent
             if len(recent) >= _RECENT_FOR_VALUE_MATCH:
                 old_seq, old_tensor = recent.popleft()
-                if old_seq not in self._attributed:
+                if old_seq not in attributed:
                     self._evicted.append((old_seq, old_tensor))
                     self._evicted_bytes += _nbytes(old_tensor)
                     if len(self._evicted) > _MAX_EVICTED or self._evicted_bytes > _MAX_EVICTED_BYTES:
                         self._fingerprint_evicted(keep=_MAX_EVICTED // 2)
             recent.append((seq, tensor))
-            self.current_seq = seq
-            self._last = tensor
 
     def _fingerprint_evicted(self, keep: int = 0) -> None:
         """Fingerprint the waiting evicted tensors (all but the newest `keep`) and let them go."""
@@ -358,12 +421,14 @@ class CallCoverage:
 
     def _by_memory(self, loaded: torch.Tensor) -> int | None:
         try:
-            key = (loaded.device, loaded.untyped_storage().data_ptr())
+            device = loaded.device
+            key = loaded.untyped_storage().data_ptr()
             pointer = loaded.data_ptr()
         except (RuntimeError, TypeError, NotImplementedError):
             return None
+        found = self._ranges.get(device, {}).get(key, ())
         # Latest first: a freed incoming tensor's memory may be reused by a later one.
-        for start, end, seq in reversed(self._ranges.get(key, ())):
+        for start, end, seq in reversed(found) if type(found) is list else (found,) if found else ():
             if start <= pointer < end or (start == end == pointer):
                 return seq
         return None
@@ -435,6 +500,30 @@ class CallCoverage:
         wrapping.active = self
         self._wrapping = wrapping
 
+    def record_plain_write(self, param_name: str, loaded: Any) -> None:
+        """`record_write` for a plain `(param, loaded_weight)` loader of a parameter that is not an expert's: the
+        common write, of the tensor just received, in a few steps; anything else takes `record_write`."""
+        with self._lock:
+            if loaded is not self._last or loaded is None:
+                fast = False
+            else:
+                fast = True
+                seq = self.current_seq
+                self._attributed.add(seq)  # type: ignore[arg-type]
+                entry = self._entries.get(seq)  # type: ignore[arg-type]
+                if entry is not None:
+                    wrote = entry.get("wrote") or ()
+                    if param_name not in wrote and len(wrote) < _MAX_WROTE_LABELS:
+                        entry["wrote"] = (*wrote, param_name)
+                coverage = self._params.get(param_name)
+                if coverage is not None:
+                    coverage.writes += 1
+                    dtype = _DTYPE_NAMES.get(loaded.dtype) or _dtype_name(loaded.dtype)
+                    if dtype != coverage.dtype and crosses_quantization(dtype, coverage.dtype):
+                        coverage.cast_from = _add(coverage.cast_from, str(dtype))
+        if not fast:
+            self.record_write(param_name, loaded, None, None, None, False)
+
     def record_write(
         self,
         param_name: str,
@@ -450,7 +539,11 @@ class CallCoverage:
             seqs: list[int] = []
             if isinstance(loaded, torch.Tensor):
                 # Most loaders write the tensor they were just handed: no address lookup for that one.
-                seq = self.current_seq if loaded is self._last else self._by_memory(loaded)
+                if loaded is self._last:
+                    seq = self.current_seq
+                else:
+                    self._index_pending()
+                    seq = self._by_memory(loaded)
                 seqs = [seq] if seq is not None else self._by_value(loaded)
                 late = self._fingerprints or self._evicted
                 if seq is None and late and not self._whole_match(seqs, loaded):
@@ -474,9 +567,10 @@ class CallCoverage:
                 if nonlocal_expert:
                     entry["offrank"] = True
                     continue
-                wrote = entry["wrote"] if "wrote" in entry else entry.setdefault("wrote", [])
+                # A tuple, not a list: entries stay untracked by the cyclic GC (see `_Call.observe`).
+                wrote = entry.get("wrote") or ()
                 if label not in wrote and len(wrote) < _MAX_WROTE_LABELS:
-                    wrote.append(label)
+                    entry["wrote"] = (*wrote, label)
             if nonlocal_expert:
                 return
             coverage = self._params.get(param_name)
@@ -502,6 +596,8 @@ class CallCoverage:
         owned, self._owned = self._owned, None
         if owned is not None:
             owned.restore()
+        self._pending.clear()
+        self._pending_tensors.clear()
         self._recent.clear()
         self._fingerprints.clear()
         self._evicted.clear()
@@ -532,14 +628,20 @@ class ModelWrapping:
         self.active: CallCoverage | None = None
         self._params = params
         self._default_loader = default_loader
-        self._restore: list[tuple[Any, str, bool, Any]] = []
-        self._seen: set[tuple[str, int]] = set()  # (name, id) of the parameters handled this sync
-        self._kept: list[Any] = []
+        # (param, attribute, whether it was the parameter's own, original loader), or the wrapper-cache entry
+        # that holds the same (a parameter wrapped as at the last sync).
+        self._restore: list[tuple[Any, ...]] = []
+        # name -> parameter, of the parameters handled this sync (identity compared: a replaced one is new)
+        self._seen: dict[str, Any] = {}
         self.installed = False
 
     def install(self) -> None:
         """Wrap the model's parameters; at a later call of the same sync, only those the engine created or
         replaced since (a `process_weights_after_loading` between two update requests)."""
+        with gc_paused():
+            self._install()
+
+    def _install(self) -> None:
         import torch
 
         model = self.model
@@ -548,22 +650,46 @@ class ModelWrapping:
         cache.slot.wrapping = self
         params = self._params
         seen = self._seen
+        wrappers = cache.wrappers
+        restore = self._restore
+        default_loader = self._default_loader
+        dtype_names = _DTYPE_NAMES
+        tensor_type = torch.Tensor
         for name, param in model.named_parameters():
-            if not isinstance(param, torch.Tensor):
+            if not isinstance(param, tensor_type):
                 continue
-            key = (name, id(param))
-            if key in seen:  # a later call of the sync: this parameter is wrapped already
+            if seen.get(name) is param:  # a later call of the sync: this parameter is wrapped already
                 continue
-            seen.add(key)
-            self._kept.append(param)  # its id stays its own while it is in `seen`
-            dtype = _dtype_name(param.dtype)
+            seen[name] = param
+            dtype = dtype_names.get(param.dtype) or _dtype_name(param.dtype)
             shape = tuple(param.shape)
             coverage = params.get(name)
             if coverage is None or coverage.shape != shape or coverage.dtype != dtype:
-                coverage = ParamCoverage(dtype=dtype, shape=shape, tracked=False)
+                coverage = ParamCoverage(dtype, shape, False)
                 params[name] = coverage
+            own = getattr(param, "__dict__", None)
+            # `_wrap_param`'s first case inlined (the same parameter as at the last sync, its loader left alone):
+            # what every parameter takes from the second sync on.
+            cached = wrappers.get(name)
+            if cached is not None and own is not None and cached[1]() is param:
+                original, _, wrapper, shards, experts, attribute, had_attribute = cached
+                if (
+                    own.get(attribute) is original
+                    if had_attribute
+                    else (attribute not in own and wrap_defaults and original is default_loader)
+                ):
+                    if coverage.shards_expected is None:
+                        coverage.shards_expected = shards
+                    if coverage.experts_local is None and experts is not None:
+                        coverage.experts_local = experts
+                    own[attribute] = wrapper
+                    restore.append(cached)  # (no new tuple per parameter: see `restore`)
+                    coverage.tracked = True
+                    coverage.optional = bool(own.get("_skip_weight_check", False))
+                    continue
             coverage.tracked = self._wrap_param(cache, name, param, coverage, wrap_defaults) or coverage.tracked
-            coverage.optional = bool(getattr(param, "_skip_weight_check", False))
+            skip = own.get("_skip_weight_check", False) if own is not None else getattr(param, "_skip_weight_check", 0)
+            coverage.optional = bool(skip)
         self.installed = True
 
     def _wrap_param(
@@ -628,7 +754,14 @@ class ModelWrapping:
         cache = _WRAPPER_CACHE.get(id(self.model))
         if cache is not None and cache.slot.wrapping is self:
             cache.slot.wrapping = None
-        for param, attribute, had_attribute, original in reversed(self._restore):
+        for item in reversed(self._restore):
+            if len(item) == 4:
+                param, attribute, had_attribute, original = item
+            else:  # a wrapper-cache entry (original, weakref to the parameter, wrapper, ..., attribute, had_attribute)
+                param = item[1]()
+                if param is None:
+                    continue
+                original, attribute, had_attribute = item[0], item[5], item[6]
             try:
                 own = param.__dict__
                 if had_attribute:
@@ -644,7 +777,6 @@ class ModelWrapping:
                         delattr(param, attribute)
         self._restore.clear()
         self._seen.clear()
-        self._kept.clear()
         self.installed = False
 
 
@@ -725,7 +857,10 @@ def _make_wrapper(
             # The parameter is the first argument of every SGLang loader; the loaded weight the second.
             loaded = args[1] if len(args) > 1 else kwargs.get("loaded_weight")
             if shard_pos is None and expert_pos is None and not kwargs:  # a plain (param, weight) loader
-                call.record_write(param_name, loaded, None, None, None, maps_experts is not None)
+                if maps_experts is None:
+                    call.record_plain_write(param_name, loaded)
+                else:
+                    call.record_write(param_name, loaded, None, None, None, True)
                 return result
             shard = _loader_argument(args, kwargs, "shard_id", shard_pos)
             if shard is None:

@@ -103,14 +103,35 @@ def encode_bytes(doc: Mapping[str, Any]) -> bytes:
     """`encode_line` as UTF-8 bytes with the newline, through orjson (a dependency; several times faster on
     the tap's many small lines). orjson writes a NaN float as null where `encode_line` refuses it: no record
     field is such a float (times and counts)."""
-    try:
-        import orjson
-    except ImportError:  # pragma: no cover - orjson is a declared dependency
+    dumps = _orjson_dumps()
+    if dumps is None:  # pragma: no cover - orjson is a declared dependency
         return encode_line(doc).encode("utf-8") + b"\n"
     try:
-        return orjson.dumps(doc, option=orjson.OPT_APPEND_NEWLINE)
+        return dumps(doc, option=_APPEND_NEWLINE)
     except TypeError:  # a value orjson does not take (a subclass of str or int from an engine): the slow path
         return encode_line(doc).encode("utf-8") + b"\n"
+
+
+_ORJSON: list[Any] = []  # [orjson.dumps or None], filled on first use (an import statement per line costs)
+_APPEND_NEWLINE = 1 << 10  # orjson.OPT_APPEND_NEWLINE (checked against orjson on first use)
+
+
+def orjson_writer() -> tuple[Any, int]:
+    """(orjson.dumps or None without orjson, its option that appends the newline): for writers of many lines."""
+    return _orjson_dumps(), _APPEND_NEWLINE
+
+
+def _orjson_dumps() -> Any:
+    global _APPEND_NEWLINE
+    if not _ORJSON:
+        try:
+            import orjson
+        except ImportError:  # pragma: no cover - orjson is a declared dependency
+            _ORJSON.append(None)
+        else:
+            _APPEND_NEWLINE = orjson.OPT_APPEND_NEWLINE
+            _ORJSON.append(orjson.dumps)
+    return _ORJSON[0]
 
 
 def write_atomic_bytes(path: Path, lines: Iterable[bytes]) -> None:

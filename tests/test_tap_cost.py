@@ -1,0 +1,144 @@
+"""The tap's cheap per-tensor path (issue #22): small incoming tensors are filed into the coverage index in
+batches, the common write takes a short path, and the cyclic GC is paused only inside the tap's own loops.
+These check that the shortcuts change nothing a record says, and leave the engine's GC as they found it."""
+
+from __future__ import annotations
+
+import gc
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+import torch
+from torch import nn
+
+from weightcheck import tap
+from weightcheck.digest import digest_tensor
+from weightcheck.tap.records import read_record
+
+COUNT = 300  # more than the filing queue (64) and the recent window (64): every path is taken
+
+
+def default_loader(param: torch.Tensor, loaded_weight: torch.Tensor) -> None:
+    param.data.copy_(loaded_weight)
+
+
+class ManySmall(nn.Module):
+    """Many small parameters written by the default loader, as SGLang's `load_weights` does for unstacked names.
+    `late=True` reads the whole stream first and writes afterwards (a loader that collects, then writes): then
+    no write is of the tensor just received, and every one is attributed through the filed address ranges."""
+
+    def __init__(self, late: bool = False) -> None:
+        super().__init__()
+        self.late = late
+        self.weights = nn.ParameterList(
+            nn.Parameter(torch.zeros(16, dtype=torch.bfloat16), requires_grad=False) for _ in range(COUNT)
+        )
+
+    def load_weights(self, weights: Any) -> None:
+        params = dict(self.named_parameters())
+        items = list(weights) if self.late else weights
+        for name, tensor in items:
+            if name in params:  # an unknown name is dropped silently, as SGLang does
+                param = params[name]
+                getattr(param, "weight_loader", default_loader)(param, tensor)
+
+
+def small_stream(seed: int = 0) -> list[tuple[str, torch.Tensor]]:
+    generator = torch.Generator().manual_seed(seed)
+    out = [(f"weights.{i}", torch.randn(16, generator=generator).to(torch.bfloat16)) for i in range(COUNT)]
+    out[7] = (out[7][0], torch.zeros(16, dtype=torch.bfloat16))
+    out[9] = (out[9][0], torch.full((16,), float("nan"), dtype=torch.bfloat16))
+    out.insert(150, ("not.a.parameter", torch.ones(16, dtype=torch.bfloat16)))
+    return out
+
+
+@pytest.fixture
+def records(tmp_path: Path) -> Iterator[Path]:
+    root = tmp_path / "records"
+    tap.configure(root, digest_threads=2)
+    tap.set_engine_hooks(tap.EngineHooks(default_loader=default_loader))
+    tap.install(ManySmall)
+    yield root
+    tap.uninstall(ManySmall)
+    tap.configure(None)
+    tap.set_engine_hooks(tap.EngineHooks())
+
+
+def only_record(root: Path, seq: int) -> tap.SyncRecord:
+    (path,) = (root / f"sync-{seq:05d}").glob("*.jsonl")
+    return read_record(path)
+
+
+@pytest.mark.parametrize("late", [False, True], ids=["write-as-received", "write-after-reading-all"])
+def test_every_small_tensor_is_recorded_and_attributed(records: Path, late: bool) -> None:
+    engine = ManySmall(late=late)
+    stream = small_stream()
+    for seq in range(2):  # the second sync puts the cached wrappers back (the inlined path)
+        engine.load_weights(iter(stream))
+        record = only_record(records, seq)
+        assert [t.name for t in record.tensors] == [name for name, _ in stream]
+        for entry, (name, tensor) in zip(record.tensors, stream, strict=True):
+            assert entry.hexdigest == digest_tensor(tensor, entry.algorithm).hexdigest
+            assert entry.shape == (16,)
+            assert entry.wrote == ([] if name == "not.a.parameter" else [name]), (seq, name)
+        by_name = {t.name: t for t in record.tensors}
+        assert by_name["weights.7"].zeros is True and by_name["weights.8"].zeros is False
+        assert by_name["weights.9"].nonfinite == 16 and by_name["weights.8"].nonfinite == 0
+        assert all(p.tracked and p.writes == 1 for p in record.params.values())
+        assert len(record.params) == COUNT
+        assert not any(c.unattributed_writes for c in record.calls)
+    for _, param in engine.named_parameters():  # the engine's loaders are back (none: the default loader)
+        assert "weight_loader" not in param.__dict__
+
+
+def test_a_parameter_never_written_is_recorded_as_such(records: Path) -> None:
+    engine = ManySmall()
+    engine.load_weights(iter(small_stream()[:-1]))  # the last parameter is not sent
+    record = only_record(records, 0)
+    writes = {p.name: p.writes for p in record.params.values()}
+    assert writes[f"weights.{COUNT - 1}"] == 0
+    assert sum(1 for w in writes.values() if w == 1) == COUNT - 1
+
+
+@pytest.mark.parametrize("enabled", [True, False], ids=["gc-on", "gc-off"])
+def test_the_engines_garbage_collector_is_left_as_it_was(records: Path, enabled: bool) -> None:
+    engine = ManySmall(late=True)  # the late writes file the queue from inside a loader call
+    was = gc.isenabled()
+    try:
+        if enabled:
+            gc.enable()
+        else:
+            gc.disable()
+        engine.load_weights(iter(small_stream()))
+        assert gc.isenabled() is enabled
+    finally:
+        if was:
+            gc.enable()
+        else:
+            gc.disable()
+    assert only_record(records, 0).tensors
+
+
+def test_entries_stay_out_of_the_collectors_way(records: Path) -> None:
+    """The per-tensor entries hold only atomic values and tuples, so the collector stops tracking them: a sync
+    of tens of thousands of tensors would otherwise make every collection the engine triggers traverse them."""
+    from weightcheck.tap import core
+
+    kept: dict[str, Any] = {}
+    original = core._write_record
+
+    def capture(current: Any, config: Any, **kwargs: Any) -> Any:
+        kept["entries"] = list(current.entries.values())
+        return original(current, config, **kwargs)
+
+    core._write_record = capture  # type: ignore[assignment]
+    try:
+        ManySmall().load_weights(iter(small_stream()))
+    finally:
+        core._write_record = original  # type: ignore[assignment]
+    entries = kept["entries"]
+    assert len(entries) == COUNT + 1
+    gc.collect()
+    assert not any(gc.is_tracked(entry) for entry in entries)
