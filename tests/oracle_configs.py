@@ -69,6 +69,15 @@ def reduce_counts(cfg: dict[str, Any], n_layers: int = 8) -> dict[str, Any]:
     for key in ("head_dim", "qk_nope_head_dim", "qk_rope_head_dim", "v_head_dim", "kv_lora_rank", "q_lora_rank"):
         if isinstance(text.get(key), int):
             text[key] = min(text[key], dims.get(key, 16))
+    for rope_key in ("rope_scaling", "rope_parameters"):  # LongRoPE factors: one per rotary frequency pair
+        rope = text.get(rope_key)
+        heads = text.get("num_attention_heads")
+        if isinstance(rope, dict) and isinstance(heads, int) and heads > 0:
+            head_dim = text.get("head_dim") or text["hidden_size"] // heads
+            pairs = int(head_dim * (text.get("partial_rotary_factor") or 1.0)) // 2
+            for factor in ("short_factor", "long_factor"):
+                if isinstance(rope.get(factor), list):
+                    rope[factor] = rope[factor][:pairs]
     for sub, vis in list(out.items()):
         if sub.endswith("_config") and sub != "text_config" and isinstance(vis, dict) and sub != "rope_scaling":
             vis.update({k: v for k, v in _VISION.items() if k in vis and v is not None})
