@@ -46,7 +46,6 @@ NO_PUBLISHED_CONFIG: dict[str, str] = {
     "minicpm3": "openbmb/MiniCPM3-4B: not found",
     "ministral": "mistralai/Ministral-8B-Instruct-2410 is published as model_type mistral; no `ministral` config",
     "phimoe": "microsoft/Phi-3.5-MoE-instruct: LongRoPE factor tables cut the stored page off",
-    "qwen3_next": "Qwen/Qwen3-Next-80B-A3B-*: pages cut off inside layer_types; only a tiny test model complete",
 }
 
 # Keys set to tiny values (counts and sizes only); every other key (flags, optional ranks, layer lists,
