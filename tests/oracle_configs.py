@@ -29,7 +29,6 @@ PUBLISHED: list[dict[str, Any]] = json.loads(DATA.read_text())
 NO_PUBLISHED_CONFIG: dict[str, str] = {
     "apertus": "swiss-ai/Apertus-8B*: no config.json page or vendored copy found",
     "bamba": "ibm-ai-platform/Bamba-9B: not found (foundation-model-stack/bamba has no config.json)",
-    "ernie4_5": "baidu/ERNIE-4.5-0.3B-PT: config.json page not found",
     "ernie4_5_moe": "baidu/ERNIE-4.5-21B-A3B-PT: config.json page not found",
     "falcon_h1": "tiiuae/Falcon-H1-*: tiiuae/Falcon-H1 on GitHub holds docs only",
     "gemma3": "google/gemma-3-*-it (multimodal): only gemma3_text (Gemma-3-1B) found",
