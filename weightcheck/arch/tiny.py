@@ -87,6 +87,9 @@ TEXT_OVERRIDES: dict[str, dict[str, Any]] = {
 # transformers 5: the count is len(layers_block_type)); cycled to the variant's layer count.
 _BLOCK_TYPES: dict[str, tuple[str, list[str]]] = {
     "nemotron_h": ("layers_block_type", ["linear_attention", "moe", "full_attention", "moe", "linear_attention"]),
+    # LFM2's class default is all full-attention layers, but every published LFM2 mixes in short-conv layers
+    # (`conv`: in_proj, conv.conv, out_proj); without them in the samples the pattern never learns that kind.
+    "lfm2": ("layer_types", ["conv", "full_attention", "conv"]),
 }
 
 

@@ -237,13 +237,30 @@ def repeated_path_segment(ctx: LintContext) -> None:
         for prefix, count in s.other_prefixes.items():
             if prefix in bad_parts and count:
                 doubled.extend(n for n in ctx.ckpt.tensor_names() if n.startswith(prefix + "."))
-    doubled = sorted(set(doubled))
+    doubled = sorted(set(doubled) - _architecture_names(ctx))
     if doubled:
         ctx.report(
             f"{len(doubled)} tensor names repeat a path segment: {summarize(doubled)}",
             tensor=summarize(doubled, limit=3),
             count=len(doubled),
         )
+
+
+def _architecture_names(ctx: LintContext) -> set[str]:
+    """Stored names the model class itself defines (its pattern, or the class's own names for a config
+    outside the pattern's coverage): a repeated segment there is the architecture, not a writer's doubled
+    prefix. LFM2's short-conv block is `conv` holding an `nn.Conv1d` also named `conv`, so every real LFM2
+    checkpoint stores `model.layers.N.conv.conv.weight` (transformers' Lfm2ShortConv)."""
+    from weightcheck.rules.quant import analysis_of
+
+    inventory = analysis_of(ctx).inventory
+    if inventory is None:
+        return set()
+    out: set[str] = set()
+    for module in inventory.modules.values():
+        if module.expected is not None:
+            out.update(f"{module.name}.{p}" for p in (*module.expected.params, *module.expected.optional_params))
+    return out
 
 
 @rule(
