@@ -28,7 +28,7 @@ from weightcheck.checkpoint import load_checkpoint
 from weightcheck.collapse import format_ranges, summarize
 from weightcheck.findings import INTERNAL_ERROR_CODE, Finding, Location, Result, Severity
 from weightcheck.findings import internal_error as make_internal_error
-from weightcheck.structure import is_index
+from weightcheck.names import is_index
 
 if TYPE_CHECKING:
     from weightcheck.compare.classify import Classification, ReferenceIndex

@@ -7,11 +7,15 @@ differently from its peers is not mistaken for a layer missing weights; WC3xx ru
 
 from __future__ import annotations
 
-import re
 from collections import Counter, defaultdict
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 from typing import Any
+
+from weightcheck.names import is_index, parse_index, split_expert, split_layer
+
+# Re-exported for weightcheck/verify.py (`parse_index`) until it imports weightcheck.names itself.
+__all__ = ["parse_index"]
 
 # Parameter names that are quantization companions of a module's `weight`.
 QUANT_COMPANIONS = (
@@ -34,9 +38,6 @@ QUANT_COMPANIONS = (
     "SCB",
 )
 
-# Container names under which decoder blocks live (`model.layers.N`, GPT-2 `transformer.h.N`, ...).
-_LAYER_RE = re.compile(r"^(?P<prefix>(?:[^.]+\.)*?(?:layers|h|blocks|layer))\.(?P<idx>\d+)\.(?P<rest>.+)$")
-_EXPERT_RE = re.compile(r"^(?P<head>(?:.+\.)?experts)\.(?P<idx>\d+)\.(?P<rest>.+)$")
 _NON_TEXT_HINTS = ("visual", "vision", "audio", "mm_projector", "image", "speech", "encoder")
 
 EXPERT_COUNT_KEYS = ("n_routed_experts", "num_experts", "num_local_experts", "moe_num_experts")
@@ -46,21 +47,6 @@ MTP_COUNT_KEYS = ("num_nextn_predict_layers", "mtp_num_hidden_layers", "num_mtp_
 _COMPANION_SET = frozenset(QUANT_COMPANIONS)
 # Quantized stacked experts store `<param>_blocks` / `<param>_scales` for the 3-D `<param>` (MXFP4).
 _STACK_COMPANIONS = ("_blocks", "_scales")
-
-# A layer or expert id in a tensor name: ASCII digits, at most this many. A longer run (a 5,000-digit
-# "layer" would hit Python's int-conversion limit) or a non-ASCII digit (`str.isdigit` accepts `²`, which
-# `int` refuses) is not an id: the name is then treated like any other unsplit name.
-MAX_ID_DIGITS = 12
-
-
-def is_index(text: str) -> bool:
-    """True for a name component that is a layer/expert id (`0`, `17`), bounded and ASCII."""
-    return 0 < len(text) <= MAX_ID_DIGITS and text.isascii() and text.isdigit()
-
-
-def parse_index(text: str) -> int | None:
-    return int(text) if is_index(text) else None
-
 
 def normalize_param(rest: str) -> str:
     """Fold quantization companions and `.weight.absmax`-style bitsandbytes blobs onto `.weight`."""
@@ -120,99 +106,12 @@ class LayerStructure:
         return self.num_hidden_layers is not None and layer >= self.num_hidden_layers
 
 
-def split_layer(name: str) -> tuple[str, int, str] | None:
-    """`model.layers.3.mlp.gate.weight` → (`model.layers`, 3, `mlp.gate.weight`)."""
-    i = name.find(".layers.")
-    if i > 0:
-        idx, _, tail = name[i + 8 :].partition(".")
-        if is_index(idx) and tail:
-            return name[: i + 7], int(idx), tail
-    m = _LAYER_RE.match(name)
-    if m and is_index(m["idx"]):
-        return m["prefix"], int(m["idx"]), m["rest"]
-    return None
-
-
 def split_tail(tail: str) -> tuple[str | None, int, str]:
     """`mlp.experts.7.down_proj.weight_packed` → (`mlp.experts`, 7, `down_proj.weight`)."""
-    em = _EXPERT_RE.match(tail) if "experts." in tail else None
-    if em and is_index(em["idx"]):
-        return em["head"], int(em["idx"]), normalize_param(em["rest"])
+    got = split_expert(tail)
+    if got is not None:
+        return got[0], int(got[1]), normalize_param(got[2])
     return None, -1, normalize_param(tail)
-
-
-# ---- name templates ---------------------------------------------------------------------------------
-# `model.layers.3.mlp.experts.7.down_proj` is the template `model.layers.{i}.mlp.experts.{e}.down_proj` with
-# the ids ("3", "7"). Names of one template differ only in those digit runs, so a question whose answer
-# cannot depend on them (or only on their lengths) is answered once per template instead of once per name.
-
-Template = tuple[str, ...]  # literal parts around the id slots: ("model.layers.", ".mlp.experts.", ".down_proj")
-
-
-def _tail_template(tail: str) -> tuple[str, str, str] | None:
-    """`mlp.experts.7.down_proj` → (`mlp.experts.`, `7`, `.down_proj`), as `split_tail` finds the expert id."""
-    em = _EXPERT_RE.match(tail) if "experts." in tail else None
-    if em is None:
-        return None
-    start = len(em["head"]) + 1
-    end = start + len(em["idx"])
-    value = tail[start:end]
-    return (tail[:start], value, tail[end:]) if value.isascii() else None
-
-
-def name_template(
-    name: str, _tails: dict[str, tuple[str, str, str] | None] | None = None
-) -> tuple[Template, tuple[str, ...]]:
-    """(template parts, slot values as written) of a name; a name outside any layer is its own template.
-    Slots are the layer id (as `split_layer` finds it) and the expert id (as `split_tail` does)."""
-    split = split_layer(name)
-    if split is None:
-        return (name,), ()
-    start = len(split[0]) + 1
-    end = name.find(".", start)
-    layer = name[start:end]
-    if not (layer.isascii() and layer.isdigit()):
-        return (name,), ()
-    tail = split[2]
-    if _tails is None:
-        got = _tail_template(tail)
-    else:
-        got = _tails.get(tail, False)
-        if got is False:
-            got = _tails[tail] = _tail_template(tail)
-    if got is None:
-        return (name[:start], name[end:]), (layer,)
-    return (name[:start], "." + got[0], got[2]), (layer, got[1])
-
-
-def group_by_template(names: Iterable[str]) -> dict[Template, list[tuple[str, tuple[str, ...]]]]:
-    """Names grouped by template, each with its slot values."""
-    groups: dict[Template, list[tuple[str, tuple[str, ...]]]] = defaultdict(list)
-    tails: dict[str, tuple[str, str, str] | None] = {}
-    for name in names:
-        # Inlined fast path of name_template for `<prefix>.layers.<i>.<tail>` (most names of a checkpoint).
-        i = name.find(".layers.")
-        if i > 0:
-            idx, _, tail = name[i + 8 :].partition(".")
-            if tail and idx.isascii() and idx.isdigit():
-                got = tails.get(tail, False)
-                if got is False:
-                    got = tails[tail] = _tail_template(tail)
-                if got is None:
-                    groups[(name[: i + 8], "." + tail)].append((name, (idx,)))
-                else:
-                    groups[(name[: i + 8], "." + got[0], got[2])].append((name, (idx, got[1])))
-                continue
-        parts, values = name_template(name, tails)
-        groups[parts].append((name, values))
-    return groups
-
-
-def expand_template(parts: Template, values: tuple[str, ...]) -> str:
-    out = [parts[0]]
-    for value, part in zip(values, parts[1:], strict=True):
-        out += [value, part]
-    return "".join(out)
 
 
 def analyze(names: Iterable[str], text_config: dict[str, Any]) -> LayerStructure:

@@ -48,7 +48,7 @@ from weightcheck.compare.operands import (
     TransposedOperand,
 )
 from weightcheck.compare.policy import PolicyRule
-from weightcheck.structure import is_index
+from weightcheck.names import is_index
 
 if TYPE_CHECKING:
     import torch

@@ -11,9 +11,10 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
+from weightcheck.names import split_layer
 from weightcheck.patterns import ExpectedModule, Pattern, expand
 from weightcheck.safetensors_header import TensorInfo
-from weightcheck.structure import QUANT_COMPANIONS, split_layer, split_tail
+from weightcheck.structure import QUANT_COMPANIONS, split_tail
 
 # Companions whose presence means "this module is stored quantized".
 QUANTIZED_MARKERS = frozenset(
