@@ -314,3 +314,11 @@ def run_rules(ctx: LintContext, rules: Iterable[Rule]) -> Iterator[tuple[Rule, E
             yield r, exc
         finally:
             ctx.current = None
+
+
+def templates_of(ctx: LintContext) -> dict[tuple[str, ...], list[tuple[str, tuple[str, ...]]]]:
+    """The checkpoint's tensors (all_tensors) grouped by name template, built once per run and shared by the
+    rules that reason over templates instead of walking every name (see weightcheck.names)."""
+    from weightcheck.names import group_by_template
+
+    return ctx.memo("name-templates", lambda: group_by_template(ctx.ckpt.all_tensors()))

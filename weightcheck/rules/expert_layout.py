@@ -11,26 +11,20 @@ generated data (`routed_experts` in patterns/generated/sglang.json), found by ru
 
 from __future__ import annotations
 
-import re
 from typing import Any
 
 from weightcheck.collapse import summarize
 from weightcheck.findings import Severity
-from weightcheck.rules import LintContext, rule
+from weightcheck.names import expert_wildcard, is_stacked_expert, under_prefix
+from weightcheck.rules import LintContext, rule, templates_of
 from weightcheck.rules.quant import analysis_of
 from weightcheck.structure import EXPERT_COUNT_KEYS, config_int
 
-_EXPERT_ID = re.compile(r"(^|\.)experts\.\d+\.")
-_STACKED = re.compile(r"(^|\.)experts\.[^.\d][^.]*$")
-
 
 def _tail(name: str, prefix: str) -> str | None:
-    if not name.startswith(prefix + "."):
-        return None
-    idx, _, rest = name[len(prefix) + 1 :].partition(".")
-    if not idx.isdigit() or not rest:
-        return None
-    return _EXPERT_ID.sub(lambda m: f"{m.group(1)}experts.*.", rest)
+    """`model.layers.3.mlp.experts.7.down_proj.weight` under `model.layers` → `mlp.experts.*.down_proj.weight`."""
+    got = under_prefix(name, prefix)
+    return None if got is None else expert_wildcard(got[1])
 
 
 def _labels(shape: tuple[int, ...], experts: int, hidden: int | None) -> list[str] | None:
@@ -90,14 +84,28 @@ def expert_layout_unread(ctx: LintContext) -> None:
     every = {n for lay in layouts for n in lay["names"]}
     found: dict[str, list[str]] = {}  # tail -> checkpoint names
     dims: dict[str, list[str] | None] = {}
-    for name, info in ctx.ckpt.all_tensors().items():
-        tail = _tail(name, pattern.layer_prefix)
+    tensors = ctx.ckpt.all_tensors()
+    head = pattern.layer_prefix + "."
+
+    def take(tail: str | None, members: list[tuple[str, tuple[str, ...]]]) -> None:
         if tail is None:
-            continue
-        if tail in every or "experts.*." in tail or (_STACKED.search(tail) and len(info.shape) == 3):
-            found.setdefault(tail, []).append(name)
-            if len(info.shape) == 3 and experts:
-                dims.setdefault(tail, _labels(tuple(info.shape), experts, hidden))
+            return
+        per_expert = tail in every or "experts.*." in tail
+        if not per_expert and not is_stacked_expert(tail):
+            return
+        for name, _ in members:
+            shape = tensors[name].shape
+            if per_expert or len(shape) == 3:
+                found.setdefault(tail, []).append(name)
+                if len(shape) == 3 and experts:
+                    dims.setdefault(tail, _labels(tuple(shape), experts, hidden))
+
+    for parts, members in templates_of(ctx).items():
+        if parts[0] == head:  # names of a template directly under the layer container share one tail
+            take(_tail(members[0][0], pattern.layer_prefix), members)
+        else:  # a template split elsewhere (or none): each name on its own
+            for member in members:
+                take(_tail(member[0], pattern.layer_prefix), [member])
     if not found:
         return
 
