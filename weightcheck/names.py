@@ -87,6 +87,13 @@ def under_prefix(name: str, prefix: str) -> tuple[str, str] | None:
     return idx, rest
 
 
+def layer_tail(name: str, prefix: str, expert_slot: str = "*") -> str | None:
+    """The tail of a name under layer container `prefix`, its expert id replaced by `expert_slot`:
+    `model.layers.3.mlp.experts.7.w1.weight` under `model.layers` → `mlp.experts.*.w1.weight`."""
+    got = under_prefix(name, prefix)
+    return None if got is None else expert_wildcard(got[1], expert_slot)
+
+
 def decoder_layer_span(name: str) -> tuple[int, int] | None:
     """Span of the id in a Megatron rank's `decoder.layers.N` (prefixes such as `module.module.` allowed)."""
     m = _DECODER_RE.search(name)
@@ -108,6 +115,12 @@ def split_expert(text: str) -> tuple[str, str, str] | None:
     return m["head"], m["idx"], m["rest"]
 
 
+def split_expert_module(module: str) -> tuple[str, str, str] | None:
+    """`split_expert` for a module path, whose expert id may end it: `mlp.experts.7` → (`mlp.experts`, `7`, ``)."""
+    got = split_expert(module + ".#")  # a sentinel segment so an id at the end still has something after it
+    return None if got is None else (got[0], got[1], got[2][:-2])
+
+
 def expert_id(text: str) -> int | None:
     got = split_expert(text)
     return int(got[1]) if got else None
@@ -124,6 +137,22 @@ def expert_wildcard(text: str, slot: str = "*") -> str:
 def is_stacked_expert(text: str) -> bool:
     """`mlp.experts.gate_up_proj` (experts stacked in one tensor, no id in the name)."""
     return "experts." in text and _STACKED_RE.search(text) is not None
+
+
+def in_experts(name: str) -> bool:
+    """The name lies under an `experts` container (per-expert, stacked or an engine's fused parameter)."""
+    return name.startswith("experts.") or ".experts." in name
+
+
+def engine_fused_expert(name: str) -> str | None:
+    """`13` / `2` for an SGLang/vLLM fused-MoE parameter (`mlp.experts.w13_weight`, `experts.w2_weight_scale`)."""
+    head, sep, leaf = name.rpartition("experts.")
+    if not sep or (head and not head.endswith(".")):
+        return None
+    for which in ("13", "2"):
+        if leaf.startswith(f"w{which}_"):
+            return which
+    return None
 
 
 def grouped_expert_span(name: str) -> tuple[int, int] | None:

@@ -15,7 +15,7 @@ from typing import Any
 
 from weightcheck.collapse import summarize
 from weightcheck.findings import Severity
-from weightcheck.names import expert_wildcard, is_stacked_expert, under_prefix
+from weightcheck.names import is_stacked_expert, layer_tail
 from weightcheck.rules import LintContext, rule, templates_of
 from weightcheck.rules.quant import analysis_of
 from weightcheck.structure import EXPERT_COUNT_KEYS, config_int
@@ -23,8 +23,7 @@ from weightcheck.structure import EXPERT_COUNT_KEYS, config_int
 
 def _tail(name: str, prefix: str) -> str | None:
     """`model.layers.3.mlp.experts.7.down_proj.weight` under `model.layers` → `mlp.experts.*.down_proj.weight`."""
-    got = under_prefix(name, prefix)
-    return None if got is None else expert_wildcard(got[1])
+    return layer_tail(name, prefix)
 
 
 def _labels(shape: tuple[int, ...], experts: int, hidden: int | None) -> list[str] | None:
