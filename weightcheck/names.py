@@ -175,6 +175,44 @@ def sequential_expert_span(name: str) -> tuple[int, int] | None:
     return start, end
 
 
+# ---- segment-wise reading (diff and compare, which meet names of any writer) -----------------------
+# diff and its mismatch classifier read a name segment by segment: a number is a layer id when the word
+# before it is a layer word. They read a few more words than the container split above: `block` (T5's
+# `encoder.block.N`, which the container split must not take, since its layers are `block.N.layer.M`), and
+# for classifying an index, Megatron's `decoder_layers` and MTP's `mtp.N`.
+SEGMENT_LAYER_WORDS = frozenset({*LAYER_CONTAINERS, "block"})
+SEGMENT_LAYER_LIKE_WORDS = SEGMENT_LAYER_WORDS | {"decoder_layers", "mtp"}
+SEGMENT_EXPERT_WORDS = frozenset({"experts", "expert", "local_experts"})
+
+
+def _segment_layer_pos(parts: list[str]) -> int | None:
+    for i, part in enumerate(parts[:-1]):
+        if part in SEGMENT_LAYER_WORDS and is_index(parts[i + 1]):
+            return i + 1
+    return None
+
+
+def segment_layer(name: str) -> int | None:
+    """The first `<layer word>.<id>` of a name, read segment by segment (`encoder.block.3.x` → 3)."""
+    parts = name.split(".")
+    pos = _segment_layer_pos(parts)
+    return None if pos is None else int(parts[pos])
+
+
+def segment_layer_wildcard(name: str) -> str:
+    """The name with that layer id replaced by `*`."""
+    parts = name.split(".")
+    pos = _segment_layer_pos(parts)
+    if pos is not None:
+        parts[pos] = "*"
+    return ".".join(parts)
+
+
+def index_kind(word: str) -> str:
+    """What the number after `word` indexes: `layer`, `expert` or a plain `index`."""
+    return "layer" if word in SEGMENT_LAYER_LIKE_WORDS else "expert" if word in SEGMENT_EXPERT_WORDS else "index"
+
+
 # ---- the typed parse ---------------------------------------------------------------------------------
 
 

@@ -11,12 +11,18 @@ from collections import defaultdict
 
 from weightcheck.collapse import ids_pattern, summarize
 from weightcheck.findings import Severity
-from weightcheck.rules import LintContext, rule
+from weightcheck.rules import LintContext, rule, templates_of
 from weightcheck.structure import MAX_PLAUSIBLE, LayerStructure, analyze, majority
 
 
 def structure_of(ctx: LintContext) -> LayerStructure:
-    return ctx.memo("structure", lambda: analyze(ctx.ckpt.tensor_names(), ctx.ckpt.text_config()))
+    def compute() -> LayerStructure:
+        names = ctx.ckpt.tensor_names()
+        # The shared templates are of the readable headers' names; they serve when those are all the names.
+        groups = templates_of(ctx) if len(names) == len(ctx.ckpt.all_tensors()) else None
+        return analyze(names, ctx.ckpt.text_config(), groups)
+
+    return ctx.memo("structure", compute)
 
 
 def _layer_names(s: LayerStructure, layers: list[int], suffixes: list[str]) -> list[str]:
