@@ -25,7 +25,7 @@ from __future__ import annotations
 
 import re
 from collections import defaultdict
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 
 # A layer or expert id in a tensor name: ASCII digits, at most this many. A longer run (a 5,000-digit
@@ -295,19 +295,30 @@ def group_by_template(names: Iterable[str]) -> dict[Template, list[tuple[str, tu
     """Names grouped by template, each with its slot values."""
     groups: dict[Template, list[tuple[str, tuple[str, ...]]]] = defaultdict(list)
     tails: dict[str, tuple[str, str, str] | None] = {}
+    # layer-container prefix -> tail -> (append to the template's list, expert id or None): a name whose
+    # prefix and tail were seen costs two lookups, no new key strings (this loop runs once per name).
+    seen: dict[str, dict[str, tuple[Callable[[tuple[str, tuple[str, ...]]], None], str | None]]] = {}
     for name in names:
         # Inlined fast path of name_template for `<prefix>.layers.<i>.<tail>` (most names of a checkpoint).
         i = name.find(".layers.")
         if i > 0:
             idx, _, tail = name[i + 8 :].partition(".")
             if tail and idx.isascii() and idx.isdigit():
-                got = tails.get(tail, False)
-                if got is False:
-                    got = tails[tail] = _tail_template(tail)
-                if got is None:
-                    groups[(name[: i + 8], "." + tail)].append((name, (idx,)))
-                else:
-                    groups[(name[: i + 8], "." + got[0], got[2])].append((name, (idx, got[1])))
+                pfx = name[: i + 8]
+                per = seen.get(pfx)
+                if per is None:
+                    per = seen[pfx] = {}
+                hit = per.get(tail)
+                if hit is None:
+                    got = tails.get(tail, False)
+                    if got is False:
+                        got = tails[tail] = _tail_template(tail)
+                    if got is None:
+                        hit = per[tail] = (groups[(pfx, "." + tail)].append, None)
+                    else:
+                        hit = per[tail] = (groups[(pfx, "." + got[0], got[2])].append, got[1])
+                append, expert = hit
+                append((name, (idx,) if expert is None else (idx, expert)))
                 continue
         parts, values = name_template(name, tails)
         groups[parts].append((name, values))
@@ -319,6 +330,12 @@ def expand_template(parts: Template, values: tuple[str, ...]) -> str:
     for value, part in zip(values, parts[1:], strict=True):
         out += [value, part]
     return "".join(out)
+
+
+def last_segments_fixed(parts: Template, segments: int) -> bool:
+    """True when the last `segments` dotted segments of a name (and the dot before them) are the same for
+    every name of the template: they lie in its literal end, so a question about them is answered once."""
+    return len(parts) == 1 or parts[-1].count(".") >= segments
 
 
 def render(parts: Template) -> str:
