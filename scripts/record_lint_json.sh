@@ -3,6 +3,8 @@
 # refactor that must not change behaviour can be checked byte for byte: record before, record after, `diff -r`.
 #   scripts/record_lint_json.sh DIR [EXTRA_TARGET ...]
 set -u
+# Set iteration order must not leak into the output; pin the hash seed so two runs compare byte for byte.
+export PYTHONHASHSEED=${PYTHONHASHSEED:-0}
 out=${1:?usage: record_lint_json.sh DIR [EXTRA_TARGET ...]}; shift
 mkdir -p "$out"
 py=${PYTHON:-python}

@@ -81,7 +81,8 @@ def expert_layout_unread(ctx: LintContext) -> None:
     experts = config_int(text, EXPERT_COUNT_KEYS, "experts")
     hidden = text.get("hidden_size") if isinstance(text.get("hidden_size"), int) else None
     every = {n for lay in layouts for n in lay["names"]}
-    found: dict[str, list[str]] = {}  # tail -> checkpoint names
+    # tail -> its checkpoint names, as the template member lists that hold them (expanded only to report)
+    found: dict[str, list[list[tuple[str, tuple[str, ...]]]]] = {}
     dims: dict[str, list[str] | None] = {}
     tensors = ctx.ckpt.all_tensors()
     head = pattern.layer_prefix + "."
@@ -92,12 +93,11 @@ def expert_layout_unread(ctx: LintContext) -> None:
         per_expert = tail in every or "experts.*." in tail
         if not per_expert and not is_stacked_expert(tail):
             return
-        for name, _ in members:
-            shape = tensors[name].shape
-            if per_expert or len(shape) == 3:
-                found.setdefault(tail, []).append(name)
-                if len(shape) == 3 and experts:
-                    dims.setdefault(tail, _labels(tuple(shape), experts, hidden))
+        stacks = [m for m in members if len(tensors[m[0]].shape) == 3]
+        if per_expert or stacks:
+            found.setdefault(tail, []).append(members if per_expert else stacks)
+        if stacks and experts:
+            dims.setdefault(tail, _labels(tuple(tensors[stacks[0][0]].shape), experts, hidden))
 
     for parts, members in templates_of(ctx).items():
         if parts[0] == head:  # names of a template directly under the layer container share one tail
@@ -137,7 +137,7 @@ def expert_layout_unread(ctx: LintContext) -> None:
 
     reads = ("; it reads " + " or ".join(shown(lay) for lay in readable[:2])
              if readable else "; it read none of the layouts tried: its routed experts stay uninitialised")
-    names = sorted(n for v in found.values() for n in v)
+    names = sorted(n for lists in found.values() for members in lists for n, _ in members)
     severity = Severity.ERROR if deployed else Severity.INFO
     ctx.report(
         f"SGLang's {sglang_class} does not read routed experts stored as "
