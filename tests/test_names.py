@@ -84,6 +84,15 @@ def test_templates_and_render():
     assert N.name_template("lm_head.weight") == (("lm_head.weight",), ())
 
 
+def test_template_text_and_with_ids_for_verify():
+    name = "model.layers.3.mlp.experts.7.down_proj.weight"
+    assert N.template_text(name) == "model.layers.{L}.mlp.experts.{E}.down_proj.weight"
+    assert N.with_ids(name, layer=5) == "model.layers.5.mlp.experts.7.down_proj.weight"
+    assert N.with_ids(name, expert=0) == "model.layers.3.mlp.experts.0.down_proj.weight"
+    assert N.with_ids("transformer.h.2.attn.c_attn.weight", layer=4, expert=1) == "transformer.h.4.attn.c_attn.weight"
+    assert N.with_ids("lm_head.weight", layer=1) == "lm_head.weight"
+
+
 def test_group_by_template_collapses_a_moe_checkpoint():
     names = [f"model.layers.{i}.mlp.experts.{e}.{p}.weight" for i in range(4) for e in range(8)
              for p in ("gate_proj", "up_proj", "down_proj")] + ["model.norm.weight"]  # fmt: skip

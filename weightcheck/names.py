@@ -342,3 +342,21 @@ def render(parts: Template) -> str:
     """A template as shown to users: `model.layers.{L}.mlp.experts.{E}.down_proj.weight`."""
     slots = (LAYER_SLOT, EXPERT_SLOT)
     return expand_template(parts, slots[: len(parts) - 1])
+
+
+def template_text(name: str) -> str:
+    """A name's template as shown to users (`model.layers.{L}.mlp.experts.{E}.w1.weight`); the name itself
+    outside any layer."""
+    return render(name_template(name)[0])
+
+
+def with_ids(name: str, layer: int | None = None, expert: int | None = None) -> str:
+    """The name with its layer id and/or expert id replaced (`with_ids(n, layer=5)`); unchanged where the
+    name has no such slot."""
+    parts, values = name_template(name)
+    new = list(values)
+    if layer is not None and new:
+        new[0] = str(layer)
+    if expert is not None and len(new) > 1:
+        new[1] = str(expert)
+    return expand_template(parts, tuple(new))
