@@ -115,6 +115,13 @@ def test_layer_tail_and_wildcards():
     assert N.engine_fused_expert("model.layers.0.mlp.shared_experts.w2_weight") is None
 
 
+def test_stacked_expert_tail():
+    assert N.stacked_expert_tail("model.layers.0.mlp.experts.gate_up_proj") == "experts.gate_up_proj"
+    assert N.stacked_expert_tail("model.layers.0.mlp.experts.down_proj_blocks") == "experts.down_proj_blocks"
+    assert N.stacked_expert_tail("model.layers.0.mlp.experts.3.w1.weight") is None
+    assert N.stacked_expert_tail("model.layers.0.mlp.gate.weight") is None
+
+
 def test_megatron_spans():
     name = "module.module.decoder.layers.12.mlp.experts.linear_fc1.weight3"
     s = N.decoder_layer_span(name)

@@ -139,6 +139,15 @@ def is_stacked_expert(text: str) -> bool:
     return "experts." in text and _STACKED_RE.search(text) is not None
 
 
+def stacked_expert_tail(name: str) -> str | None:
+    """`experts.<param...>` of a name whose last `.experts.` is not followed by an id (a stacked expert
+    tensor: `model.layers.0.mlp.experts.gate_up_proj` → `experts.gate_up_proj`); None otherwise."""
+    if ".experts." not in name:
+        return None
+    rest = name.rsplit(".experts.", 1)[1]
+    return None if rest.split(".", 1)[0].isdigit() else "experts." + rest
+
+
 def in_experts(name: str) -> bool:
     """The name lies under an `experts` container (per-expert, stacked or an engine's fused parameter)."""
     return name.startswith("experts.") or ".experts." in name
