@@ -42,7 +42,8 @@ class ModuleInfo:
             self.quantized = None
             return
         weight = self.params.get("weight")
-        self.quantized = bool(QUANTIZED_MARKERS & self.params.keys()) or (
+        # isdisjoint: no intersection set built (this runs once per module, 46k times on DeepSeek-V3)
+        self.quantized = not QUANTIZED_MARKERS.isdisjoint(self.params) or (
             weight is not None and weight.dtype in LOW_PRECISION_DTYPES
         )
 
@@ -139,7 +140,12 @@ def from_checkpoint(
         expected = {m.name: m for m in mods}
     modules: dict[str, ModuleInfo] = {}
     for name, info in tensors.items():
-        module, param = split_param(name)
+        # split_param, inlined: this loop runs once per tensor name
+        if ".weight." in name:
+            module, _, tail = name.partition(".weight.")
+            param = "weight." + tail
+        else:
+            module, _, param = name.rpartition(".")
         entry = modules.get(module)
         if entry is None:
             entry = modules[module] = ModuleInfo(name=module, kind="other")
