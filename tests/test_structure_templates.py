@@ -92,8 +92,6 @@ def per_name_analyze(names: Iterable[str], text_config: dict[str, Any]) -> Layer
     return structure
 
 
-
-
 def _view(s: LayerStructure) -> dict[str, Any]:
     return {
         "prefix": s.prefix,
