@@ -7,9 +7,9 @@ import random
 
 import pytest
 
+from weightcheck.names import expand_template, group_by_template, name_template
 from weightcheck.quant.compiled import CompiledIgnore, digit_uniform
 from weightcheck.quant.matchers import CONSUMERS
-from weightcheck.structure import expand_template, group_by_template, name_template
 
 
 def module_names(layers: int = 23, experts: int = 12) -> list[str]:

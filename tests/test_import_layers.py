@@ -31,6 +31,7 @@ LAYERS: list[tuple[str, tuple[str, ...]]] = [
             "weightcheck.progress",
             "weightcheck.skiplist",
             "weightcheck.userpattern",
+            "weightcheck.names",
             "weightcheck.structure",
             "weightcheck.precommit",
             "weightcheck.posmix",

@@ -61,6 +61,7 @@ class Checkpoint:
     other_files: list[str] = field(default_factory=list)
     extra_json: dict[str, JsonDoc] = field(default_factory=dict)
     _names: frozenset[str] | None = field(default=None, repr=False)
+    _all: tuple[tuple[Any, ...], dict[str, TensorInfo]] | None = field(default=None, repr=False)
 
     def __post_init__(self) -> None:
         self.label = self.label or str(self.root)
@@ -87,12 +88,17 @@ class Checkpoint:
         return text_config_of(self.config_data)
 
     def all_tensors(self) -> dict[str, TensorInfo]:
-        """Every tensor found in readable shard headers; first shard (sorted) wins on duplicates."""
-        out: dict[str, TensorInfo] = {}
-        for name in sorted(self.shards):
-            for key, info in self.shards[name].tensors.items():
-                out.setdefault(key, info)
-        return out
+        """Every tensor found in readable shard headers; first shard (sorted) wins on duplicates.
+        Built once and shared (half a dozen rules ask; callers must not modify it); rebuilt if the shard
+        reports change."""
+        key = tuple((name, id(r.tensors), len(r.tensors)) for name, r in sorted(self.shards.items()))
+        if self._all is None or self._all[0] != key:
+            out: dict[str, TensorInfo] = {}
+            for name in sorted(self.shards):
+                for tensor, info in self.shards[name].tensors.items():
+                    out.setdefault(tensor, info)
+            self._all = (key, out)
+        return self._all[1]
 
     def tensor_names(self) -> frozenset[str]:
         """Names the checkpoint holds: keys in readable shard headers, plus index keys whose shard cannot

@@ -13,7 +13,7 @@ from collections.abc import Iterable, Iterator
 from contextlib import contextmanager
 from contextvars import ContextVar
 
-from weightcheck.structure import is_index
+from weightcheck.names import is_index
 
 # `--verbose`: summaries list every pattern instead of "(+N more patterns)".
 _FULL_LISTS: ContextVar[bool] = ContextVar("weightcheck_full_lists", default=False)

@@ -28,6 +28,7 @@ from weightcheck.checkpoint import load_checkpoint
 from weightcheck.collapse import format_ranges, summarize
 from weightcheck.findings import INTERNAL_ERROR_CODE, Finding, Location, Result, Severity
 from weightcheck.findings import internal_error as make_internal_error
+from weightcheck.names import is_index, segment_layer, segment_layer_wildcard
 from weightcheck.rules import Rule
 from weightcheck.rules.diff import (
     FILE_REFUSED,
@@ -39,7 +40,6 @@ from weightcheck.rules.diff import (
     class_rule,
     diff_rule,
 )
-from weightcheck.structure import is_index
 from weightcheck.userpattern import PatternSyntaxError, capture_pattern, captures, first_match
 
 if TYPE_CHECKING:
@@ -53,7 +53,6 @@ if TYPE_CHECKING:
 # Parameters that exist only on a quantized side (activation / KV-cache quantization): a tensor of A
 # cannot correspond to them, so being only in one checkpoint is expected (reported as info).
 _ACTIVATION_PARAM = re.compile(r"(^|\.)(input|output|q|k|v)_(scale|zero_point|global_scale)$")
-_LAYER_WORDS = ("layers", "layer", "h", "blocks", "block")
 # A progress bar only for runs long enough to want one (about a second of reading or more).
 PROGRESS_MIN_BYTES = 512 * 1024 * 1024
 _ACTIVATION_NOTE = "activation/KV-cache quantization parameter: expected on a quantized side only"
@@ -577,11 +576,7 @@ def _ray_diff(ray: Any, path_a: Path, path_b: Path, opts: DiffOptions, result: R
 
 # ---- findings -----------------------------------------------------------------------------------
 def _layer_of(name: str) -> int | None:
-    parts = name.split(".")
-    for i, part in enumerate(parts[:-1]):
-        if part in _LAYER_WORDS and is_index(parts[i + 1]):
-            return int(parts[i + 1])
-    return None
+    return segment_layer(name)
 
 
 def _finding(rule: Rule, severity: Severity | None, message: str, names: list[str], details: dict[str, Any]) -> Finding:
@@ -686,12 +681,7 @@ def _refusal_findings(view_a: LogicalCheckpoint, view_b: LogicalCheckpoint, opts
 
 
 def _strip_layer(name: str) -> str:
-    parts = name.split(".")
-    for i, part in enumerate(parts[:-1]):
-        if part in _LAYER_WORDS and is_index(parts[i + 1]):
-            parts[i + 1] = "*"
-            break
-    return ".".join(parts)
+    return segment_layer_wildcard(name)
 
 
 def _class_finding(rule: Rule, klass: str, layers: tuple[int, ...], group: list[Outcome]) -> Finding:

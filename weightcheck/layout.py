@@ -24,6 +24,7 @@ from dataclasses import dataclass, field
 from functools import lru_cache
 
 from weightcheck.collapse import format_ranges
+from weightcheck.names import decoder_layer_span, grouped_expert_span, sequential_expert_span
 
 StageKey = tuple[int, int]
 """A Megatron pipeline stage: `(pp_rank, vp_stage)`; `vp_stage` is 0 without virtual pipelining."""
@@ -490,9 +491,6 @@ def ep_owner(global_expert: int, num_experts: int, ep_size: int) -> tuple[int, i
     return divmod(global_expert, per_rank)
 
 
-_DECODER_LAYER = re.compile(r"(?:^|(?<=\.))decoder\.layers\.(\d+)(?=\.|$)")
-_GROUPED_EXPERT = re.compile(r"(mlp\.experts\.(?:.+)\.(?:weight|bias))(\d+)$")  # slime's TE grouped-GEMM pattern
-_SEQUENTIAL_EXPERT = re.compile(r"(mlp\.experts\.local_experts\.)(\d+)(?=\.|$)")
 
 
 def megatron_local_name_to_global(
@@ -523,10 +521,10 @@ def megatron_local_name_to_global(
 
     Prefixes such as `module.module.` are kept. With `ep_size > 1`, `num_experts` is required.
     """
-    match = _DECODER_LAYER.search(name)
-    if match:
+    span = decoder_layer_span(name)
+    if span:
         layer = local_to_global_layer(
-            int(match.group(1)),
+            int(name[span[0] : span[1]]),
             num_layers,
             pp_size,
             pp_rank,
@@ -539,14 +537,14 @@ def megatron_local_name_to_global(
             account_for_loss,
             mtp_num_layers,
         )
-        name = f"{name[: match.start(1)]}{layer}{name[match.end(1) :]}"
-    expert = _GROUPED_EXPERT.search(name) or _SEQUENTIAL_EXPERT.search(name)
+        name = f"{name[: span[0]]}{layer}{name[span[1] :]}"
+    expert = grouped_expert_span(name) or sequential_expert_span(name)
     # Without EP and without an expert count there is nothing to offset and nothing to check against.
     if expert and (ep_size > 1 or num_experts is not None):
         if num_experts is None:
             raise ValueError("num_experts is required to offset expert ids when ep_size > 1")
-        glob = ep_global_expert(int(expert.group(2)), ep_rank, num_experts, ep_size)
-        name = f"{name[: expert.start(2)]}{glob}{name[expert.end(2) :]}"
+        glob = ep_global_expert(int(name[expert[0] : expert[1]]), ep_rank, num_experts, ep_size)
+        name = f"{name[: expert[0]]}{glob}{name[expert[1] :]}"
     return name
 
 

@@ -781,9 +781,8 @@ def fit_to_config(pattern: Pattern, config: dict[str, Any], text: dict[str, Any]
 def oracle_expected(pattern: Pattern, config: dict[str, Any]) -> list[ExpectedModule]:
     """The modules transformers' class writes for `config`, with the pattern's kinds (routers, experts,
     engine facts) where the pattern names the module, else the kind of the instantiated class."""
-    import re
-
     from weightcheck.arch.oracle import expected_tensors
+    from weightcheck.names import split_expert_module, under_prefix
 
     shapes, kinds = expected_tensors(config)
     allowed = tuple(pattern.allowed_prefixes)
@@ -791,8 +790,6 @@ def oracle_expected(pattern: Pattern, config: dict[str, Any]) -> list[ExpectedMo
     for section in (pattern.layer, pattern.moe_layer, pattern.dense_layer, pattern.mtp_layer, pattern.globals):
         for spec in section:
             specs.setdefault(spec.name, spec)
-    layer_re = re.compile(rf"^{re.escape(pattern.layer_prefix)}\.(\d+)\.(.+)$")
-    expert_re = re.compile(r"(^|\.)experts\.(\d+)(\.|$)")
     modules: dict[str, dict[str, tuple[int, ...]]] = {}
     for name, shape in shapes.items():
         if allowed and name.startswith(allowed):
@@ -803,13 +800,13 @@ def oracle_expected(pattern: Pattern, config: dict[str, Any]) -> list[ExpectedMo
     for module, params in sorted(modules.items()):
         layer = expert = None
         template = module
-        m = layer_re.match(module)
-        if m:
-            layer, template = int(m.group(1)), m.group(2)
-            e = expert_re.search(template)
+        in_layer = under_prefix(module, pattern.layer_prefix)
+        if in_layer:
+            layer, template = int(in_layer[0]), in_layer[1]
+            e = split_expert_module(template)
             if e:
-                expert = int(e.group(2))
-                template = template[: e.start()] + f"{e.group(1)}experts.*{e.group(3)}" + template[e.end() :]
+                expert = int(e[1])
+                template = f"{e[0]}.*" + (f".{e[2]}" if e[2] else "")
         base = specs.get(template)
         weight = params.get("weight")
         spec = ModuleSpec(

@@ -7,11 +7,15 @@ differently from its peers is not mistaken for a layer missing weights; WC3xx ru
 
 from __future__ import annotations
 
-import re
 from collections import Counter, defaultdict
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 from typing import Any
+
+from weightcheck.names import Template, group_by_template, is_index, parse_index, split_expert, split_layer
+
+# Re-exported for weightcheck/verify.py (`parse_index`) until it imports weightcheck.names itself.
+__all__ = ["parse_index"]
 
 # Parameter names that are quantization companions of a module's `weight`.
 QUANT_COMPANIONS = (
@@ -34,9 +38,6 @@ QUANT_COMPANIONS = (
     "SCB",
 )
 
-# Container names under which decoder blocks live (`model.layers.N`, GPT-2 `transformer.h.N`, ...).
-_LAYER_RE = re.compile(r"^(?P<prefix>(?:[^.]+\.)*?(?:layers|h|blocks|layer))\.(?P<idx>\d+)\.(?P<rest>.+)$")
-_EXPERT_RE = re.compile(r"^(?P<head>(?:.+\.)?experts)\.(?P<idx>\d+)\.(?P<rest>.+)$")
 _NON_TEXT_HINTS = ("visual", "vision", "audio", "mm_projector", "image", "speech", "encoder")
 
 EXPERT_COUNT_KEYS = ("n_routed_experts", "num_experts", "num_local_experts", "moe_num_experts")
@@ -46,21 +47,6 @@ MTP_COUNT_KEYS = ("num_nextn_predict_layers", "mtp_num_hidden_layers", "num_mtp_
 _COMPANION_SET = frozenset(QUANT_COMPANIONS)
 # Quantized stacked experts store `<param>_blocks` / `<param>_scales` for the 3-D `<param>` (MXFP4).
 _STACK_COMPANIONS = ("_blocks", "_scales")
-
-# A layer or expert id in a tensor name: ASCII digits, at most this many. A longer run (a 5,000-digit
-# "layer" would hit Python's int-conversion limit) or a non-ASCII digit (`str.isdigit` accepts `²`, which
-# `int` refuses) is not an id: the name is then treated like any other unsplit name.
-MAX_ID_DIGITS = 12
-
-
-def is_index(text: str) -> bool:
-    """True for a name component that is a layer/expert id (`0`, `17`), bounded and ASCII."""
-    return 0 < len(text) <= MAX_ID_DIGITS and text.isascii() and text.isdigit()
-
-
-def parse_index(text: str) -> int | None:
-    return int(text) if is_index(text) else None
-
 
 def normalize_param(rest: str) -> str:
     """Fold quantization companions and `.weight.absmax`-style bitsandbytes blobs onto `.weight`."""
@@ -120,166 +106,129 @@ class LayerStructure:
         return self.num_hidden_layers is not None and layer >= self.num_hidden_layers
 
 
-def split_layer(name: str) -> tuple[str, int, str] | None:
-    """`model.layers.3.mlp.gate.weight` → (`model.layers`, 3, `mlp.gate.weight`)."""
-    i = name.find(".layers.")
-    if i > 0:
-        idx, _, tail = name[i + 8 :].partition(".")
-        if is_index(idx) and tail:
-            return name[: i + 7], int(idx), tail
-    m = _LAYER_RE.match(name)
-    if m and is_index(m["idx"]):
-        return m["prefix"], int(m["idx"]), m["rest"]
-    return None
-
-
 def split_tail(tail: str) -> tuple[str | None, int, str]:
     """`mlp.experts.7.down_proj.weight_packed` → (`mlp.experts`, 7, `down_proj.weight`)."""
-    em = _EXPERT_RE.match(tail) if "experts." in tail else None
-    if em and is_index(em["idx"]):
-        return em["head"], int(em["idx"]), normalize_param(em["rest"])
+    got = split_expert(tail)
+    if got is not None:
+        return got[0], int(got[1]), normalize_param(got[2])
     return None, -1, normalize_param(tail)
 
 
-# ---- name templates ---------------------------------------------------------------------------------
-# `model.layers.3.mlp.experts.7.down_proj` is the template `model.layers.{i}.mlp.experts.{e}.down_proj` with
-# the ids ("3", "7"). Names of one template differ only in those digit runs, so a question whose answer
-# cannot depend on them (or only on their lengths) is answered once per template instead of once per name.
+def analyze(
+    names: Iterable[str],
+    text_config: dict[str, Any],
+    groups: dict[Template, list[tuple[str, tuple[str, ...]]]] | None = None,
+) -> LayerStructure:
+    """Group names by decoder layer under the most plausible language-model prefix.
 
-Template = tuple[str, ...]  # literal parts around the id slots: ("model.layers.", ".mlp.experts.", ".down_proj")
-
-
-def _tail_template(tail: str) -> tuple[str, str, str] | None:
-    """`mlp.experts.7.down_proj` → (`mlp.experts.`, `7`, `.down_proj`), as `split_tail` finds the expert id."""
-    em = _EXPERT_RE.match(tail) if "experts." in tail else None
-    if em is None:
-        return None
-    start = len(em["head"]) + 1
-    end = start + len(em["idx"])
-    value = tail[start:end]
-    return (tail[:start], value, tail[end:]) if value.isascii() else None
-
-
-def name_template(
-    name: str, _tails: dict[str, tuple[str, str, str] | None] | None = None
-) -> tuple[Template, tuple[str, ...]]:
-    """(template parts, slot values as written) of a name; a name outside any layer is its own template.
-    Slots are the layer id (as `split_layer` finds it) and the expert id (as `split_tail` does)."""
-    split = split_layer(name)
-    if split is None:
-        return (name,), ()
-    start = len(split[0]) + 1
-    end = name.find(".", start)
-    layer = name[start:end]
-    if not (layer.isascii() and layer.isdigit()):
-        return (name,), ()
-    tail = split[2]
-    if _tails is None:
-        got = _tail_template(tail)
-    else:
-        got = _tails.get(tail, False)
-        if got is False:
-            got = _tails[tail] = _tail_template(tail)
-    if got is None:
-        return (name[:start], name[end:]), (layer,)
-    return (name[:start], "." + got[0], got[2]), (layer, got[1])
-
-
-def group_by_template(names: Iterable[str]) -> dict[Template, list[tuple[str, tuple[str, ...]]]]:
-    """Names grouped by template, each with its slot values."""
-    groups: dict[Template, list[tuple[str, tuple[str, ...]]]] = defaultdict(list)
-    tails: dict[str, tuple[str, str, str] | None] = {}
-    for name in names:
-        # Inlined fast path of name_template for `<prefix>.layers.<i>.<tail>` (most names of a checkpoint).
-        i = name.find(".layers.")
-        if i > 0:
-            idx, _, tail = name[i + 8 :].partition(".")
-            if tail and idx.isascii() and idx.isdigit():
-                got = tails.get(tail, False)
-                if got is False:
-                    got = tails[tail] = _tail_template(tail)
-                if got is None:
-                    groups[(name[: i + 8], "." + tail)].append((name, (idx,)))
-                else:
-                    groups[(name[: i + 8], "." + got[0], got[2])].append((name, (idx, got[1])))
-                continue
-        parts, values = name_template(name, tails)
-        groups[parts].append((name, values))
-    return groups
-
-
-def expand_template(parts: Template, values: tuple[str, ...]) -> str:
-    out = [parts[0]]
-    for value, part in zip(values, parts[1:], strict=True):
-        out += [value, part]
-    return "".join(out)
-
-
-def analyze(names: Iterable[str], text_config: dict[str, Any]) -> LayerStructure:
-    """Group names by decoder layer under the most plausible language-model prefix."""
-    by_prefix: dict[str, dict[int, list[tuple[str, str]]]] = defaultdict(lambda: defaultdict(list))
+    Works on name templates (weightcheck.names): a checkpoint of 90k names has a few hundred, and every
+    question here (which layers, which tails, which experts) is answered per template and its id sets; only
+    the per-layer name lists touch each name. `groups` is `group_by_template(names)` when the caller has it."""
+    if groups is None:
+        groups = group_by_template(names)
+    # prefix -> layer -> [(template, members of that template in that layer)]
+    by_prefix: dict[str, dict[int, list[tuple[Template, list[tuple[str, tuple[str, ...]]]]]]] = defaultdict(
+        lambda: defaultdict(list)
+    )
+    # Names whose layer id is a digit run too long to be an id: split name by name, as split_layer does.
+    loose: dict[str, dict[int, list[str]]] = defaultdict(lambda: defaultdict(list))
     unsplit: list[str] = []
-    for name in names:
-        # Inlined fast path of split_layer for the common `<prefix>.layers.<i>.<tail>` shape.
-        i = name.find(".layers.")
-        if i > 0:
-            idx, _, tail = name[i + 8 :].partition(".")
-            if is_index(idx) and tail:
-                by_prefix[name[: i + 7]][int(idx)].append((name, tail))
+    for parts, members in groups.items():
+        if len(parts) == 1:
+            unsplit.append(parts[0])
+            continue
+        per_layer: dict[str, list[tuple[str, tuple[str, ...]]]] = defaultdict(list)
+        for member in members:
+            per_layer[member[1][0]].append(member)
+        for value, chunk in per_layer.items():
+            if is_index(value):
+                by_prefix[parts[0][:-1]][int(value)].append((parts, chunk))
                 continue
-        split = split_layer(name)
-        if split is not None:
-            by_prefix[split[0]][split[1]].append((name, split[2]))
-        else:
-            unsplit.append(name)
+            for name, _ in chunk:
+                split = split_layer(name)
+                if split is None:
+                    unsplit.append(name)
+                else:
+                    loose[split[0]][split[1]].append(name)
+
+    counts: dict[str, dict[int, int]] = defaultdict(lambda: defaultdict(int))
+    for prefix, layers in by_prefix.items():
+        for layer, entries in layers.items():
+            counts[prefix][layer] += sum(len(chunk) for _, chunk in entries)
+    for prefix, layers in loose.items():
+        for layer, layer_names in layers.items():
+            counts[prefix][layer] += len(layer_names)
 
     num_layers = config_int(text_config, ("num_hidden_layers", "n_layer", "num_layers"), "layers")
     mtp = config_int(text_config, MTP_COUNT_KEYS, "mtp") or 0
 
     def score(prefix: str) -> tuple[int, int, int]:
-        ids = by_prefix[prefix]
+        ids = counts[prefix]
         text_like = 0 if any(h in prefix for h in _NON_TEXT_HINTS) or prefix.startswith("mtp") else 1
         fits = 1 if num_layers is not None and max(ids) < num_layers + mtp + 1 else 0
-        return (text_like, fits, sum(len(v) for v in ids.values()))
+        return (text_like, fits, sum(ids.values()))
 
     structure = LayerStructure(prefix=None, num_hidden_layers=num_layers, num_mtp_layers=mtp, unsplit=unsplit)
-    structure.distinct_parts = set(by_prefix)
+    structure.distinct_parts = set(counts)
     for layers in by_prefix.values():
         for entries in layers.values():
-            structure.distinct_parts.update(t for _, t in entries)
+            for parts, chunk in entries:
+                if len(parts) == 2:
+                    structure.distinct_parts.add(parts[1][1:])
+                else:
+                    structure.distinct_parts.update(f"{parts[1][1:]}{v[1]}{parts[2]}" for _, v in chunk)
+    for prefix, layers in loose.items():
+        for layer_names in layers.values():
+            structure.distinct_parts.update(_tail_after(name, prefix) for name in layer_names)
     structure.num_experts = config_int(text_config, EXPERT_COUNT_KEYS, "experts")
-    if not by_prefix:
+    if not counts:
         return structure
-    prefix = max(by_prefix, key=score)
+    # max() keeps the first of equal scores: the prefixes in the order the names first showed them.
+    prefix = max(counts, key=score)
     structure.prefix = prefix
-    structure.other_prefixes = {p: len(v) for p, v in by_prefix.items() if p != prefix}
-    for p in by_prefix:
+    structure.other_prefixes = {p: len(v) for p, v in counts.items() if p != prefix}
+    for p in counts:
         if p != prefix and p.split(".")[0] == "mtp":
             structure.mtp_prefix = p
-            structure.mtp_ids = set(by_prefix[p])
+            structure.mtp_ids = set(counts[p])
 
-    # Tails repeat across layers (`mlp.experts.17.down_proj.weight` in every MoE layer): parse each once.
-    parsed: dict[str, tuple[str | None, int, str]] = {}
-    for layer, entries in sorted(by_prefix[prefix].items()):
-        structure.layer_tensors[layer] = [name for name, _ in entries]
+    # One suffix parse per template (and per distinct expert id), not per name.
+    for layer in sorted(counts[prefix]):
+        layer_names: list[str] = []
         sig: set[str] = set()
         heads: dict[str, dict[int, set[str]]] = defaultdict(lambda: defaultdict(set))
-        for _, tail in entries:
-            got = parsed.get(tail)
-            if got is None:
-                got = parsed[tail] = split_tail(tail)
-            head, expert, suffix = got
-            if head is None:
-                sig.add(suffix)
+        for parts, chunk in by_prefix[prefix].get(layer, ()):
+            layer_names.extend(name for name, _ in chunk)
+            if len(parts) == 2:
+                sig.add(normalize_param(parts[1][1:]))
+                continue
+            head, suffix = parts[1][1:-1], normalize_param(parts[2][1:])
+            for value in {v[1] for _, v in chunk}:
+                if is_index(value):
+                    heads[head][int(value)].add(suffix)
+                    sig.add(f"{head}.*.{suffix}")
+                else:  # not an id (too long): the tail is a plain suffix, as split_tail reads it
+                    sig.add(normalize_param(f"{parts[1][1:]}{value}{parts[2]}"))
+        for name in loose[prefix].get(layer, ()) if prefix in loose else ():
+            layer_names.append(name)
+            head_, expert, suffix_ = split_tail(_tail_after(name, prefix))
+            if head_ is None:
+                sig.add(suffix_)
             else:
-                heads[head][expert].add(suffix)
-                sig.add(f"{head}.*.{suffix}")
+                heads[head_][expert].add(suffix_)
+                sig.add(f"{head_}.*.{suffix_}")
+        structure.layer_tensors[layer] = layer_names
         structure.signatures[layer] = frozenset(sig)
         if heads:
             structure.experts[layer] = {
-                head: {e: frozenset(s) for e, s in experts.items()} for head, experts in heads.items()
+                head: {e: frozenset(experts[e]) for e in sorted(experts)} for head, experts in heads.items()
             }
     return structure
+
+
+def _tail_after(name: str, prefix: str) -> str:
+    """`model.layers.3.mlp.gate.weight` after `model.layers` → `mlp.gate.weight`."""
+    return name[len(prefix) + 1 :].partition(".")[2]
 
 
 def majority(signatures: Iterable[frozenset[str]]) -> frozenset[str] | None:

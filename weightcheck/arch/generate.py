@@ -28,6 +28,7 @@ from pathlib import Path
 from typing import Any
 
 from weightcheck.arch.tiny import EXPERT_KEYS, build
+from weightcheck.names import split_expert, split_layer
 
 # Decoder architectures transformers provides and SGLang 0.5.23 registers (by their transformers
 # architecture class; the SGLang group's test checks each against SGLang's ModelRegistry).
@@ -52,8 +53,6 @@ SKIPPED: dict[str, str] = {
 }
 
 GENERATED_DIR = Path(__file__).resolve().parent.parent.parent / "patterns" / "generated"
-_LAYER = re.compile(r"^(?P<prefix>.+?\.layers)\.(?P<idx>\d+)\.(?P<rest>.+)$")
-_EXPERT = re.compile(r"(^|\.)experts\.(\d+)\.")
 _ROUTER_LEAVES = ("gate", "router", "gate_network", "wg")
 
 
@@ -134,9 +133,9 @@ def _owner(module_name: str, modules: dict[str, Any]) -> Any:
     """The in-memory module behind an on-disk module name (per-expert names map to the fused experts)."""
     if module_name in modules:
         return modules[module_name]
-    m = _EXPERT.search(module_name)
-    if m:
-        return modules.get(module_name[: m.start()] + (".experts" if m.start() else "experts"))
+    got = split_expert(module_name + ".")
+    if got:
+        return modules.get(got[0])
     return None
 
 
@@ -252,9 +251,9 @@ def _split(shapes: dict[str, tuple[int, ...]], text_layers: int) -> tuple[str, d
     """The language-model layer container (layer count == text num_hidden_layers) and per-layer tails."""
     by_prefix: dict[str, dict[int, dict[str, tuple]]] = {}
     for name, shape in shapes.items():
-        m = _LAYER.match(name)
-        if m:
-            by_prefix.setdefault(m["prefix"], {}).setdefault(int(m["idx"]), {})[m["rest"]] = shape
+        split = split_layer(name)
+        if split:
+            by_prefix.setdefault(split[0], {}).setdefault(split[1], {})[split[2]] = shape
     fits = [p for p, layers in by_prefix.items() if len(layers) == text_layers and not _is_vision(p)]
     if not fits:
         raise ValueError(f"no layer container with {text_layers} layers among {sorted(by_prefix)}")
@@ -270,10 +269,10 @@ def _is_vision(name: str) -> bool:
 
 
 def _template(rest: str) -> tuple[str, int | None]:
-    m = _EXPERT.search(rest)
-    if not m:
+    got = split_expert(rest)
+    if not got:
         return rest, None
-    return rest[: m.start()] + f"{m.group(1)}experts.*." + rest[m.end() :], int(m.group(2))
+    return f"{got[0]}.*.{got[2]}", int(got[1])
 
 
 def _kind(module: str, obs: Observation, shape: tuple[int, ...] | None, n_experts: int | None, per_expert: bool) -> str:
@@ -698,10 +697,10 @@ def _and(a: str | None, b: str) -> str:
 def _spec_for(doc: dict[str, Any], name: str, prefix: str) -> tuple[dict[str, Any], str, str | None]:
     """(section table, key in it, expert-free template) for a tensor's module."""
     module = name.rsplit(".", 1)[0]
-    m = _LAYER.match(name)
-    if m and m["prefix"] == prefix:
-        template, _ = _template(m["rest"])
-        return doc["layer"], template.rsplit(".", 1)[0], m["idx"]
+    split = split_layer(name)
+    if split and split[0] == prefix:
+        template, _ = _template(split[2])
+        return doc["layer"], template.rsplit(".", 1)[0], str(split[1])
     return doc["globals"], module, None
 
 

@@ -26,16 +26,14 @@ from __future__ import annotations
 
 import contextlib
 import os
-import re
 import sys
 import tempfile
 import types
 from pathlib import Path
 from typing import Any
 
-_EXPERT_NAME = re.compile(r"(^|\.)experts\.")
-_EXPERT_ID = re.compile(r"(^|\.)experts\.\d+\.")
-_ENGINE_EXPERT_PARAM = re.compile(r"(^|\.)experts\.w(13|2)_")
+from weightcheck.names import engine_fused_expert, in_experts, layer_tail, split_layer
+
 _MAPPERS = ("make_expert_params_mapping", "make_expert_params_mapping_fused",
             "make_expert_params_mapping_fused_mxfp4")  # fmt: skip
 
@@ -115,17 +113,11 @@ def _recording_mappers(calls: list[dict[str, Any]]) -> Any:
 
 def _tail(name: str, layer_prefix: str) -> str | None:
     """`model.layers.3.mlp.experts.7.w1.weight` → `mlp.experts.*.w1.weight` (None outside the layers)."""
-    if not name.startswith(layer_prefix + "."):
-        return None
-    rest = name[len(layer_prefix) + 1 :]
-    idx, _, rest = rest.partition(".")
-    if not idx.isdigit():
-        return None
-    return _EXPERT_ID.sub(lambda m: f"{m.group(1)}experts.*.", rest)
+    return layer_tail(name, layer_prefix)
 
 
 def _is_routed(name: str, shape: tuple[int, ...], n_experts: int) -> bool:
-    return bool(_EXPERT_NAME.search(name)) or (len(shape) == 3 and shape[0] == n_experts)
+    return in_experts(name) or (len(shape) == 3 and shape[0] == n_experts)
 
 
 def _style(tails: list[str]) -> str:
@@ -138,7 +130,7 @@ def _load(cls: Any, config: Any, stream: list[tuple[str, Any]]) -> tuple[str, st
 
     calls: list[dict[str, Any]] = []
     model = cls(config=config, quant_config=None)
-    params = {n: p for n, p in model.named_parameters() if _ENGINE_EXPERT_PARAM.search(n)}
+    params = {n: p for n, p in model.named_parameters() if engine_fused_expert(n)}
     with torch.no_grad():
         for p in params.values():
             p.fill_(float("nan"))
@@ -165,12 +157,13 @@ def _synth_per_expert(cls: Any, config: Any, calls: list[dict[str, Any]], layer_
     model = cls(config=config, quant_config=None)
     out: dict[str, Any] = {}
     for pname, p in model.named_parameters():
-        m = re.search(r"layers\.(\d+)\.(.*)experts\.w(13|2)_weight$", pname)
-        if m is None or p.dim() != 3:
+        split = split_layer(pname)
+        which = engine_fused_expert(pname)
+        if split is None or which is None or p.dim() != 3 or not split[2].endswith(f"experts.w{which}_weight"):
             continue
-        base = f"{layer_prefix}.{m.group(1)}.{m.group(2)}experts"
+        base = f"{layer_prefix}.{split[1]}.{split[2][: -len(f'.w{which}_weight')]}"
         for e in range(p.shape[0]):
-            if m.group(3) == "13":
+            if which == "13":
                 halves = (gate, up) if up else (gate,)
                 rows = p.shape[1] // len(halves)
                 for nm in halves:

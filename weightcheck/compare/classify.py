@@ -48,14 +48,11 @@ from weightcheck.compare.operands import (
     TransposedOperand,
 )
 from weightcheck.compare.policy import PolicyRule
-from weightcheck.structure import is_index
+from weightcheck.names import index_kind, is_index
 
 if TYPE_CHECKING:
     import torch
 
-# Dotted components naming what the following number indexes.
-_LAYER_WORDS = {"layers", "layer", "h", "blocks", "block", "decoder_layers", "mtp"}
-_EXPERT_WORDS = {"experts", "expert", "local_experts"}
 # Shift search: at most this many candidate tensors probed per index position.
 _MAX_CANDIDATES = 64
 _UNIFORM_STD = 1 / math.sqrt(12)
@@ -102,7 +99,7 @@ class ReferenceIndex:
             key = (pos, (*parts[:pos], "*", *parts[pos + 1 :]))
             peers = self._templates.get(key, {})
             word = parts[pos - 1] if pos else ""
-            kind = "layer" if word in _LAYER_WORDS else "expert" if word in _EXPERT_WORDS else "index"
+            kind = index_kind(word)
             rank = {"layer": 0, "expert": 1}.get(kind, 2)
             ordered = sorted((v for v in peers if v != own), key=lambda v: (abs(v - own), v < own))
             for value in ordered[:_MAX_CANDIDATES]:

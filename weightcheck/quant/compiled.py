@@ -25,9 +25,9 @@ import re
 from collections import defaultdict
 from collections.abc import Callable, Iterable
 
+from weightcheck.names import Template, group_by_template
 from weightcheck.quant.matchers import Consumer, _compiled
 from weightcheck.quant.safe_regex import SafeRegex
-from weightcheck.structure import Template, group_by_template
 
 _RUNS = re.compile(r"\d+")
 # Characters that make a transformers entry more than a string with `.` wildcards.

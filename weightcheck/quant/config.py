@@ -16,7 +16,7 @@ import math
 from dataclasses import dataclass, field
 from typing import Any
 
-from weightcheck.structure import is_index
+from weightcheck.names import is_index
 
 CT_FORMATS = {
     "dense",

@@ -11,9 +11,10 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
+from weightcheck.names import split_layer
 from weightcheck.patterns import ExpectedModule, Pattern, expand
 from weightcheck.safetensors_header import TensorInfo
-from weightcheck.structure import QUANT_COMPANIONS, split_layer, split_tail
+from weightcheck.structure import QUANT_COMPANIONS, split_tail
 
 # Companions whose presence means "this module is stored quantized".
 QUANTIZED_MARKERS = frozenset(
@@ -41,7 +42,8 @@ class ModuleInfo:
             self.quantized = None
             return
         weight = self.params.get("weight")
-        self.quantized = bool(QUANTIZED_MARKERS & self.params.keys()) or (
+        # isdisjoint: no intersection set built (this runs once per module, 46k times on DeepSeek-V3)
+        self.quantized = not QUANTIZED_MARKERS.isdisjoint(self.params) or (
             weight is not None and weight.dtype in LOW_PRECISION_DTYPES
         )
 
@@ -138,7 +140,12 @@ def from_checkpoint(
         expected = {m.name: m for m in mods}
     modules: dict[str, ModuleInfo] = {}
     for name, info in tensors.items():
-        module, param = split_param(name)
+        # split_param, inlined: this loop runs once per tensor name
+        if ".weight." in name:
+            module, _, tail = name.partition(".weight.")
+            param = "weight." + tail
+        else:
+            module, _, param = name.rpartition(".")
         entry = modules.get(module)
         if entry is None:
             entry = modules[module] = ModuleInfo(name=module, kind="other")

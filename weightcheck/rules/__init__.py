@@ -315,3 +315,25 @@ def run_rules(ctx: LintContext, rules: Iterable[Rule]) -> Iterator[tuple[Rule, E
             yield r, exc
         finally:
             ctx.current = None
+
+
+def templates_of(ctx: LintContext) -> dict[tuple[str, ...], list[tuple[str, tuple[str, ...]]]]:
+    """The checkpoint's tensors (all_tensors) grouped by name template, built once per run and shared by the
+    rules that reason over templates instead of walking every name (see weightcheck.names)."""
+    from weightcheck.names import group_by_template
+
+    return ctx.memo("name-templates", lambda: group_by_template(ctx.ckpt.all_tensors()))
+
+
+def name_templates(ctx: LintContext) -> dict[tuple[str, ...], list[tuple[str, tuple[str, ...]]]]:
+    """The templates of `ckpt.tensor_names()` (which adds the index keys of unreadable shards): the shared
+    `templates_of` when the two name sets are the same (the usual case), else built once on their own."""
+    from weightcheck.names import group_by_template
+
+    def compute() -> dict[tuple[str, ...], list[tuple[str, tuple[str, ...]]]]:
+        names = ctx.ckpt.tensor_names()
+        if len(names) == len(ctx.ckpt.all_tensors()):  # all_tensors' keys are a subset of tensor_names
+            return templates_of(ctx)
+        return group_by_template(names)
+
+    return ctx.memo("tensor-name-templates", compute)

@@ -12,6 +12,7 @@ from collections import defaultdict
 
 from weightcheck.collapse import summarize
 from weightcheck.findings import Severity
+from weightcheck.names import stacked_expert_tail
 from weightcheck.rules import LintContext, rule
 from weightcheck.rules.quant import analysis_of
 from weightcheck.structure import EXPERT_COUNT_KEYS, config_int
@@ -103,8 +104,8 @@ def fused_experts_incomplete(ctx: LintContext) -> None:
         module, _, param = name.rpartition(".")
         if module in stacked:
             tail = f"{module.rsplit('.', 1)[-1]}.{param}"
-        elif ".experts." in name and not name.rsplit(".experts.", 1)[1].split(".", 1)[0].isdigit():
-            tail = "experts." + name.rsplit(".experts.", 1)[1]
+        elif (stacked_tail := stacked_expert_tail(name)) is not None:
+            tail = stacked_tail
         else:  # per-expert names are WC403's business
             continue
         if info.shape[0] != total:

@@ -11,26 +11,19 @@ generated data (`routed_experts` in patterns/generated/sglang.json), found by ru
 
 from __future__ import annotations
 
-import re
 from typing import Any
 
 from weightcheck.collapse import summarize
 from weightcheck.findings import Severity
-from weightcheck.rules import LintContext, rule
+from weightcheck.names import is_stacked_expert, layer_tail
+from weightcheck.rules import LintContext, rule, templates_of
 from weightcheck.rules.quant import analysis_of
 from weightcheck.structure import EXPERT_COUNT_KEYS, config_int
 
-_EXPERT_ID = re.compile(r"(^|\.)experts\.\d+\.")
-_STACKED = re.compile(r"(^|\.)experts\.[^.\d][^.]*$")
-
 
 def _tail(name: str, prefix: str) -> str | None:
-    if not name.startswith(prefix + "."):
-        return None
-    idx, _, rest = name[len(prefix) + 1 :].partition(".")
-    if not idx.isdigit() or not rest:
-        return None
-    return _EXPERT_ID.sub(lambda m: f"{m.group(1)}experts.*.", rest)
+    """`model.layers.3.mlp.experts.7.down_proj.weight` under `model.layers` → `mlp.experts.*.down_proj.weight`."""
+    return layer_tail(name, prefix)
 
 
 def _labels(shape: tuple[int, ...], experts: int, hidden: int | None) -> list[str] | None:
@@ -88,16 +81,30 @@ def expert_layout_unread(ctx: LintContext) -> None:
     experts = config_int(text, EXPERT_COUNT_KEYS, "experts")
     hidden = text.get("hidden_size") if isinstance(text.get("hidden_size"), int) else None
     every = {n for lay in layouts for n in lay["names"]}
-    found: dict[str, list[str]] = {}  # tail -> checkpoint names
+    # tail -> its checkpoint names, as the template member lists that hold them (expanded only to report)
+    found: dict[str, list[list[tuple[str, tuple[str, ...]]]]] = {}
     dims: dict[str, list[str] | None] = {}
-    for name, info in ctx.ckpt.all_tensors().items():
-        tail = _tail(name, pattern.layer_prefix)
+    tensors = ctx.ckpt.all_tensors()
+    head = pattern.layer_prefix + "."
+
+    def take(tail: str | None, members: list[tuple[str, tuple[str, ...]]]) -> None:
         if tail is None:
-            continue
-        if tail in every or "experts.*." in tail or (_STACKED.search(tail) and len(info.shape) == 3):
-            found.setdefault(tail, []).append(name)
-            if len(info.shape) == 3 and experts:
-                dims.setdefault(tail, _labels(tuple(info.shape), experts, hidden))
+            return
+        per_expert = tail in every or "experts.*." in tail
+        if not per_expert and not is_stacked_expert(tail):
+            return
+        stacks = [m for m in members if len(tensors[m[0]].shape) == 3]
+        if per_expert or stacks:
+            found.setdefault(tail, []).append(members if per_expert else stacks)
+        if stacks and experts:
+            dims.setdefault(tail, _labels(tuple(tensors[stacks[0][0]].shape), experts, hidden))
+
+    for parts, members in templates_of(ctx).items():
+        if parts[0] == head:  # names of a template directly under the layer container share one tail
+            take(_tail(members[0][0], pattern.layer_prefix), members)
+        else:  # a template split elsewhere (or none): each name on its own
+            for member in members:
+                take(_tail(member[0], pattern.layer_prefix), [member])
     if not found:
         return
 
@@ -130,7 +137,7 @@ def expert_layout_unread(ctx: LintContext) -> None:
 
     reads = ("; it reads " + " or ".join(shown(lay) for lay in readable[:2])
              if readable else "; it read none of the layouts tried: its routed experts stay uninitialised")
-    names = sorted(n for v in found.values() for n in v)
+    names = sorted(n for lists in found.values() for members in lists for n, _ in members)
     severity = Severity.ERROR if deployed else Severity.INFO
     ctx.report(
         f"SGLang's {sglang_class} does not read routed experts stored as "

@@ -9,7 +9,8 @@ from __future__ import annotations
 
 from weightcheck.collapse import summarize
 from weightcheck.findings import Severity
-from weightcheck.rules import LintContext, rule
+from weightcheck.names import last_segments_fixed
+from weightcheck.rules import LintContext, rule, templates_of
 from weightcheck.structure import EXPERT_COUNT_KEYS, config_int
 
 _SUFFIXES = ("_blocks", "_scales")
@@ -17,13 +18,28 @@ _SUFFIXES = ("_blocks", "_scales")
 
 def _stacks(ctx: LintContext) -> dict[str, dict[str, tuple[str, str, tuple[int, ...]]]]:
     """`<...>.experts.<proj>` -> {"_blocks"/"_scales": (name, dtype, shape)} for every MXFP4-style stack."""
+    return ctx.memo("mxfp4-stacks", lambda: _find_stacks(ctx))
+
+
+def _stack_leaf(name: str) -> bool:
+    head, _, leaf = name.rpartition(".")
+    return head.endswith("experts") and leaf.endswith(_SUFFIXES)
+
+
+def _find_stacks(ctx: LintContext) -> dict[str, dict[str, tuple[str, str, tuple[int, ...]]]]:
     out: dict[str, dict[str, tuple[str, str, tuple[int, ...]]]] = {}
-    for name, info in ctx.ckpt.all_tensors().items():
-        head, _, leaf = name.rpartition(".")
-        if not head.endswith("experts") or not leaf.endswith(_SUFFIXES):
+    tensors = ctx.ckpt.all_tensors()
+    for parts, members in templates_of(ctx).items():
+        # `experts.<leaf>` is the template's literal end: decided once for all its names
+        if last_segments_fixed(parts, 2) and not _stack_leaf(members[0][0]):
             continue
-        suffix = "_blocks" if leaf.endswith("_blocks") else "_scales"
-        out.setdefault(f"{head}.{leaf[: -len(suffix)]}", {})[suffix] = (name, info.dtype, tuple(info.shape))
+        for name, _ in members:
+            if not _stack_leaf(name):
+                continue
+            info = tensors[name]
+            head, _, leaf = name.rpartition(".")
+            suffix = "_blocks" if leaf.endswith("_blocks") else "_scales"
+            out.setdefault(f"{head}.{leaf[: -len(suffix)]}", {})[suffix] = (name, info.dtype, tuple(info.shape))
     return out
 
 

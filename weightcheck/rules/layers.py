@@ -11,12 +11,15 @@ from collections import defaultdict
 
 from weightcheck.collapse import ids_pattern, summarize
 from weightcheck.findings import Severity
-from weightcheck.rules import LintContext, rule
+from weightcheck.names import last_segments_fixed
+from weightcheck.rules import LintContext, name_templates, rule
 from weightcheck.structure import MAX_PLAUSIBLE, LayerStructure, analyze, majority
 
 
 def structure_of(ctx: LintContext) -> LayerStructure:
-    return ctx.memo("structure", lambda: analyze(ctx.ckpt.tensor_names(), ctx.ckpt.text_config()))
+    return ctx.memo(
+        "structure", lambda: analyze(ctx.ckpt.tensor_names(), ctx.ckpt.text_config(), name_templates(ctx))
+    )
 
 
 def _layer_names(s: LayerStructure, layers: list[int], suffixes: list[str]) -> list[str]:
@@ -324,9 +327,19 @@ def tied_embedding_mismatch(ctx: LintContext) -> None:
     tie = cfg.get("tie_word_embeddings")
     if not isinstance(tie, bool):
         return
-    names = ctx.ckpt.tensor_names()
     leaves = _head_leaves(ctx)
-    heads = sorted(n for n in names if _LM_HEAD_RE.search(n) and n.rsplit(".", 2)[-2] in leaves)
+
+    def is_head(n: str) -> bool:
+        return bool(_LM_HEAD_RE.search(n)) and n.rsplit(".", 2)[-2] in leaves
+
+    heads: list[str] = []
+    for parts, members in name_templates(ctx).items():
+        if last_segments_fixed(parts, 2):  # `<leaf>.weight` is the template's own end: one answer for all
+            if is_head(members[0][0]):
+                heads.extend(n for n, _ in members)
+        else:
+            heads.extend(n for n, _ in members if is_head(n))
+    heads.sort()
     if not tie and not heads:
         head = min(leaves - {"lm_head"}, default="lm_head")  # the pattern's own name for it first
         ctx.report(f"tie_word_embeddings is false but no {head}.weight is stored", tensor=f"{head}.weight")
