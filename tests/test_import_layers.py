@@ -1,5 +1,5 @@
 """Imports go one way: the import graph of weightcheck/ has no cycle, and each module imports only modules of
-its own or a lower layer (docs/architecture-layers.md explains the layers).
+its own or a lower layer (docs/architecture.md explains the layers).
 
 The graph is built with `ast` from the source (nothing is imported), and counts every import: top-level,
 inside a function (a lazy import is still a dependency), and under `if TYPE_CHECKING:` (a type-only
@@ -19,7 +19,7 @@ PACKAGE = Path(__file__).resolve().parents[1] / "weightcheck"
 
 # Bottom to top. A module belongs to the first layer with an entry that is the module or a package above it
 # (longest entry wins). Same-layer imports are allowed (the no-cycle check keeps them one-way); an import of
-# a higher layer fails. Keep in step with docs/architecture-layers.md.
+# a higher layer fails. Keep in step with docs/architecture.md.
 LAYERS: list[tuple[str, tuple[str, ...]]] = [
     (
         "base: no knowledge of files or rules",
