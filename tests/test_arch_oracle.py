@@ -206,16 +206,8 @@ def _with_layers(full: dict[str, Any], old_n: int, n: int) -> dict[str, Any]:
     return out
 
 
-# Known: ERNIE-4.5-MoE's moe_layer_end_index is probed only upwards (value+1, 2*value+3), where it changes
-# nothing, so it is recorded as not structural; a config with more layers than its end index is linted by
-# the pattern and gets false WC410s. Fix: probe ints downwards too (value-1) and regenerate.
-_KNOWN_GENERATED = {"ernie4_5_moe": "moe_layer_end_index not marked structural (probed upwards only; issue #18)"}
-
-
 @ORACLE
-@pytest.mark.parametrize("model_type", [
-    pytest.param(t, marks=pytest.mark.xfail(strict=True, reason=_KNOWN_GENERATED[t])) if t in _KNOWN_GENERATED else t
-    for t in TYPES])  # fmt: skip
+@pytest.mark.parametrize("model_type", TYPES)
 def test_generated_configs_lint_clean(tmp_path_factory: pytest.TempPathFactory, model_type: str) -> None:
     from weightcheck.arch.generate import _with
     from weightcheck.arch.oracle import build_config, expected_tensors

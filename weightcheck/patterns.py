@@ -705,12 +705,24 @@ def outside_coverage(domain: dict[str, Any], text: dict[str, Any], borrowed: boo
             # from moe_layer_interval/start/end): its value for this config is not in the file
             out.append(f"{key} (absent; derived by the config class)")
             continue
+        if key not in text and entry.get("derived"):
+            # a layer-placement key the config class computes from others when absent (ERNIE-4.5-MoE's
+            # moe_layer_end_index: the last layer): its value for this config is not in the file
+            out.append(f"{key} (absent; derived by the config class)")
+            continue
         value = text.get(key, entry.get("default_raw"))
+        if value in (entry.get("rewritten") or []) and not isinstance(value, bool):
+            out.append(f"{key}={json.dumps(value)} (rewritten by the config class)")  # -1: "to the last layer"
+            continue
         if borrowed:
             entry = {k: v for k, v in entry.items() if k in ("elements", "default_raw")} | {
                 "values": entry.get("base", entry.get("values", []))}
         if entry.get("any_int") and (value is None or (isinstance(value, int) and not isinstance(value, bool))):
             continue  # validated over several values: an int the pattern's expressions take in
+        if entry.get("any_layer_list") and isinstance(value, list) and all(
+            isinstance(x, int) and not isinstance(x, bool) for x in value
+        ):
+            continue  # validated on no layers, all layers and every other one: placement by membership
         if "elements" in entry:  # per-layer kinds (`layer_types`): any mix of the validated kinds
             if value is None or (isinstance(value, list) and set(map(str, value)) <= set(entry["elements"])):
                 continue
