@@ -334,7 +334,8 @@ def generated_index() -> dict[str, Any]:
 
 
 @cache
-def generated_pattern(file: str) -> Pattern:
+def _generated_doc(file: str) -> tuple[dict[str, Any], str]:
+    """(the parsed JSON of a generated pattern file, its path). Callers copy before changing it."""
     folder = _pattern_dir()
     assert folder is not None
     path = folder / "generated" / Path(file).name  # index entries are bare file names
@@ -342,7 +343,15 @@ def generated_pattern(file: str) -> Pattern:
         doc = json.loads(path.read_text(encoding="utf-8"))
     except (OSError, ValueError) as exc:
         raise PatternError(f"{path}: {exc}") from None
-    pattern = parse_pattern(doc, str(path))
+    if not isinstance(doc, dict):
+        raise PatternError(f"{path}: not a JSON object")
+    return doc, str(path)
+
+
+@cache
+def generated_pattern(file: str) -> Pattern:
+    doc, path = _generated_doc(file)
+    pattern = parse_pattern(doc, path)
     facts = _sglang_facts().get(pattern.model_types[0] if pattern.model_types else "", {})
     if facts.get("sglang_class"):
         pattern.engines.setdefault("sglang_class", facts["sglang_class"])
@@ -363,6 +372,93 @@ def _sglang_facts() -> dict[str, Any]:
         return {}
     types = doc.get("model_types") if isinstance(doc, dict) else None
     return types if isinstance(types, dict) else {}
+
+
+# ---- hand-written overlays ---------------------------------------------------------------------------
+# A hand-written TOML for a model_type that also has a generated file is an overlay on it (patterns/README.md,
+# "Hand-written patterns are overlays"): the generated file is the base, and the TOML adds or replaces named
+# entries. `[family]`, `[defaults]` and `[engines]` keys set in the TOML win key by key; a module the TOML
+# names (in any module section) replaces the generated module of that name whole, in whichever section
+# either puts it; generated modules the TOML does not name stay as generated. When the TOML moves the
+# language-model root (`layer_prefix`), the generated globals under the old root move with it.
+
+_MODULE_SECTIONS = ("globals", "layer", "dense_layer", "moe_layer", "mtp_layer")
+_LAYER_SECTIONS = _MODULE_SECTIONS[1:]
+
+
+def overlay_doc(generated: dict[str, Any], hand: dict[str, Any]) -> dict[str, Any]:
+    """The pattern document of hand-written `hand` laid over `generated` (both as parsed from their files)."""
+    import copy
+
+    base = copy.deepcopy(generated)
+    top = copy.deepcopy(hand)
+    gen_family, hand_family = base.get("family") or {}, top.get("family") or {}
+    out: dict[str, Any] = {"family": {**gen_family, **hand_family}}
+    for section in ("defaults", "engines"):
+        merged = {**(base.get(section) or {}), **(top.get(section) or {})}
+        if merged:
+            out[section] = merged
+    old_root = str(gen_family.get("layer_prefix", "")).rpartition(".")[0]
+    new_root = str(out["family"].get("layer_prefix", "")).rpartition(".")[0]
+    gen_globals = dict(base.get("globals") or {})
+    if old_root and new_root and old_root != new_root:
+        gen_globals = {(new_root + n[len(old_root) :] if n.startswith(old_root + ".") else n): spec
+                       for n, spec in gen_globals.items()}  # fmt: skip
+    named_globals = set(top.get("globals") or {})
+    named_layer = {n for section in _LAYER_SECTIONS for n in (top.get(section) or {})}
+    survivors: list[dict[str, Any]] = []
+    for section in _MODULE_SECTIONS:
+        table = gen_globals if section == "globals" else dict(base.get(section) or {})
+        named = named_globals if section == "globals" else named_layer
+        kept = {n: spec for n, spec in table.items() if n not in named}
+        survivors += [spec for spec in kept.values() if isinstance(spec, dict)]
+        kept.update(top.get(section) or {})
+        if kept:
+            out[section] = kept
+    # The generated file's class defaults (what save_pretrained leaves out of config.json) serve only the
+    # generated modules that survive, and never a key the TOML gives its own default for.
+    names: set[str] = set()
+    for spec in survivors:
+        for expr in (spec.get("when"), spec.get("bias"), *(spec.get("shape") or [])):
+            if isinstance(expr, str):
+                names |= {n.id for n in ast.walk(parse_expr(expr)) if isinstance(n, ast.Name)}
+    for key in ("moe_layers", "experts", "num_layers", "mtp_layers"):
+        if key not in hand_family and isinstance(gen_family.get(key), str):
+            names |= {n.id for n in ast.walk(parse_expr(gen_family[key])) if isinstance(n, ast.Name)}
+    class_defaults = (base.get("provenance") or {}).get("class_defaults") or {}
+    own = set(out.get("defaults") or {})
+    out["provenance"] = {"class_defaults": {k: v for k, v in class_defaults.items() if k in names and k not in own}}
+    return out
+
+
+@lru_cache(maxsize=64)
+def _handwritten_doc(path: str) -> dict[str, Any]:
+    return tomllib.loads(Path(path).read_text(encoding="utf-8"))
+
+
+def overlaid(name: str, model_type: Any = None) -> Pattern:
+    """Built-in hand-written pattern `name` over the generated file of `model_type` when it is one of the
+    pattern's model_types (else of the first of them that has one); the TOML alone when none has."""
+    hand = builtin_patterns()[name]
+    return _overlaid(name, model_type if model_type in hand.model_types else None)
+
+
+@cache
+def _overlaid(name: str, model_type: str | None) -> Pattern:
+    hand = builtin_patterns()[name]
+    for t in (model_type, *hand.model_types):
+        file = generated_index().get("model_types", {}).get(t) if isinstance(t, str) else None
+        if file:
+            break
+    else:
+        return hand
+    generated, _ = _generated_doc(file)
+    doc = overlay_doc(generated, _handwritten_doc(hand.path))
+    pattern = parse_pattern(doc, hand.path)
+    base = generated_pattern(file)
+    for key, value in base.engines.items():  # the SGLang facts read into the generated pattern
+        pattern.engines.setdefault(key, value)
+    return pattern
 
 
 def sglang_routed_experts(model_type: str) -> tuple[str, dict[str, Any]] | None:
@@ -458,14 +554,14 @@ def detect_pattern(config: dict[str, Any]) -> Pattern | None:
             continue
         for p in patterns.values():
             if t in p.model_types:
-                return p
+                return overlaid(p.name, t)
         found = _generated_for(t)
         if found is not None:
             return found
     archs = [a for a in config.get("architectures") or [] if isinstance(a, str)]
     for p in patterns.values():
         if any(a in p.architectures for a in archs):
-            return p
+            return overlaid(p.name, None)
     by_arch = generated_index().get("architectures", {})
     for a in archs:
         if a in by_arch:
@@ -482,7 +578,7 @@ def resolve_pattern(choice: str | None, config: dict[str, Any]) -> Pattern | Non
         return load_pattern_file(choice)
     patterns = builtin_patterns()
     if choice in patterns:
-        return patterns[choice]
+        return overlaid(choice, config.get("model_type"))
     found = _generated_for(choice.removeprefix("gen_"))
     if found is None:
         raise PatternError(f"no pattern {choice!r}; shipped: {', '.join(sorted(patterns))} and generated "

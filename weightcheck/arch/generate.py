@@ -501,14 +501,15 @@ def derive(model_type: str) -> dict[str, Any]:
     fit_switches(model_type, doc, [a, b, c])
     doc["provenance"]["class_defaults"] = class_defaults(model_type, doc)
     doc["provenance"]["validated"] = validate_domain(model_type, doc, [a, b, c])
-    # A hand-written pattern for the same model_type wins at lint time: it is validated on the same probes,
-    # so its own coverage is known too (weightcheck.patterns.domain_of).
-    from weightcheck.patterns import builtin_patterns
+    # A hand-written pattern for the same model_type is laid over this file at lint time: the overlay is
+    # validated on the same probes, so its own coverage is known too (weightcheck.patterns.domain_of).
+    from weightcheck.patterns import _handwritten_doc, builtin_patterns, overlay_doc, parse_pattern
 
     for hand in builtin_patterns().values():
         if model_type in hand.model_types:
+            overlay = parse_pattern(overlay_doc(doc, _handwritten_doc(hand.path)), hand.path)
             doc["provenance"]["validated_handwritten"] = {
-                "pattern": hand.name, "domain": validate_domain(model_type, hand, [a, b, c])}  # fmt: skip
+                "pattern": hand.name, "domain": validate_domain(model_type, overlay, [a, b, c])}  # fmt: skip
             break
     return doc
 
