@@ -1,5 +1,5 @@
 """WC432: routed experts stored in a layout the declared engine does not read, judged against the generated
-SGLang facts (`routed_experts` in patterns/generated/sglang.json, from SGLang 0.5.23's own load_weights).
+SGLang facts (`routed_experts` in patterns/generated/sglang/<model_type>.json, from SGLang 0.5.23's own load_weights).
 
 Fixtures come from the real writers: transformers 5.17 `save_pretrained` (Mixtral converted back to
 per-expert names, gpt-oss and Qwen3-VL-MoE fused), and the same Mixtral's in-memory state dict written by

@@ -18,7 +18,7 @@ from weightcheck.findings import Severity
 SHIPPED = Path(patterns.__file__).resolve().parent.parent / "patterns"
 
 _CACHES = ("builtin_patterns", "generated_index", "_generated_doc", "generated_pattern", "_overlaid",
-           "_sglang_facts", "engine_source_facts", "_producer_linear", "_handwritten_doc")  # fmt: skip
+           "engine_source_facts", "_producer_linear", "_handwritten_doc")  # fmt: skip
 
 
 def _clear() -> None:

@@ -352,26 +352,20 @@ def _generated_doc(file: str) -> tuple[dict[str, Any], str]:
 def generated_pattern(file: str) -> Pattern:
     doc, path = _generated_doc(file)
     pattern = parse_pattern(doc, path)
-    facts = _sglang_facts().get(pattern.model_types[0] if pattern.model_types else "", {})
+    facts = _sglang_facts(pattern.model_types[0]) if pattern.model_types else {}
     if facts.get("sglang_class"):
         pattern.engines.setdefault("sglang_class", facts["sglang_class"])
         pattern.engines.setdefault("sglang_packed_modules_mapping", bool(facts.get("packed_modules_mapping")))
     return pattern
 
 
-@lru_cache(maxsize=1)
-def _sglang_facts() -> dict[str, Any]:
-    """The SGLang half (patterns/generated/sglang.json, generated in the SGLang environment)."""
-    folder = _pattern_dir()
-    path = folder / "generated" / "sglang.json" if folder is not None else None
-    if path is None or not path.is_file():
-        return {}
-    try:
-        doc = json.loads(path.read_text(encoding="utf-8"))
-    except (OSError, ValueError):
-        return {}
-    types = doc.get("model_types") if isinstance(doc, dict) else None
-    return types if isinstance(types, dict) else {}
+def _sglang_facts(model_type: str) -> dict[str, Any]:
+    """What the installed SGLang's registered class for `model_type` declares (its class, packed modules,
+    routers, the routed-expert layouts its load_weights reads): the `registry` half of
+    patterns/generated/sglang/<model_type>.json, generated in the SGLang environment
+    (`scripts/generate_patterns.py --sglang`). {} when unknown."""
+    found = engine_source_facts("sglang", model_type).get("registry")
+    return found if isinstance(found, dict) else {}
 
 
 # ---- hand-written overlays ---------------------------------------------------------------------------
@@ -464,7 +458,7 @@ def _overlaid(name: str, model_type: str | None) -> Pattern:
 def sglang_routed_experts(model_type: str) -> tuple[str, dict[str, Any]] | None:
     """(SGLang class, its `routed_experts` facts) for a generated MoE model_type: which routed-expert layouts
     its `load_weights` was seen to read (weightcheck.arch.sglang_probe). None when unknown."""
-    facts = _sglang_facts().get(model_type) or {}
+    facts = _sglang_facts(model_type)
     routed = facts.get("routed_experts")
     if not facts.get("sglang_class") or not isinstance(routed, dict) or not isinstance(routed.get("layouts"), list):
         return None
@@ -527,8 +521,7 @@ def producer_linear_leaves(model_type: str) -> dict[str, str]:
 
 def sglang_registered_model_types() -> list[str]:
     """Generated model_types whose architecture SGLang registers too (the covered set)."""
-    facts = _sglang_facts()
-    return [t for t in generated_model_types() if (facts.get(t) or {}).get("sglang_class")]
+    return [t for t in generated_model_types() if _sglang_facts(t).get("sglang_class")]
 
 
 def generated_model_types() -> list[str]:

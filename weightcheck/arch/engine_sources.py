@@ -410,7 +410,7 @@ def sglang_entry_classes(src: Sources) -> dict[str, str]:
 
 def generate_sglang_sources(models_dir: Path, version: str, index_path: Path) -> dict[str, str]:
     """patterns/generated/sglang/<model_type>.json: the source facts above for SGLang's class of each
-    generated model_type (the class sglang.json names: the first of the type's architectures SGLang has)."""
+    generated model_type (the class its `registry` half names: the first of the type's architectures SGLang has)."""
     from weightcheck.arch.generate import dump
 
     src = Sources(models_dir, "sglang.srt.models")
@@ -423,6 +423,12 @@ def generate_sglang_sources(models_dir: Path, version: str, index_path: Path) ->
         doc: dict[str, Any] = {"sglang": version, "model_type": model_type, "sglang_class": hit}
         if hit is not None:
             doc.update(class_facts(src, entries[hit], hit, "sglang/srt/models"))
+        # the other SGLang half in the same per-architecture file, from the installed SGLang (`--sglang`,
+        # weightcheck.arch.sglang_facts): kept as it is
+        existing = index_path.parent / "sglang" / f"{model_type}.json"
+        registry = json.loads(existing.read_text()).get("registry") if existing.is_file() else None
+        if registry is not None:
+            doc["registry"] = registry
         files[f"sglang/{model_type}.json"] = dump(doc)
     return files
 

@@ -143,7 +143,34 @@ def generate_sglang(index_path: Path = GENERATED_DIR / "index.json") -> dict[str
         if doc["family"].get("experts"):
             facts["routed_experts"] = _probe(model_type, doc["family"]["layer_prefix"], hit)
         out["model_types"][model_type] = facts
-    return {"sglang.json": dump(out)}
+    return registry_files(out, index_path.parent)
+
+
+def registry_files(out: dict[str, Any], generated_dir: Path) -> dict[str, str]:
+    """One file per architecture: each model_type's facts go into patterns/generated/sglang/<model_type>.json
+    as its `registry` half (with the SGLang version they were read from), next to the source facts
+    (weightcheck.arch.engine_sources, which keeps this half when it rewrites the file)."""
+    files: dict[str, str] = {}
+    for model_type, facts in out["model_types"].items():
+        path = generated_dir / "sglang" / f"{model_type}.json"
+        fresh = {"sglang": out["sglang"], "model_type": model_type, "sglang_class": facts.get("sglang_class")}
+        doc = json.loads(path.read_text()) if path.is_file() else fresh
+        doc["registry"] = {"sglang": out["sglang"], **facts}
+        files[f"sglang/{model_type}.json"] = dump(doc)
+    return files
+
+
+def registry_doc(generated_dir: Path) -> dict[str, Any]:
+    """The registry halves of every per-architecture SGLang file, as {"sglang": version, "model_types":
+    {model_type: facts}} (the README's covered list is built from it)."""
+    out: dict[str, Any] = {"sglang": None, "model_types": {}}
+    for path in sorted((generated_dir / "sglang").glob("*.json")):
+        registry = json.loads(path.read_text()).get("registry")
+        if isinstance(registry, dict):
+            facts = dict(registry)
+            out["sglang"] = facts.pop("sglang", out["sglang"])
+            out["model_types"][path.stem] = facts
+    return out
 
 
 def sglang_source_files(index_path: Path = GENERATED_DIR / "index.json") -> dict[str, str]:
