@@ -131,3 +131,30 @@ def test_llama4_dense_layer_mlp_missing_is_an_error(tmp_path: Path, torch_free: 
     obj = _config("llama4_text", moe_layers=[1, 3])
     path = _checkpoint(tmp_path, obj, drop="model.layers.0.feed_forward.gate_proj.")
     assert "WC410" in _errors(path, torch_free)
+
+
+# Qwen-MoE family (no hand-written TOML for Qwen3-VL-MoE): MoE every `decoder_sparse_step` layers except those in
+# `mlp_only_layers`. Step 0 is buildable only with every layer in mlp_only_layers (the modeling code tests the
+# list first): the generated condition must not divide by it there.
+QWEN_VL_MOE_CASES = [
+    {"decoder_sparse_step": 2},
+    {"mlp_only_layers": [0, 2]},
+    {"decoder_sparse_step": 0, "mlp_only_layers": [0, 1, 2, 3]},
+]
+
+
+@pytest.mark.parametrize("changes", QWEN_VL_MOE_CASES, ids=lambda c: ",".join(f"{k}={v}" for k, v in c.items()))
+@pytest.mark.parametrize("torch_free", [False, True], ids=["transformers", "torch-free"])
+def test_qwen_moe_sparse_step_and_mlp_only_layers_lint_clean(tmp_path: Path, changes: dict[str, Any],
+                                                             torch_free: bool) -> None:  # fmt: skip
+    path = _checkpoint(tmp_path, _config("qwen3_vl_moe", **changes))
+    problems, notes = _lint(path, torch_free)
+    assert problems == []
+    assert not any(OUTSIDE in n for n in notes), notes
+
+
+@pytest.mark.parametrize("torch_free", [False, True], ids=["transformers", "torch-free"])
+def test_qwen_moe_dense_layer_mlp_missing_is_an_error(tmp_path: Path, torch_free: bool) -> None:
+    obj = _config("qwen3_vl_moe", mlp_only_layers=[0, 2])
+    path = _checkpoint(tmp_path, obj, drop="model.language_model.layers.2.mlp.")
+    assert "WC410" in _errors(path, torch_free)

@@ -117,8 +117,21 @@ def _eval(node: ast.AST, env: dict[str, Any]) -> Any:
         value = _eval(node.operand, env)
         return (not value) if isinstance(node.op, ast.Not) else -value
     if isinstance(node, ast.BoolOp):
-        values = (_eval(v, env) for v in node.values)
-        return all(values) if isinstance(node.op, ast.And) else any(values)
+        # Decided by any operand that decides it, whatever the order: a generated condition lists its parts
+        # in its own order, not the model code's, and `((layer + 1) % decoder_sparse_step == 0) and (layer not
+        # in mlp_only_layers)` is False on a layer in mlp_only_layers even when the step is 0 (the modeling
+        # code tests the list first). An operand that cannot be evaluated counts only if nothing decides.
+        decides = isinstance(node.op, ast.Or)
+        failed: Exception | None = None
+        for operand in node.values:
+            try:
+                if bool(_eval(operand, env)) == decides:
+                    return decides
+            except (KeyError, TypeError, ValueError, ZeroDivisionError, OverflowError, IndexError) as exc:
+                failed = failed or exc
+        if failed is not None:
+            raise failed
+        return not decides
     if isinstance(node, ast.Compare):
         left = _eval(node.left, env)
         for op, comp in zip(node.ops, node.comparators, strict=True):
