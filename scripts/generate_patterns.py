@@ -23,7 +23,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 
 def main() -> int:
-    from weightcheck.arch.generate import ARCHITECTURES, GENERATED_DIR, generate
+    from tools.archgen.generate import ARCHITECTURES, GENERATED_DIR, generate
 
     ap = argparse.ArgumentParser()
     ap.add_argument("model_types", nargs="*")
@@ -39,7 +39,7 @@ def main() -> int:
         files = engine_source_files(args.vllm_src, args.sglang_src, GENERATED_DIR / "index.json")
         args.model_types = ["(engine sources)"]  # no README rewrite
     elif args.sglang:
-        from weightcheck.arch.sglang_facts import generate_sglang
+        from tools.archgen.sglang_facts import generate_sglang
 
         files = generate_sglang()
     else:
@@ -50,8 +50,8 @@ def main() -> int:
     if not args.model_types:  # the README's covered list, from the index and the SGLang registry halves
         import json
 
-        from weightcheck.arch.generate import readme_with_coverage
-        from weightcheck.arch.sglang_facts import registry_doc
+        from tools.archgen.generate import readme_with_coverage
+        from tools.archgen.sglang_facts import registry_doc
 
         index = json.loads(files.get("index.json") or (args.out / "index.json").read_text())
         sglang_doc = registry_doc(args.out)
@@ -100,7 +100,7 @@ def engine_source_files(vllm_src: Path | None, sglang_src: Path | None, index: P
     import json
     from importlib.metadata import version as installed
 
-    from weightcheck.arch.engine_sources import generate_producer_linear, generate_sglang_sources, generate_vllm
+    from tools.archgen.engine_sources import generate_producer_linear, generate_sglang_sources, generate_vllm
 
     files: dict[str, str] = {}
     pinned = json.loads(index.read_text()).get("transformers")
@@ -116,7 +116,7 @@ def engine_source_files(vllm_src: Path | None, sglang_src: Path | None, index: P
         files.update(generate_sglang_sources(sglang_src / "sglang" / "srt" / "models",
                                              _wheel_version(sglang_src, "sglang"), index))
     else:
-        from weightcheck.arch.sglang_facts import sglang_source_files
+        from tools.archgen.sglang_facts import sglang_source_files
 
         files.update(sglang_source_files())
     return files

@@ -95,8 +95,8 @@ def verdict(tmp: Path, config_obj: Any) -> tuple[list[str], bool]:
 def test_meta_names_equal_a_real_save_pretrained(tmp_path: Path, model_type: str) -> None:
     from safetensors import safe_open
 
+    from tools.archgen.tiny import build, tiny_config
     from weightcheck.arch.oracle import meta_model, saved_shapes
-    from weightcheck.arch.tiny import build, tiny_config
 
     predicted = saved_shapes(meta_model(tiny_config(model_type, "D")))
     build(model_type, "D").save_pretrained(tmp_path, max_shard_size="10MB")
@@ -109,8 +109,8 @@ def test_meta_names_equal_a_real_save_pretrained(tmp_path: Path, model_type: str
 
 def test_sparse_checkpoint_is_what_lint_reads(tmp_path: Path) -> None:
     """The verdict can fail: a weight left out of the oracle's own output is reported."""
+    from tools.archgen.tiny import tiny_config
     from weightcheck.arch.oracle import build_config, expected_tensors
-    from weightcheck.arch.tiny import tiny_config
 
     cfg = json.loads(tiny_config("qwen3", "D").to_json_string(use_diff=False))
     shapes, _ = expected_tensors(cfg)
@@ -159,9 +159,9 @@ def test_published_config_lints_clean(tmp_path: Path, model_type: str, which: in
 
 
 def _read_keys(model_type: str, variant: str) -> tuple[dict[str, Any], list[str], int]:
-    from weightcheck.arch.generate import _sub_config, _text_config, traced_reads, value_only
+    from tools.archgen.generate import _sub_config, _text_config, traced_reads, value_only
+    from tools.archgen.tiny import tiny_config
     from weightcheck.arch.oracle import full_config_dict
-    from weightcheck.arch.tiny import tiny_config
 
     base = tiny_config(model_type, variant)
     full = full_config_dict(base)
@@ -209,7 +209,7 @@ def _with_layers(full: dict[str, Any], old_n: int, n: int) -> dict[str, Any]:
 @ORACLE
 @pytest.mark.parametrize("model_type", TYPES)
 def test_generated_configs_lint_clean(tmp_path_factory: pytest.TempPathFactory, model_type: str) -> None:
-    from weightcheck.arch.generate import _with
+    from tools.archgen.generate import _with
     from weightcheck.arch.oracle import build_config, expected_tensors
 
     bases = {v: _read_keys(model_type, v) for v in ("A", "B", "C", "D")}  # dimensions vary too

@@ -27,9 +27,9 @@ OUTSIDE = "outside what pattern"
 
 
 def _config(model_type: str, **changes: Any) -> Any:
-    from weightcheck.arch.generate import _with
+    from tools.archgen.generate import _with
+    from tools.archgen.tiny import tiny_config
     from weightcheck.arch.oracle import build_config, full_config_dict
-    from weightcheck.arch.tiny import tiny_config
 
     full = full_config_dict(tiny_config(model_type, "A"))
     for key, value in changes.items():

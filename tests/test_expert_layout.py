@@ -31,7 +31,7 @@ def _lint(ckpt: Path, tmp: Path, consumers: list[str] | None = ("sglang",)):  # 
 def mixtral(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
     from safetensors.torch import save_file
 
-    from weightcheck.arch.tiny import build
+    from tools.archgen.tiny import build
 
     root = tmp_path_factory.mktemp("mixtral")
     model = build("mixtral", "A")
@@ -47,7 +47,7 @@ def mixtral(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
 
 @pytest.fixture(scope="module")
 def saved(tmp_path_factory: pytest.TempPathFactory):
-    from weightcheck.arch.tiny import save
+    from tools.archgen.tiny import save
 
     cache: dict[str, Path] = {}
 

@@ -470,7 +470,7 @@ def _overlaid(name: str, model_type: str | None) -> Pattern:
 
 def sglang_routed_experts(model_type: str) -> tuple[str, dict[str, Any]] | None:
     """(SGLang class, its `routed_experts` facts) for a generated MoE model_type: which routed-expert layouts
-    its `load_weights` was seen to read (weightcheck.arch.sglang_probe). None when unknown."""
+    its `load_weights` was seen to read (tools.archgen.sglang_probe). None when unknown."""
     facts = _sglang_facts(model_type)
     routed = facts.get("routed_experts")
     if not facts.get("sglang_class") or not isinstance(routed, dict) or not isinstance(routed.get("layouts"), list):
@@ -484,7 +484,7 @@ ENGINE_SOURCES = ("sglang", "vllm")
 @cache
 def engine_source_facts(engine: str, model_type: str) -> dict[str, Any]:
     """What `engine`'s model class for `model_type` builds, read from its sources
-    (patterns/generated/<engine>/<model_type>.json, weightcheck.arch.engine_sources); {} when unknown."""
+    (patterns/generated/<engine>/<model_type>.json, tools.archgen.engine_sources); {} when unknown."""
     folder = _pattern_dir()
     if folder is None or engine not in ENGINE_SOURCES or not re.fullmatch(r"[a-z0-9_]+", model_type):
         return {}  # model_type comes from an untrusted config.json: never a path
@@ -774,7 +774,7 @@ def expand(
 
 # ---- coverage: the configs a generated pattern was validated on --------------------------------------
 # The generator checks each pattern against transformers' model class on configs that vary every config key
-# the model's __init__ reads (weightcheck.arch.generate.validate_domain) and records, per key that changes
+# the model's __init__ reads (tools.archgen.generate.validate_domain) and records, per key that changes
 # what is written, the values the pattern was found right for (`provenance.validated`). A config with a
 # value outside them is outside coverage: the pattern cannot vouch for it (`fit_to_config`).
 

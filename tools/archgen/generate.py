@@ -27,7 +27,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from weightcheck.arch.tiny import EXPERT_KEYS, build
+from tools.archgen.tiny import EXPERT_KEYS, build
 
 # Decoder architectures transformers provides and SGLang 0.5.23 registers (by their transformers
 # architecture class; the SGLang group's test checks each against SGLang's ModelRegistry).
@@ -388,7 +388,7 @@ def derive(model_type: str) -> dict[str, Any]:
 
     mods_a, mods_b, mods_c = modules_of(layers_a), modules_of(layers_b), modules_of(layers_c)
     layer_specs: dict[str, dict[str, Any]] = {}
-    from weightcheck.arch.tiny import tiny_config
+    from tools.archgen.tiny import tiny_config
 
     whens = _when_candidates(a.config, la, traced_reads(tiny_config(model_type, "A")))
     for module in sorted(set(mods_a) | set(mods_b)):
@@ -589,8 +589,8 @@ def validate_domain(model_type: str, doc: dict[str, Any] | Any, observations: li
     `conformance`). A key whose probed values change nothing written is left out; an int key whose probes
     all conform is `any_int`; otherwise only the conforming values are recorded, and lint treats any other
     value as outside coverage (weightcheck.patterns.fit_to_config)."""
+    from tools.archgen.tiny import tiny_config
     from weightcheck.arch.oracle import build_config, conformance, expected_tensors, full_config_dict
-    from weightcheck.arch.tiny import tiny_config
     from weightcheck.patterns import normalize_value, parse_pattern
 
     pattern = parse_pattern(doc, f"{model_type}.json") if isinstance(doc, dict) else doc
@@ -949,8 +949,8 @@ def class_defaults(model_type: str, doc: dict[str, Any]) -> dict[str, Any]:
     `q_lora_rank == None` would be unknowable)."""
     import ast
 
+    from tools.archgen.tiny import tiny_config
     from weightcheck.arch.oracle import full_config_dict
-    from weightcheck.arch.tiny import tiny_config
 
     names: set[str] = set()
     for table in (doc["globals"], doc["layer"]):
@@ -967,8 +967,8 @@ def fit_switches(model_type: str, doc: dict[str, Any], observations: list[Observ
     """Refine `doc` in place over probed structural switches (see above)."""
     import copy
 
+    from tools.archgen.tiny import tiny_config
     from weightcheck.arch.oracle import build_config, conformance, expected_tensors, full_config_dict
-    from weightcheck.arch.tiny import tiny_config
     from weightcheck.patterns import parse_pattern
 
     base_cfg = tiny_config(model_type, "A")
