@@ -158,3 +158,33 @@ def test_qwen_moe_dense_layer_mlp_missing_is_an_error(tmp_path: Path, torch_free
     obj = _config("qwen3_vl_moe", mlp_only_layers=[0, 2])
     path = _checkpoint(tmp_path, obj, drop="model.language_model.layers.2.mlp.")
     assert "WC410" in _errors(path, torch_free)
+
+
+@pytest.mark.parametrize("torch_free", [False, True], ids=["transformers", "torch-free"])
+def test_llama4_interleave_step_lints_clean(tmp_path: Path, torch_free: bool) -> None:
+    # `interleave_moe_layer_step: 2` (Llama-4 Maverick's): the config class derives moe_layers [1, 3] from it and
+    # save_pretrained writes both; lint places the MoE layers by the written list, inside coverage
+    obj = _config("llama4_text", interleave_moe_layer_step=2, moe_layers=None)
+    assert obj.moe_layers == [1, 3]
+    path = _checkpoint(tmp_path, obj)
+    problems, notes = _lint(path, torch_free)
+    assert problems == []
+    assert not any(OUTSIDE in n for n in notes), notes
+
+
+@pytest.mark.parametrize("torch_free", [False, True], ids=["transformers", "torch-free"])
+def test_llama4_interleave_step_without_the_list_is_outside_coverage(tmp_path: Path, torch_free: bool) -> None:
+    # a hand-written config.json with the step and no moe_layers: the list exists only once the class has
+    # derived it, so lint says so (and builds the exact expectations when transformers is installed)
+    obj = _config("llama4_text", interleave_moe_layer_step=2, moe_layers=None)
+    path = _checkpoint(tmp_path, obj)
+    config = json.loads((path / "config.json").read_text())
+    config.pop("moe_layers")
+    config["interleave_moe_layer_step"] = 2
+    (path / "config.json").write_text(json.dumps(config))
+    problems, notes = _lint(path, torch_free)
+    assert any(OUTSIDE in n and "moe_layers" in n for n in notes), notes
+    if torch_free:
+        assert not _errors(path, torch_free=True)
+    else:
+        assert problems == []
