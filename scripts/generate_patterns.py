@@ -23,12 +23,13 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 
 def main() -> int:
-    from weightcheck.arch.generate import ARCHITECTURES, GENERATED_DIR, generate
+    from tools.archgen.generate import ARCHITECTURES, GENERATED_DIR, generate
 
     ap = argparse.ArgumentParser()
     ap.add_argument("model_types", nargs="*")
     ap.add_argument("--check", action="store_true")
-    ap.add_argument("--sglang", action="store_true", help="the SGLang half: sglang.json (needs sglang installed)")
+    ap.add_argument("--sglang", action="store_true",
+                    help="the SGLang registry half of generated/sglang/*.json (needs sglang installed)")
     ap.add_argument("--out", type=Path, default=GENERATED_DIR)
     ap.add_argument("--engine-sources", action="store_true", help="engine facts from SGLang/vLLM/transformers sources")
     ap.add_argument("--vllm-src", type=Path, help="an unzipped vLLM wheel (the folder holding vllm/)")
@@ -38,7 +39,7 @@ def main() -> int:
         files = engine_source_files(args.vllm_src, args.sglang_src, GENERATED_DIR / "index.json")
         args.model_types = ["(engine sources)"]  # no README rewrite
     elif args.sglang:
-        from weightcheck.arch.sglang_facts import generate_sglang
+        from tools.archgen.sglang_facts import generate_sglang
 
         files = generate_sglang()
     else:
@@ -46,13 +47,22 @@ def main() -> int:
         if args.model_types:  # partial run: keep the index of everything
             files.pop("index.json")
     stale = []
-    if not args.model_types:  # the README's covered list, from the index and sglang.json
+    if not args.model_types:  # the README's covered list, from the index and the SGLang registry halves
         import json
 
-        from weightcheck.arch.generate import readme_with_coverage
+        from tools.archgen.generate import readme_with_coverage
+        from tools.archgen.sglang_facts import registry_doc
 
         index = json.loads(files.get("index.json") or (args.out / "index.json").read_text())
-        sglang_doc = json.loads(files.get("sglang.json") or (args.out / "sglang.json").read_text())
+        sglang_doc = registry_doc(args.out)
+        if not sglang_doc["model_types"]:
+            raise SystemExit(f"{args.out}/sglang/: no SGLang registry facts (run with --sglang first)")
+        if args.sglang:  # what this run would write
+            sglang_doc = {"sglang": None, "model_types": {}}
+            for name, text in sorted(files.items()):
+                facts = dict(json.loads(text)["registry"])
+                sglang_doc["sglang"] = facts.pop("sglang")
+                sglang_doc["model_types"][Path(name).stem] = facts
         readme = Path(__file__).resolve().parent.parent / "README.md"
         text = readme_with_coverage(readme.read_text(), index, sglang_doc)
         if text != readme.read_text():
@@ -90,7 +100,7 @@ def engine_source_files(vllm_src: Path | None, sglang_src: Path | None, index: P
     import json
     from importlib.metadata import version as installed
 
-    from weightcheck.arch.engine_sources import generate_producer_linear, generate_sglang_sources, generate_vllm
+    from tools.archgen.engine_sources import generate_producer_linear, generate_sglang_sources, generate_vllm
 
     files: dict[str, str] = {}
     pinned = json.loads(index.read_text()).get("transformers")
@@ -106,7 +116,7 @@ def engine_source_files(vllm_src: Path | None, sglang_src: Path | None, index: P
         files.update(generate_sglang_sources(sglang_src / "sglang" / "srt" / "models",
                                              _wheel_version(sglang_src, "sglang"), index))
     else:
-        from weightcheck.arch.sglang_facts import sglang_source_files
+        from tools.archgen.sglang_facts import sglang_source_files
 
         files.update(sglang_source_files())
     return files

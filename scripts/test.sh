@@ -10,7 +10,7 @@ VPY=.venv/bin/python
 # torch first, pinned: an unpinned resolver pulls the multi-GB CUDA build.
 "$VPY" -m pip install -q -c scripts/constraints.txt torch
 "$VPY" -m pip install -q -c scripts/constraints.txt -e '.[test,megatron]'
-"$VPY" -m ruff check weightcheck tests benchmarks
+"$VPY" -m ruff check weightcheck tests benchmarks tools scripts
 set +e
 "$VPY" -m pytest -q "$@"
 rc=$?

@@ -61,7 +61,7 @@ _LAYER_LISTS_BY_INDEX = ("moe_layers", "mlp_only_layers", "no_rope_layers", "cro
 
 
 def reduce_counts(cfg: dict[str, Any], n_layers: int = 8) -> dict[str, Any]:
-    from weightcheck.arch.tiny import _VISION, EXPERT_KEYS, VARIANTS
+    from tools.archgen.tiny import _VISION, EXPERT_KEYS, VARIANTS
 
     dims = dict(VARIANTS["D"])
     experts = dims.pop("experts")

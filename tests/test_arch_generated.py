@@ -48,16 +48,18 @@ def test_coverage_is_at_least_forty_architectures_with_the_named_families() -> N
 
 def test_generated_data_is_current() -> None:
     """Regenerates the transformers half from the installed (pinned) transformers; stale data fails CI."""
-    from weightcheck.arch.generate import GENERATED_DIR, generate
+    from tools.archgen.generate import GENERATED_DIR, generate
 
     files = generate()
     stale = [n for n, text in files.items() if (GENERATED_DIR / n).read_text() != text]
     assert not stale, f"stale: {stale}; run `python scripts/generate_patterns.py`"
-    on_disk = {p.name for p in GENERATED_DIR.glob("*.json")} - {"sglang.json"}
+    on_disk = {p.name for p in GENERATED_DIR.glob("*.json")}
     assert on_disk == set(files), on_disk ^ set(files)
-    sglang = json.loads((GENERATED_DIR / "sglang.json").read_text())
+    from tools.archgen.sglang_facts import registry_doc
+
+    sglang = registry_doc(GENERATED_DIR)  # the registry halves of generated/sglang/<model_type>.json
     assert set(sglang["model_types"]) == set(json.loads(files["index.json"])["model_types"])
-    from weightcheck.arch.generate import readme_with_coverage
+    from tools.archgen.generate import readme_with_coverage
 
     readme = (ROOT / "README.md").read_text()
     assert readme_with_coverage(readme, json.loads(files["index.json"]), sglang) == readme, "README list stale"
@@ -67,7 +69,7 @@ def test_generated_data_is_current() -> None:
 def tiny_checkpoints(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
     import logging
 
-    from weightcheck.arch.tiny import save
+    from tools.archgen.tiny import save
 
     logging.getLogger("transformers").setLevel(logging.ERROR)
     root = tmp_path_factory.mktemp("arch")
@@ -101,9 +103,9 @@ def test_clean_tiny_checkpoint_lints_clean(tiny_checkpoints: dict[str, Path], mo
 def _switched(model_type: str) -> Any:
     """Variant D with every boolean the model reads flipped (biases on, QK norms off...), where the config
     class accepts it: a config that differs from the generator's in its switches, not only its sizes."""
-    from weightcheck.arch.generate import _text_config, _with, traced_reads, value_only
+    from tools.archgen.generate import _text_config, _with, traced_reads, value_only
+    from tools.archgen.tiny import tiny_config
     from weightcheck.arch.oracle import build_config, full_config_dict, meta_model
-    from weightcheck.arch.tiny import tiny_config
 
     base = tiny_config(model_type, "D")
     full = full_config_dict(base)
@@ -127,8 +129,8 @@ def other_checkpoints(tmp_path_factory: pytest.TempPathFactory) -> dict[tuple[st
 
     from oracle_configs import published_configs, reduce_counts
 
+    from tools.archgen.tiny import materialize
     from weightcheck.arch.oracle import build_config
-    from weightcheck.arch.tiny import materialize
 
     logging.getLogger("transformers").setLevel(logging.ERROR)
     root = tmp_path_factory.mktemp("arch-other")

@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 from helpers import by_code, run
 
-from weightcheck.arch.generate import mtp_prefixes
+from tools.archgen.generate import mtp_prefixes
 
 
 def test_prefixes_come_from_the_transformers_classes() -> None:
@@ -23,7 +23,7 @@ def test_prefixes_come_from_the_transformers_classes() -> None:
 
 
 def test_generated_qwen3_next_records_where_its_mtp_prefix_came_from() -> None:
-    from weightcheck.arch.generate import GENERATED_DIR
+    from tools.archgen.generate import GENERATED_DIR
 
     doc = json.loads((GENERATED_DIR / "qwen3_next.json").read_text())
     assert doc["provenance"]["skipped_on_load"] == ["^mtp.*"]
@@ -32,7 +32,7 @@ def test_generated_qwen3_next_records_where_its_mtp_prefix_came_from() -> None:
 
 @pytest.fixture(scope="module")
 def qwen3_next(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    from weightcheck.arch.tiny import save
+    from tools.archgen.tiny import save
 
     return save("qwen3_next", tmp_path_factory.mktemp("q3n") / "ckpt", "D", shard="10MB")
 

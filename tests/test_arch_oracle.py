@@ -95,8 +95,8 @@ def verdict(tmp: Path, config_obj: Any) -> tuple[list[str], bool]:
 def test_meta_names_equal_a_real_save_pretrained(tmp_path: Path, model_type: str) -> None:
     from safetensors import safe_open
 
+    from tools.archgen.tiny import build, tiny_config
     from weightcheck.arch.oracle import meta_model, saved_shapes
-    from weightcheck.arch.tiny import build, tiny_config
 
     predicted = saved_shapes(meta_model(tiny_config(model_type, "D")))
     build(model_type, "D").save_pretrained(tmp_path, max_shard_size="10MB")
@@ -109,8 +109,8 @@ def test_meta_names_equal_a_real_save_pretrained(tmp_path: Path, model_type: str
 
 def test_sparse_checkpoint_is_what_lint_reads(tmp_path: Path) -> None:
     """The verdict can fail: a weight left out of the oracle's own output is reported."""
+    from tools.archgen.tiny import tiny_config
     from weightcheck.arch.oracle import build_config, expected_tensors
-    from weightcheck.arch.tiny import tiny_config
 
     cfg = json.loads(tiny_config("qwen3", "D").to_json_string(use_diff=False))
     shapes, _ = expected_tensors(cfg)
@@ -168,9 +168,9 @@ def test_published_config_lints_clean(tmp_path: Path, model_type: str, which: in
 
 
 def _read_keys(model_type: str, variant: str) -> tuple[dict[str, Any], list[str], int]:
-    from weightcheck.arch.generate import _sub_config, _text_config, traced_reads, value_only
+    from tools.archgen.generate import _sub_config, _text_config, traced_reads, value_only
+    from tools.archgen.tiny import tiny_config
     from weightcheck.arch.oracle import full_config_dict
-    from weightcheck.arch.tiny import tiny_config
 
     base = tiny_config(model_type, variant)
     full = full_config_dict(base)
@@ -215,18 +215,10 @@ def _with_layers(full: dict[str, Any], old_n: int, n: int) -> dict[str, Any]:
     return out
 
 
-# Known: ERNIE-4.5-MoE's moe_layer_end_index is probed only upwards (value+1, 2*value+3), where it changes
-# nothing, so it is recorded as not structural; a config with more layers than its end index is linted by
-# the pattern and gets false WC410s. Fix: probe ints downwards too (value-1) and regenerate.
-_KNOWN_GENERATED = {"ernie4_5_moe": "moe_layer_end_index not marked structural (probed upwards only; issue #18)"}
-
-
 @ORACLE
-@pytest.mark.parametrize("model_type", [
-    pytest.param(t, marks=pytest.mark.xfail(strict=True, reason=_KNOWN_GENERATED[t])) if t in _KNOWN_GENERATED else t
-    for t in TYPES])  # fmt: skip
+@pytest.mark.parametrize("model_type", TYPES)
 def test_generated_configs_lint_clean(tmp_path_factory: pytest.TempPathFactory, model_type: str) -> None:
-    from weightcheck.arch.generate import _with
+    from tools.archgen.generate import _with
     from weightcheck.arch.oracle import build_config, expected_tensors
 
     bases = {v: _read_keys(model_type, v) for v in ("A", "B", "C", "D")}  # dimensions vary too

@@ -19,7 +19,7 @@ from weightcheck.patterns import detect_pattern
 
 @pytest.fixture(scope="module")
 def neox(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    from weightcheck.arch.tiny import save
+    from tools.archgen.tiny import save
 
     logging.getLogger("transformers").setLevel(logging.ERROR)
     return save("gpt_neox", tmp_path_factory.mktemp("neox") / "gpt_neox", "D", shard="40KB")

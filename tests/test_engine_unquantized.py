@@ -46,7 +46,7 @@ def quant_block(ignore: list[str], targets: list[str] | None = None) -> dict:
 
 
 def write_config(path: Path, model_type: str, ignore: list[str], targets: list[str] | None = None) -> Path:
-    from weightcheck.arch.tiny import tiny_config
+    from tools.archgen.tiny import tiny_config
 
     cfg = json.loads(tiny_config(model_type, "D").to_json_string())
     cfg["architectures"] = [CASES[model_type][0]] if model_type in CASES else cfg.get("architectures")
@@ -176,8 +176,8 @@ def test_lint_fix_adds_the_entry_and_lint_is_then_clean(tmp_path: Path) -> None:
 
 def test_producer_linear_facts_are_current() -> None:
     """generated/producer/transformers_linear.json regenerated from the installed (pinned) transformers."""
-    from weightcheck.arch.engine_sources import generate_producer_linear
-    from weightcheck.arch.generate import GENERATED_DIR
+    from tools.archgen.engine_sources import generate_producer_linear
+    from tools.archgen.generate import GENERATED_DIR
 
     for name, text in generate_producer_linear(GENERATED_DIR / "index.json").items():
         assert (GENERATED_DIR / name).read_text() == text, "stale: run scripts/generate_patterns.py --engine-sources"
@@ -186,7 +186,7 @@ def test_producer_linear_facts_are_current() -> None:
 def test_every_generated_model_type_has_engine_facts() -> None:
     """One file per architecture per engine, each from the pinned engine version; the vLLM class named is the
     one vLLM's registry maps one of the type's architectures to."""
-    from weightcheck.arch.generate import GENERATED_DIR
+    from tools.archgen.generate import GENERATED_DIR
     from weightcheck.patterns import engine_source_facts, generated_model_types
 
     types = generated_model_types()
@@ -204,8 +204,8 @@ def test_vllm_facts_are_current() -> None:
     tests above check the files' shape, this one their content where the sources are."""
     import os
 
-    from weightcheck.arch.engine_sources import generate_vllm
-    from weightcheck.arch.generate import GENERATED_DIR
+    from tools.archgen.engine_sources import generate_vllm
+    from tools.archgen.generate import GENERATED_DIR
 
     src = os.environ.get("WEIGHTCHECK_VLLM_SRC")
     if not src:

@@ -1,5 +1,5 @@
 """WC432: routed experts stored in a layout the declared engine does not read, judged against the generated
-SGLang facts (`routed_experts` in patterns/generated/sglang.json, from SGLang 0.5.23's own load_weights).
+SGLang facts (`routed_experts` in patterns/generated/sglang/<model_type>.json, from SGLang 0.5.23's own load_weights).
 
 Fixtures come from the real writers: transformers 5.17 `save_pretrained` (Mixtral converted back to
 per-expert names, gpt-oss and Qwen3-VL-MoE fused), and the same Mixtral's in-memory state dict written by
@@ -31,7 +31,7 @@ def _lint(ckpt: Path, tmp: Path, consumers: list[str] | None = ("sglang",)):  # 
 def mixtral(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
     from safetensors.torch import save_file
 
-    from weightcheck.arch.tiny import build
+    from tools.archgen.tiny import build
 
     root = tmp_path_factory.mktemp("mixtral")
     model = build("mixtral", "A")
@@ -47,7 +47,7 @@ def mixtral(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
 
 @pytest.fixture(scope="module")
 def saved(tmp_path_factory: pytest.TempPathFactory):
-    from weightcheck.arch.tiny import save
+    from tools.archgen.tiny import save
 
     cache: dict[str, Path] = {}
 

@@ -1130,7 +1130,7 @@ def _other_builds(tmp_path_factory: pytest.TempPathFactory) -> Callable[[str], P
 
                 cache[fixture] = save_gpt_oss_mxfp4(out)
             else:
-                from weightcheck.arch.tiny import save
+                from tools.archgen.tiny import save
 
                 cache[fixture] = save(fixture.split(":")[1], out)
         return cache[fixture]

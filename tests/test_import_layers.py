@@ -38,7 +38,6 @@ LAYERS: list[tuple[str, tuple[str, ...]]] = [
             "weightcheck.compare.ulp",
             "weightcheck.compare.metrics",
             "weightcheck.quant.safe_regex",
-            "weightcheck.arch.tiny",
             "weightcheck.rules.fixtexts",
         ),
     ),

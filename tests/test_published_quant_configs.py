@@ -39,7 +39,7 @@ def _ignore(entry: dict) -> list[str]:
 
 def _write(tmp_path: Path, entry: dict, ignore: list[str] | None = None, **text: object) -> Path:
     """config.json (+ hf_quant_config.json for ModelOpt) of the entry, its ignore list optionally replaced."""
-    from weightcheck.arch.tiny import tiny_config
+    from tools.archgen.tiny import tiny_config
     from weightcheck.patterns import detect_pattern
 
     cfg = json.loads(tiny_config(entry["model_type"], "D").to_json_string())

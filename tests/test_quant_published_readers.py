@@ -2,7 +2,7 @@
 good fixture: ModelOpt lists read as ModelOpt engines read them (WC302), miles' online NVFP4 quantizes
 experts only (WC309), vision-tower and MTP entries that config-only lint cannot enumerate (WC302),
 entries naming parameters no quantizer touches (WC302), and a ModelOpt quant_algo with no format model
-(WC339). Configs are transformers' own config classes with tiny dimensions (`weightcheck.arch.tiny`)."""
+(WC339). Configs are transformers' own config classes with tiny dimensions (`tools.archgen.tiny`)."""
 
 from __future__ import annotations
 
@@ -13,7 +13,7 @@ from helpers import by_code, run
 
 
 def _lint(tmp_path: Path, model_type: str, quant: dict, **text: object):
-    from weightcheck.arch.tiny import tiny_config
+    from tools.archgen.tiny import tiny_config
     from weightcheck.patterns import detect_pattern
 
     cfg = json.loads(tiny_config(model_type, "D").to_json_string())

@@ -168,7 +168,7 @@ def _modelopt_entry() -> dict:
 def _write_modelopt(path: Path, exclude: list[str] | None = None) -> Path:
     """The published config.json quantization block and hf_quant_config.json on the architecture's own
     config (transformers' config class, tiny dimensions, the release's structure)."""
-    from weightcheck.arch.tiny import tiny_config
+    from tools.archgen.tiny import tiny_config
 
     entry = _modelopt_entry()
     cfg = json.loads(tiny_config(entry["model_type"], "D").to_json_string())

@@ -116,8 +116,21 @@ def _eval(node: ast.AST, env: dict[str, Any]) -> Any:
         value = _eval(node.operand, env)
         return (not value) if isinstance(node.op, ast.Not) else -value
     if isinstance(node, ast.BoolOp):
-        values = (_eval(v, env) for v in node.values)
-        return all(values) if isinstance(node.op, ast.And) else any(values)
+        # Decided by any operand that decides it, whatever the order: a generated condition lists its parts
+        # in its own order, not the model code's, and `((layer + 1) % decoder_sparse_step == 0) and (layer not
+        # in mlp_only_layers)` is False on a layer in mlp_only_layers even when the step is 0 (the modeling
+        # code tests the list first). An operand that cannot be evaluated counts only if nothing decides.
+        decides = isinstance(node.op, ast.Or)
+        failed: Exception | None = None
+        for operand in node.values:
+            try:
+                if bool(_eval(operand, env)) == decides:
+                    return decides
+            except (KeyError, TypeError, ValueError, ZeroDivisionError, OverflowError, IndexError) as exc:
+                failed = failed or exc
+        if failed is not None:
+            raise failed
+        return not decides
     if isinstance(node, ast.Compare):
         left = _eval(node.left, env)
         for op, comp in zip(node.ops, node.comparators, strict=True):
@@ -335,7 +348,8 @@ def generated_index() -> dict[str, Any]:
 
 
 @cache
-def generated_pattern(file: str) -> Pattern:
+def _generated_doc(file: str) -> tuple[dict[str, Any], str]:
+    """(the parsed JSON of a generated pattern file, its path). Callers copy before changing it."""
     folder = _pattern_dir()
     assert folder is not None
     path = folder / "generated" / Path(file).name  # index entries are bare file names
@@ -343,33 +357,122 @@ def generated_pattern(file: str) -> Pattern:
         doc = json.loads(path.read_text(encoding="utf-8"))
     except (OSError, ValueError) as exc:
         raise PatternError(f"{path}: {exc}") from None
-    pattern = parse_pattern(doc, str(path))
-    facts = _sglang_facts().get(pattern.model_types[0] if pattern.model_types else "", {})
+    if not isinstance(doc, dict):
+        raise PatternError(f"{path}: not a JSON object")
+    return doc, str(path)
+
+
+@cache
+def generated_pattern(file: str) -> Pattern:
+    doc, path = _generated_doc(file)
+    pattern = parse_pattern(doc, path)
+    facts = _sglang_facts(pattern.model_types[0]) if pattern.model_types else {}
     if facts.get("sglang_class"):
         pattern.engines.setdefault("sglang_class", facts["sglang_class"])
         pattern.engines.setdefault("sglang_packed_modules_mapping", bool(facts.get("packed_modules_mapping")))
     return pattern
 
 
-@lru_cache(maxsize=1)
-def _sglang_facts() -> dict[str, Any]:
-    """The SGLang half (patterns/generated/sglang.json, generated in the SGLang environment)."""
-    folder = _pattern_dir()
-    path = folder / "generated" / "sglang.json" if folder is not None else None
-    if path is None or not path.is_file():
-        return {}
-    try:
-        doc = json.loads(path.read_text(encoding="utf-8"))
-    except (OSError, ValueError):
-        return {}
-    types = doc.get("model_types") if isinstance(doc, dict) else None
-    return types if isinstance(types, dict) else {}
+def _sglang_facts(model_type: str) -> dict[str, Any]:
+    """What the installed SGLang's registered class for `model_type` declares (its class, packed modules,
+    routers, the routed-expert layouts its load_weights reads): the `registry` half of
+    patterns/generated/sglang/<model_type>.json, generated in the SGLang environment
+    (`scripts/generate_patterns.py --sglang`). {} when unknown."""
+    found = engine_source_facts("sglang", model_type).get("registry")
+    return found if isinstance(found, dict) else {}
+
+
+# ---- hand-written overlays ---------------------------------------------------------------------------
+# A hand-written TOML for a model_type that also has a generated file is an overlay on it (patterns/README.md,
+# "Hand-written patterns are overlays"): the generated file is the base, and the TOML adds or replaces named
+# entries. `[family]`, `[defaults]` and `[engines]` keys set in the TOML win key by key; a module the TOML
+# names (in any module section) replaces the generated module of that name whole, in whichever section
+# either puts it; generated modules the TOML does not name stay as generated. When the TOML moves the
+# language-model root (`layer_prefix`), the generated globals under the old root move with it.
+
+_MODULE_SECTIONS = ("globals", "layer", "dense_layer", "moe_layer", "mtp_layer")
+_LAYER_SECTIONS = _MODULE_SECTIONS[1:]
+
+
+def overlay_doc(generated: dict[str, Any], hand: dict[str, Any]) -> dict[str, Any]:
+    """The pattern document of hand-written `hand` laid over `generated` (both as parsed from their files)."""
+    import copy
+
+    base = copy.deepcopy(generated)
+    top = copy.deepcopy(hand)
+    gen_family, hand_family = base.get("family") or {}, top.get("family") or {}
+    out: dict[str, Any] = {"family": {**gen_family, **hand_family}}
+    for section in ("defaults", "engines"):
+        merged = {**(base.get(section) or {}), **(top.get(section) or {})}
+        if merged:
+            out[section] = merged
+    old_root = str(gen_family.get("layer_prefix", "")).rpartition(".")[0]
+    new_root = str(out["family"].get("layer_prefix", "")).rpartition(".")[0]
+    gen_globals = dict(base.get("globals") or {})
+    if old_root and new_root and old_root != new_root:
+        gen_globals = {(new_root + n[len(old_root) :] if n.startswith(old_root + ".") else n): spec
+                       for n, spec in gen_globals.items()}  # fmt: skip
+    named_globals = set(top.get("globals") or {})
+    named_layer = {n for section in _LAYER_SECTIONS for n in (top.get(section) or {})}
+    survivors: list[dict[str, Any]] = []
+    for section in _MODULE_SECTIONS:
+        table = gen_globals if section == "globals" else dict(base.get(section) or {})
+        named = named_globals if section == "globals" else named_layer
+        kept = {n: spec for n, spec in table.items() if n not in named}
+        survivors += [spec for spec in kept.values() if isinstance(spec, dict)]
+        kept.update(top.get(section) or {})
+        if kept:
+            out[section] = kept
+    # The generated file's class defaults (what save_pretrained leaves out of config.json) serve only the
+    # generated modules that survive, and never a key the TOML gives its own default for.
+    names: set[str] = set()
+    for spec in survivors:
+        for expr in (spec.get("when"), spec.get("bias"), *(spec.get("shape") or [])):
+            if isinstance(expr, str):
+                names |= {n.id for n in ast.walk(parse_expr(expr)) if isinstance(n, ast.Name)}
+    for key in ("moe_layers", "experts", "num_layers", "mtp_layers"):
+        if key not in hand_family and isinstance(gen_family.get(key), str):
+            names |= {n.id for n in ast.walk(parse_expr(gen_family[key])) if isinstance(n, ast.Name)}
+    class_defaults = (base.get("provenance") or {}).get("class_defaults") or {}
+    own = set(out.get("defaults") or {})
+    out["provenance"] = {"class_defaults": {k: v for k, v in class_defaults.items() if k in names and k not in own}}
+    return out
+
+
+@lru_cache(maxsize=64)
+def _handwritten_doc(path: str) -> dict[str, Any]:
+    return tomllib.loads(Path(path).read_text(encoding="utf-8"))
+
+
+def overlaid(name: str, model_type: Any = None) -> Pattern:
+    """Built-in hand-written pattern `name` over the generated file of `model_type` when it is one of the
+    pattern's model_types (else of the first of them that has one); the TOML alone when none has."""
+    hand = builtin_patterns()[name]
+    return _overlaid(name, model_type if model_type in hand.model_types else None)
+
+
+@cache
+def _overlaid(name: str, model_type: str | None) -> Pattern:
+    hand = builtin_patterns()[name]
+    for t in (model_type, *hand.model_types):
+        file = generated_index().get("model_types", {}).get(t) if isinstance(t, str) else None
+        if file:
+            break
+    else:
+        return hand
+    generated, _ = _generated_doc(file)
+    doc = overlay_doc(generated, _handwritten_doc(hand.path))
+    pattern = parse_pattern(doc, hand.path)
+    base = generated_pattern(file)
+    for key, value in base.engines.items():  # the SGLang facts read into the generated pattern
+        pattern.engines.setdefault(key, value)
+    return pattern
 
 
 def sglang_routed_experts(model_type: str) -> tuple[str, dict[str, Any]] | None:
     """(SGLang class, its `routed_experts` facts) for a generated MoE model_type: which routed-expert layouts
-    its `load_weights` was seen to read (weightcheck.arch.sglang_probe). None when unknown."""
-    facts = _sglang_facts().get(model_type) or {}
+    its `load_weights` was seen to read (tools.archgen.sglang_probe). None when unknown."""
+    facts = _sglang_facts(model_type)
     routed = facts.get("routed_experts")
     if not facts.get("sglang_class") or not isinstance(routed, dict) or not isinstance(routed.get("layouts"), list):
         return None
@@ -382,7 +485,7 @@ ENGINE_SOURCES = ("sglang", "vllm")
 @cache
 def engine_source_facts(engine: str, model_type: str) -> dict[str, Any]:
     """What `engine`'s model class for `model_type` builds, read from its sources
-    (patterns/generated/<engine>/<model_type>.json, weightcheck.arch.engine_sources); {} when unknown."""
+    (patterns/generated/<engine>/<model_type>.json, tools.archgen.engine_sources); {} when unknown."""
     folder = _pattern_dir()
     if folder is None or engine not in ENGINE_SOURCES or not re.fullmatch(r"[a-z0-9_]+", model_type):
         return {}  # model_type comes from an untrusted config.json: never a path
@@ -432,8 +535,7 @@ def producer_linear_leaves(model_type: str) -> dict[str, str]:
 
 def sglang_registered_model_types() -> list[str]:
     """Generated model_types whose architecture SGLang registers too (the covered set)."""
-    facts = _sglang_facts()
-    return [t for t in generated_model_types() if (facts.get(t) or {}).get("sglang_class")]
+    return [t for t in generated_model_types() if _sglang_facts(t).get("sglang_class")]
 
 
 def generated_model_types() -> list[str]:
@@ -459,14 +561,14 @@ def detect_pattern(config: dict[str, Any]) -> Pattern | None:
             continue
         for p in patterns.values():
             if t in p.model_types:
-                return p
+                return overlaid(p.name, t)
         found = _generated_for(t)
         if found is not None:
             return found
     archs = [a for a in config.get("architectures") or [] if isinstance(a, str)]
     for p in patterns.values():
         if any(a in p.architectures for a in archs):
-            return p
+            return overlaid(p.name, None)
     by_arch = generated_index().get("architectures", {})
     for a in archs:
         if a in by_arch:
@@ -483,7 +585,7 @@ def resolve_pattern(choice: str | None, config: dict[str, Any]) -> Pattern | Non
         return load_pattern_file(choice)
     patterns = builtin_patterns()
     if choice in patterns:
-        return patterns[choice]
+        return overlaid(choice, config.get("model_type"))
     found = _generated_for(choice.removeprefix("gen_"))
     if found is None:
         raise PatternError(f"no pattern {choice!r}; shipped: {', '.join(sorted(patterns))} and generated "
@@ -673,7 +775,7 @@ def expand(
 
 # ---- coverage: the configs a generated pattern was validated on --------------------------------------
 # The generator checks each pattern against transformers' model class on configs that vary every config key
-# the model's __init__ reads (weightcheck.arch.generate.validate_domain) and records, per key that changes
+# the model's __init__ reads (tools.archgen.generate.validate_domain) and records, per key that changes
 # what is written, the values the pattern was found right for (`provenance.validated`). A config with a
 # value outside them is outside coverage: the pattern cannot vouch for it (`fit_to_config`).
 
@@ -706,7 +808,15 @@ def outside_coverage(domain: dict[str, Any], text: dict[str, Any], borrowed: boo
             # from moe_layer_interval/start/end): its value for this config is not in the file
             out.append(f"{key} (absent; derived by the config class)")
             continue
+        if key not in text and entry.get("derived"):
+            # a layer-placement key the config class computes from others when absent (ERNIE-4.5-MoE's
+            # moe_layer_end_index: the last layer): its value for this config is not in the file
+            out.append(f"{key} (absent; derived by the config class)")
+            continue
         value = text.get(key, entry.get("default_raw"))
+        if value in (entry.get("rewritten") or []) and not isinstance(value, bool):
+            out.append(f"{key}={json.dumps(value)} (rewritten by the config class)")  # -1: "to the last layer"
+            continue
         if borrowed:
             entry = {k: v for k, v in entry.items() if k in ("elements", "default_raw")} | {
                 "values": entry.get("base", entry.get("values", []))}
@@ -715,6 +825,10 @@ def outside_coverage(domain: dict[str, Any], text: dict[str, Any], borrowed: boo
         # `null` is not an int: covered only where it was validated (in `values` below). An optional rank
         # switched off (Kimi Linear's `q_lora_rank: null`: q_proj on its MLA layers) the generator found the
         # pattern wrong for is recorded `any_int` with no values: outside coverage.
+        if entry.get("any_layer_list") and isinstance(value, list) and all(
+            isinstance(x, int) and not isinstance(x, bool) for x in value
+        ):
+            continue  # validated on no layers, all layers and every other one: placement by membership
         if "elements" in entry:  # per-layer kinds (`layer_types`): any mix of the validated kinds
             if value is None or (isinstance(value, list) and set(map(str, value)) <= set(entry["elements"])):
                 continue

@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Architecture knowledge, SGLang half (.venv-sglang, created by 20-sglang just before; reused, sglang not
-# reinstalled): patterns/generated/sglang.json regenerated from the installed SGLang 0.5.23's model sources
-# must equal the checked-in file, and every SGLang class named there is in SGLang's ModelRegistry. Since the
+# reinstalled): the `registry` half of patterns/generated/sglang/*.json, regenerated from the installed
+# SGLang 0.5.23's model sources, must equal the checked-in files, and every SGLang class named there is in SGLang's ModelRegistry. Since the
 # expert-layout probe, regenerating it builds each MoE class on CPU and runs its load_weights (tiny models).
 # patterns/generated/sglang/<model_type>.json (what each class builds unquantized, fuses and renames: WC320)
 # is regenerated from the same sources (ast only, seconds) and must equal the checked-in files too.

@@ -17,19 +17,25 @@ else:
 
 
 def test_sglang_facts_are_current() -> None:
-    from weightcheck.arch.generate import GENERATED_DIR
-    from weightcheck.arch.sglang_facts import generate_sglang
+    from tools.archgen.generate import GENERATED_DIR
+    from tools.archgen.sglang_facts import generate_sglang
 
-    [(name, text)] = generate_sglang().items()
-    assert (GENERATED_DIR / name).read_text() == text, "stale: run scripts/generate_patterns.py --sglang"
+    files = generate_sglang()
+    stale = [name for name, text in files.items() if (GENERATED_DIR / name).read_text() != text]
+    assert not stale, f"stale: {stale}; run scripts/generate_patterns.py --sglang"
+    # one file per architecture: every generated model_type, and no all-architecture file left
+    index = json.loads((GENERATED_DIR / "index.json").read_text())
+    assert set(files) == {f"sglang/{t}.json" for t in index["model_types"]}
+    assert not (GENERATED_DIR / "sglang.json").exists()
 
 
 def test_named_classes_are_registered_and_cover_forty_architectures() -> None:
     from sglang.srt.models.registry import ModelRegistry
 
-    from weightcheck.arch.generate import GENERATED_DIR
+    from tools.archgen.generate import GENERATED_DIR
+    from tools.archgen.sglang_facts import registry_doc
 
-    facts = json.loads((GENERATED_DIR / "sglang.json").read_text())["model_types"]
+    facts = registry_doc(GENERATED_DIR)["model_types"]
     registered = set(ModelRegistry.get_supported_archs())
     named = {t: f["sglang_class"] for t, f in facts.items() if f.get("sglang_class")}
     assert len(named) >= 40
@@ -45,9 +51,10 @@ def test_named_classes_are_registered_and_cover_forty_architectures() -> None:
 def test_router_facts_match_sglang_classes() -> None:
     """gpt-oss and Llama-4 build their router without the quant config (never quantized by the engine);
     Qwen3-MoE passes it only on the ModelSlim path."""
-    from weightcheck.arch.generate import GENERATED_DIR
+    from tools.archgen.generate import GENERATED_DIR
+    from tools.archgen.sglang_facts import registry_doc
 
-    facts = json.loads((GENERATED_DIR / "sglang.json").read_text())["model_types"]
+    facts = registry_doc(GENERATED_DIR)["model_types"]
     assert facts["gpt_oss"]["routers"] == {"router": "none"}
     assert facts["llama4_text"]["routers"] == {"router": "none"}
     assert facts["qwen3_moe"]["routers"]["gate"].startswith("conditional")
@@ -55,12 +62,13 @@ def test_router_facts_match_sglang_classes() -> None:
 
 
 def test_routed_expert_layouts_were_probed_through_load_weights() -> None:
-    """What SGLang's load_weights was seen to read (weightcheck.arch.sglang_probe): Mixtral per-expert w1/w2/w3
+    """What SGLang's load_weights was seen to read (tools.archgen.sglang_probe): Mixtral per-expert w1/w2/w3
     only, not transformers 5's fused in-memory names; gpt-oss its fused stacks; Qwen3-VL-MoE the fused names
     only in the released orientation (transposed from what transformers 5.17 saves)."""
-    from weightcheck.arch.generate import GENERATED_DIR
+    from tools.archgen.generate import GENERATED_DIR
+    from tools.archgen.sglang_facts import registry_doc
 
-    facts = json.loads((GENERATED_DIR / "sglang.json").read_text())["model_types"]
+    facts = registry_doc(GENERATED_DIR)["model_types"]
 
     def reads(model_type: str) -> dict[str, str]:
         return {lay["source"]: lay["read"] for lay in facts[model_type]["routed_experts"]["layouts"]}
@@ -77,8 +85,8 @@ def test_routed_expert_layouts_were_probed_through_load_weights() -> None:
 def test_sglang_source_facts_are_current() -> None:
     """patterns/generated/sglang/<model_type>.json (unquantized modules, fused groups, name mappers) regenerated
     from the installed SGLang's model sources."""
-    from weightcheck.arch.generate import GENERATED_DIR
-    from weightcheck.arch.sglang_facts import sglang_source_files
+    from tools.archgen.generate import GENERATED_DIR
+    from tools.archgen.sglang_facts import sglang_source_files
 
     files = sglang_source_files()
     assert len(files) == len(json.loads((GENERATED_DIR / "index.json").read_text())["model_types"])

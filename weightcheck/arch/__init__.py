@@ -1,7 +1,7 @@
-"""Architecture knowledge generated from the real model definitions (developer tooling).
+"""Architecture knowledge at run time: `weightcheck.arch.oracle` builds what transformers' own model class
+writes for a config on the meta device (lint's fallback for a config outside what a generated pattern was
+validated on, only when transformers is installed; the conformance tests use it too).
 
-`weightcheck.arch.tiny` builds tiny transformers models from each architecture's own config class;
-`weightcheck.arch.generate` derives the patterns in `patterns/generated/` from what transformers'
-`save_pretrained` writes for them, and (where SGLang is installed) reads SGLang's model classes.
-Nothing here is imported by `weightcheck lint`: it needs torch and transformers.
+The generator of `patterns/generated/` (tiny models, fitting, the SGLang and vLLM source readers) is
+developer tooling outside the runtime package: `tools/archgen/`, run by `scripts/generate_patterns.py`.
 """

@@ -1,5 +1,5 @@
 """Conformance: does a pattern predict, for a config, what transformers' model class writes? The generator
-(weightcheck.arch.generate) fits patterns with it and the tests check shipped patterns with it. It sits above
+(tools.archgen.generate) fits patterns with it and the tests check shipped patterns with it. It sits above
 both `patterns` (whose `expand` it runs, the path lint uses) and the model-class oracle (weightcheck.arch.
 oracle, which `patterns` itself calls for configs outside a pattern's coverage), so neither imports the other
 back."""

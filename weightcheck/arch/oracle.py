@@ -70,11 +70,24 @@ def _check_size(cfg: Any) -> None:
         raise OracleError(f"config too large for a meta build ({layers} layers x {experts} experts)")
 
 
+def model_class(config: Any) -> Any:
+    """The auto class transformers uses for this config: causal LM, else image-text-to-text."""
+    from transformers import AutoModelForCausalLM, AutoModelForImageTextToText
+    from transformers.models.auto.modeling_auto import (
+        MODEL_FOR_CAUSAL_LM_MAPPING_NAMES,
+        MODEL_FOR_IMAGE_TEXT_TO_TEXT_MAPPING_NAMES,
+    )
+
+    if config.model_type in MODEL_FOR_IMAGE_TEXT_TO_TEXT_MAPPING_NAMES:
+        return AutoModelForImageTextToText
+    if config.model_type in MODEL_FOR_CAUSAL_LM_MAPPING_NAMES:
+        return AutoModelForCausalLM
+    raise KeyError(config.model_type)
+
+
 def meta_model(config: dict[str, Any] | Any) -> Any:
     """The auto model class (causal LM, else image-text-to-text, as the generator uses) on the meta device."""
     import torch
-
-    from weightcheck.arch.tiny import model_class
 
     logging.getLogger("transformers").setLevel(logging.ERROR)
     cfg = _build_config(config) if isinstance(config, dict) else config

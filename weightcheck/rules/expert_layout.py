@@ -5,8 +5,8 @@ converts them back to per-expert names on `save_pretrained`; gpt-oss, Llama-4, Q
 stay fused on disk. An exporter that writes the in-memory state dict, or a converter that splits what the
 engine wants fused, produces a checkpoint whose every tensor is present and well-formed, yet SGLang's
 `load_weights` skips the experts (they keep their random init) or raises. What each SGLang class reads is
-generated data (`routed_experts` in patterns/generated/sglang.json), found by running the class's own
-`load_weights` on each layout, not by reading its source.
+generated data (`routed_experts` in patterns/generated/sglang/<model_type>.json), found by running the
+class's own `load_weights` on each layout, not by reading its source.
 """
 
 from __future__ import annotations

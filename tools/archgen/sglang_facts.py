@@ -12,7 +12,7 @@ Read statically (ast), so generating it does not import 200 model modules; the S
 checks the registry agrees (every class named here is in `ModelRegistry`).
 
 For MoE architectures, `routed_experts` says which routed-expert checkpoint layouts the class really reads:
-found by running its `load_weights` on CPU (weightcheck.arch.sglang_probe), not by reading its source.
+found by running its `load_weights` on CPU (tools.archgen.sglang_probe), not by reading its source.
 """
 
 from __future__ import annotations
@@ -23,7 +23,7 @@ import re
 from pathlib import Path
 from typing import Any
 
-from weightcheck.arch.generate import GENERATED_DIR, dump
+from tools.archgen.generate import GENERATED_DIR, dump
 
 _ROUTER_ATTRS = ("gate", "router")
 
@@ -103,7 +103,7 @@ def _routers(tree: ast.Module) -> dict[str, str]:
 
 
 def _probe(model_type: str, layer_prefix: str, sglang_class: str) -> dict[str, Any]:
-    from weightcheck.arch.sglang_probe import probe
+    from tools.archgen.sglang_probe import probe
 
     try:
         return probe(model_type, layer_prefix, sglang_class)
@@ -143,15 +143,42 @@ def generate_sglang(index_path: Path = GENERATED_DIR / "index.json") -> dict[str
         if doc["family"].get("experts"):
             facts["routed_experts"] = _probe(model_type, doc["family"]["layer_prefix"], hit)
         out["model_types"][model_type] = facts
-    return {"sglang.json": dump(out)}
+    return registry_files(out, index_path.parent)
+
+
+def registry_files(out: dict[str, Any], generated_dir: Path) -> dict[str, str]:
+    """One file per architecture: each model_type's facts go into patterns/generated/sglang/<model_type>.json
+    as its `registry` half (with the SGLang version they were read from), next to the source facts
+    (tools.archgen.engine_sources, which keeps this half when it rewrites the file)."""
+    files: dict[str, str] = {}
+    for model_type, facts in out["model_types"].items():
+        path = generated_dir / "sglang" / f"{model_type}.json"
+        fresh = {"sglang": out["sglang"], "model_type": model_type, "sglang_class": facts.get("sglang_class")}
+        doc = json.loads(path.read_text()) if path.is_file() else fresh
+        doc["registry"] = {"sglang": out["sglang"], **facts}
+        files[f"sglang/{model_type}.json"] = dump(doc)
+    return files
+
+
+def registry_doc(generated_dir: Path) -> dict[str, Any]:
+    """The registry halves of every per-architecture SGLang file, as {"sglang": version, "model_types":
+    {model_type: facts}} (the README's covered list is built from it)."""
+    out: dict[str, Any] = {"sglang": None, "model_types": {}}
+    for path in sorted((generated_dir / "sglang").glob("*.json")):
+        registry = json.loads(path.read_text()).get("registry")
+        if isinstance(registry, dict):
+            facts = dict(registry)
+            out["sglang"] = facts.pop("sglang", out["sglang"])
+            out["model_types"][path.stem] = facts
+    return out
 
 
 def sglang_source_files(index_path: Path = GENERATED_DIR / "index.json") -> dict[str, str]:
     """patterns/generated/sglang/<model_type>.json from the installed SGLang's model sources (ast only):
     which modules each class builds unquantized, its fused groups, name mappers and load_weights rewrites
-    (weightcheck.arch.engine_sources)."""
+    (tools.archgen.engine_sources)."""
     from importlib.metadata import version
 
-    from weightcheck.arch.engine_sources import generate_sglang_sources
+    from tools.archgen.engine_sources import generate_sglang_sources
 
     return generate_sglang_sources(_models_dir(), version("sglang"), index_path)

@@ -330,7 +330,7 @@ def vllm_registry(src: Sources) -> dict[str, tuple[str, str]]:
 def generate_vllm(models_dir: Path, version: str, index_path: Path) -> dict[str, str]:
     """patterns/generated/vllm/<model_type>.json for every generated model_type (vLLM sources unzipped from
     the pinned wheel; `models_dir` is its vllm/model_executor/models)."""
-    from weightcheck.arch.generate import dump
+    from tools.archgen.generate import dump
 
     src = Sources(models_dir, "vllm.model_executor.models")
     registry = vllm_registry(src)
@@ -410,8 +410,8 @@ def sglang_entry_classes(src: Sources) -> dict[str, str]:
 
 def generate_sglang_sources(models_dir: Path, version: str, index_path: Path) -> dict[str, str]:
     """patterns/generated/sglang/<model_type>.json: the source facts above for SGLang's class of each
-    generated model_type (the class sglang.json names: the first of the type's architectures SGLang has)."""
-    from weightcheck.arch.generate import dump
+    generated model_type (the class its `registry` half names: the first of the type's architectures SGLang has)."""
+    from tools.archgen.generate import dump
 
     src = Sources(models_dir, "sglang.srt.models")
     entries = sglang_entry_classes(src)
@@ -423,6 +423,12 @@ def generate_sglang_sources(models_dir: Path, version: str, index_path: Path) ->
         doc: dict[str, Any] = {"sglang": version, "model_type": model_type, "sglang_class": hit}
         if hit is not None:
             doc.update(class_facts(src, entries[hit], hit, "sglang/srt/models"))
+        # the other SGLang half in the same per-architecture file, from the installed SGLang (`--sglang`,
+        # tools.archgen.sglang_facts): kept as it is
+        existing = index_path.parent / "sglang" / f"{model_type}.json"
+        registry = json.loads(existing.read_text()).get("registry") if existing.is_file() else None
+        if registry is not None:
+            doc["registry"] = registry
         files[f"sglang/{model_type}.json"] = dump(doc)
     return files
 
@@ -441,7 +447,7 @@ def generate_producer_linear(index_path: Path) -> dict[str, str]:
 
     from transformers.models.auto.configuration_auto import model_type_to_module_name
 
-    from weightcheck.arch.generate import dump
+    from tools.archgen.generate import dump
 
     spec = importlib.util.find_spec("transformers")
     if spec is None or not spec.submodule_search_locations:

@@ -10,6 +10,8 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
+from weightcheck.arch.oracle import model_class  # the runtime half: the meta build needs it too
+
 EXPERT_KEYS = ("n_routed_experts", "num_experts", "num_local_experts", "moe_num_experts")
 
 # Distinct, non-multiple values per variant so that coincidences between config keys do not survive.
@@ -145,21 +147,6 @@ def tiny_config(model_type: str, variant: str = "A") -> Any:
     if "tie_word_embeddings" in base or isinstance(text, dict):
         kwargs["tie_word_embeddings"] = False
     return AutoConfig.for_model(model_type, **kwargs)
-
-
-def model_class(config: Any) -> Any:
-    """The auto class transformers uses for this config: causal LM, else image-text-to-text."""
-    from transformers import AutoModelForCausalLM, AutoModelForImageTextToText
-    from transformers.models.auto.modeling_auto import (
-        MODEL_FOR_CAUSAL_LM_MAPPING_NAMES,
-        MODEL_FOR_IMAGE_TEXT_TO_TEXT_MAPPING_NAMES,
-    )
-
-    if config.model_type in MODEL_FOR_IMAGE_TEXT_TO_TEXT_MAPPING_NAMES:
-        return AutoModelForImageTextToText
-    if config.model_type in MODEL_FOR_CAUSAL_LM_MAPPING_NAMES:
-        return AutoModelForCausalLM
-    raise KeyError(config.model_type)
 
 
 MAX_PARAMS = 20_000_000  # a "tiny" model bigger than this means a dimension was not shrunk

@@ -5,7 +5,7 @@ all (SGLang 0.5.23's `Llama4ForCausalLM` inherits Llama's), rename fused names i
 (`granitemoe_split_expert_weights`) or accept both layouts (Qwen3-VL-MoE). So, per MoE architecture, in the
 SGLang environment:
 
-1. a tiny transformers model of the architecture (weightcheck.arch.tiny, variant B) gives two candidate
+1. a tiny transformers model of the architecture (tools.archgen.tiny, variant B) gives two candidate
    layouts of its routed experts: what `save_pretrained` writes (transformers 5 converts most MoEs back to
    per-expert names on save) and its in-memory state dict (transformers 5's fused 3-D
    `experts.gate_up_proj` / `experts.down_proj`, what an exporter that skips the conversion writes);
@@ -179,7 +179,7 @@ def probe(model_type: str, layer_prefix: str, sglang_class: str) -> dict[str, An
     from safetensors import safe_open
     from sglang.srt.models.registry import ModelRegistry
 
-    from weightcheck.arch.tiny import EXPERT_KEYS, build
+    from tools.archgen.tiny import EXPERT_KEYS, build
 
     _init_dist()
     hf = build(model_type, "B")  # B: no two of hidden size, expert count and (2x) intermediate sizes coincide

@@ -27,7 +27,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from weightcheck.arch.tiny import EXPERT_KEYS, build
+from tools.archgen.tiny import EXPERT_KEYS, build
 from weightcheck.names import split_expert, split_layer
 
 # Decoder architectures transformers provides and SGLang 0.5.23 registers (by their transformers
@@ -387,7 +387,7 @@ def derive(model_type: str) -> dict[str, Any]:
 
     mods_a, mods_b, mods_c = modules_of(layers_a), modules_of(layers_b), modules_of(layers_c)
     layer_specs: dict[str, dict[str, Any]] = {}
-    from weightcheck.arch.tiny import tiny_config
+    from tools.archgen.tiny import tiny_config
 
     whens = _when_candidates(a.config, la, traced_reads(tiny_config(model_type, "A")))
     for module in sorted(set(mods_a) | set(mods_b)):
@@ -500,14 +500,15 @@ def derive(model_type: str) -> dict[str, Any]:
     fit_switches(model_type, doc, [a, b, c])
     doc["provenance"]["class_defaults"] = class_defaults(model_type, doc)
     doc["provenance"]["validated"] = validate_domain(model_type, doc, [a, b, c])
-    # A hand-written pattern for the same model_type wins at lint time: it is validated on the same probes,
-    # so its own coverage is known too (weightcheck.patterns.domain_of).
-    from weightcheck.patterns import builtin_patterns
+    # A hand-written pattern for the same model_type is laid over this file at lint time: the overlay is
+    # validated on the same probes, so its own coverage is known too (weightcheck.patterns.domain_of).
+    from weightcheck.patterns import _handwritten_doc, builtin_patterns, overlay_doc, parse_pattern
 
     for hand in builtin_patterns().values():
         if model_type in hand.model_types:
+            overlay = parse_pattern(overlay_doc(doc, _handwritten_doc(hand.path)), hand.path)
             doc["provenance"]["validated_handwritten"] = {
-                "pattern": hand.name, "domain": validate_domain(model_type, hand, [a, b, c])}  # fmt: skip
+                "pattern": hand.name, "domain": validate_domain(model_type, overlay, [a, b, c])}  # fmt: skip
             break
     return doc
 
@@ -552,8 +553,12 @@ def _probe_values(key: str, value: Any, n_layers: int, elements: list[str]) -> l
     if isinstance(value, bool):
         return [not value]
     if isinstance(value, int):
-        # `q_lora_rank: null` (DeepSeek-V2-Lite) switches a sub-module off: optional ranks are probed with null
-        return [value + 1, 2 * value + 3, *([None] if "rank" in key or "lora" in key else [])]
+        # `q_lora_rank: null` (DeepSeek-V2-Lite) switches a sub-module off: optional ranks are probed with null.
+        # Downwards too (value - 1, and 0): an end index at the last layer (ERNIE-4.5-MoE's
+        # moe_layer_end_index, resolved to num_hidden_layers - 1) changes nothing when raised, only lowered
+        # (issue #18). A value the config class or the model rejects is skipped by the callers.
+        down = [v for v in (value - 1, 0) if v >= 0 and v not in (value, value + 1, 2 * value + 3)]
+        return [value + 1, 2 * value + 3, *dict.fromkeys(down), *([None] if "rank" in key or "lora" in key else [])]
     if isinstance(value, float):
         return [value * 2 + 0.5]
     if value is None:
@@ -583,9 +588,9 @@ def validate_domain(model_type: str, doc: dict[str, Any] | Any, observations: li
     `conformance`). A key whose probed values change nothing written is left out; an int key whose probes
     all conform is `any_int`; otherwise only the conforming values are recorded, and lint treats any other
     value as outside coverage (weightcheck.patterns.fit_to_config)."""
+    from tools.archgen.tiny import tiny_config
     from weightcheck.arch.conformance import conformance
     from weightcheck.arch.oracle import build_config, expected_tensors, full_config_dict
-    from weightcheck.arch.tiny import tiny_config
     from weightcheck.patterns import normalize_value, parse_pattern
 
     pattern = parse_pattern(doc, f"{model_type}.json") if isinstance(doc, dict) else doc
@@ -655,12 +660,23 @@ def validate_domain(model_type: str, doc: dict[str, Any] | Any, observations: li
             entry["any_int"] = True
         if elements and isinstance(value, list) and all(isinstance(x, str) for x in value) and tried == conforming:
             entry["elements"] = elements
+        int_list = isinstance(value, list) and all(isinstance(x, int) and not isinstance(x, bool) for x in value)
+        if int_list and tried >= 2 and tried == conforming:
+            # a layer list (Llama-4's moe_layers) whose probes (none, all, every other layer) all conform: the
+            # pattern places layers by membership, so any list of layer numbers is inside coverage
+            entry["any_layer_list"] = True
         values = {normalize_value(v, o.config.get("num_hidden_layers"))
                   for v, o in zip(seen, observations, strict=True)}  # fmt: skip
         entry["base"] = sorted(values)  # the generated variants' own values: what hand-written patterns may use
         values |= {normalize_value(g, n_layers) for g in good}
         entry["values"] = sorted(values)
         domain[key] = entry
+    for key in sorted(_placement_keys(pattern) & reads & set(text)):
+        flags = _class_rewrites(key, full, full_b)
+        if flags:
+            entry = domain.setdefault(key, {"default_raw": cls_default.get(key), "any_int": True, "values": [],
+                                            "base": []})  # fmt: skip
+            entry.update(flags)
     if any(isinstance(text.get(k), dict) for k in domain):
         # an opaque structured key (Kimi Linear's `linear_attn_config` lists layer numbers) was only seen with
         # the variants' depths: other depths are outside coverage
@@ -668,6 +684,50 @@ def validate_domain(model_type: str, doc: dict[str, Any] | Any, observations: li
                                        "values": sorted({json.dumps(o.config["num_hidden_layers"])
                                                          for o in observations})}  # fmt: skip
     return domain
+
+
+def _placement_keys(pattern: Any) -> set[str]:
+    """Config keys the pattern's layer conditions name (which layers hold which modules)."""
+    import ast
+
+    exprs = [pattern.moe_layers] + [spec.when for section in (pattern.layer, pattern.dense_layer,
+                                                               pattern.moe_layer, pattern.mtp_layer)
+                                    for spec in section]  # fmt: skip
+    return {n.id for e in exprs if isinstance(e, str) for n in ast.walk(ast.parse(e, mode="eval"))
+            if isinstance(n, ast.Name) and n.id != "layer"}  # fmt: skip
+
+
+def _without(config: dict[str, Any], key: str) -> dict[str, Any]:
+    out = json.loads(json.dumps(config))
+    for table in (out, out.get("text_config")):
+        if isinstance(table, dict):
+            table.pop(key, None)
+    return out
+
+
+def _class_rewrites(key: str, full: dict[str, Any], full_b: dict[str, Any]) -> dict[str, Any]:
+    """How the config class rewrites a layer-placement key at load, which lint (reading config.json as text)
+    cannot: `derived` when, left out, its value follows other keys (ERNIE-4.5-MoE's moe_layer_end_index is
+    num_hidden_layers - 1 at A and at B); `rewritten` the sentinel values it replaces (-1: "to the last
+    layer"). Such a config is outside coverage (weightcheck.patterns.outside_coverage), never linted with a
+    condition evaluated on the raw value."""
+    from weightcheck.arch.oracle import build_config, full_config_dict
+
+    flags: dict[str, Any] = {}
+    try:
+        at_a = _text_config(full_config_dict(build_config(_without(full, key)))).get(key)
+        at_b = _text_config(full_config_dict(build_config(_without(full_b, key)))).get(key)
+    except Exception:
+        at_a = at_b = None
+    if at_a != at_b:
+        flags["derived"] = True
+    try:
+        got = _text_config(full_config_dict(build_config(_with(full, key, -1)))).get(key)
+    except Exception:  # the class rejects -1: a config holding it cannot be built, nothing to cover
+        got = -1
+    if got != -1:
+        flags["rewritten"] = [-1]
+    return flags
 
 
 # ---- fitting over structural switches ---------------------------------------------------------------
@@ -762,14 +822,135 @@ def _fix(doc: dict[str, Any], key: str, base: Any, probe: Any, cfg: dict[str, An
         touched.add((id(table), module))
 
 
+# ---- layer placement refitted over probes --------------------------------------------------------------
+# `derive` keys a module's layers on one config key, chosen from three dimension variants in which every
+# placement key sits at its default: ERNIE-4.5-MoE's `layer >= moe_layer_interval` held only because the
+# interval and the start index are both 1. When a probe of a placement key moves modules between layers, the
+# condition is searched again over every case seen so far (variants and conforming probes): conjunctions of
+# up to three single-key conditions (or the negation of one, for the dense layers between MoE ones), the
+# existing condition's parts tried first. The result is kept only if the whole pattern then conforms.
+
+_MAX_CONJUNCTS = 3
+
+
+def _conjuncts(expr: str) -> list[str]:
+    import ast
+
+    tree = ast.parse(expr, mode="eval").body
+    if isinstance(tree, ast.BoolOp) and isinstance(tree.op, ast.And):
+        return [ast.unparse(v) for v in tree.values]
+    return [expr]
+
+
+def _placement_atoms(text: dict[str, Any], n_layers: int, reads: set[str], existing: list[str]) -> list[str]:
+    atoms = [c for e in existing for c in (e, *_conjuncts(e))]
+    atoms += _when_candidates(text, n_layers, reads)
+    for k, v in sorted(text.items()):  # inclusive bounds (`layer <= moe_layer_end_index`), 0 allowed
+        if value_only(k) or not any(h in k for h in _LAYER_KEY_HINTS) or k not in reads:
+            continue
+        if isinstance(v, int) and not isinstance(v, bool) and 0 <= v <= n_layers + 1:
+            atoms += [f"layer <= {k}", f"layer > {k}", f"layer >= {k}"]
+    return list(dict.fromkeys(atoms))
+
+
+def _mask(expr: str, env: dict[str, Any], n: int) -> int | None:
+    from weightcheck.patterns import evaluate
+
+    out = 0
+    try:
+        for i in range(n):
+            if evaluate(expr, {**env, "layer": i}):
+                out |= 1 << i
+    except Exception:  # a candidate over a config value of the wrong type
+        return None
+    return out
+
+
+def _fit_when(atoms: list[str], envs: list[tuple[dict[str, Any], int]], targets: list[int]) -> str | None:
+    """The first conjunction of atoms (or its negation) giving `targets` (a layer bitmask per case); "" when
+    every case holds the module on every layer; None when nothing fits."""
+    fulls = [(1 << n) - 1 for _, n in envs]
+    if targets == fulls:
+        return ""
+    masks: dict[str, list[int]] = {}
+    for atom in atoms:
+        got = [_mask(atom, env, n) for env, n in envs]
+        if all(g is not None for g in got):
+            masks[atom] = got  # type: ignore[assignment]
+    usable = list(masks)
+    for size in range(1, _MAX_CONJUNCTS + 1):
+        for combo in itertools.combinations(usable, size):
+            both = list(fulls)
+            for atom in combo:
+                both = [b & m for b, m in zip(both, masks[atom], strict=True)]
+            text = combo[0] if size == 1 else " and ".join(f"({a})" for a in combo)
+            if both == targets:
+                return text
+            if [f ^ b for f, b in zip(fulls, both, strict=True)] == targets:
+                return f"not ({text})"
+    return None
+
+
+def _refit_placement(doc: dict[str, Any], cases: list[tuple[dict[str, Any], dict[str, tuple[int, ...]]]],
+                     kinds: dict[str, str], defaults: dict[str, Any], reads: set[str], key: str) -> None:  # fmt: skip
+    """Refit (in place) the `when` of every layer module whose layers the conditions no longer predict on
+    `cases`; a module the last case writes and the pattern lacks is added with its fitted condition."""
+    prefix = doc["family"]["layer_prefix"]
+    envs: list[tuple[dict[str, Any], int]] = []
+    layer_sets: list[dict[str, int]] = []
+    params_of: dict[str, set[str]] = {}
+    concrete: dict[str, str] = {}
+    for cfg, shapes in cases:
+        text = _text_config(cfg)
+        env = {k: v for k, v in {**defaults, **text}.items() if not isinstance(v, dict)}
+        envs.append((env, int(env["num_hidden_layers"])))
+        sets: dict[str, int] = {}
+        for name in shapes:
+            m = _LAYER.match(name)
+            if m is None or m["prefix"] != prefix:
+                continue
+            tmpl, _ = _template(m["rest"])
+            module, _, param = tmpl.rpartition(".")
+            sets[module] = sets.get(module, 0) | (1 << int(m["idx"]))
+            params_of.setdefault(module, set()).add(param)
+            concrete.setdefault(module, f"{prefix}.{m['idx']}.{m['rest'].rpartition('.')[0]}")
+        layer_sets.append(sets)
+    table = doc["layer"]
+    for module in sorted(set(table) | {m for s in layer_sets for m in s}):
+        spec = table.get(module)
+        if spec is not None and spec.get("optional"):
+            continue
+        targets = [s.get(module, 0) for s in layer_sets]
+        when = spec.get("when") if spec is not None else None
+        predicted = [((1 << n) - 1) if not when else _mask(when, env, n) for env, n in envs]
+        if spec is not None and predicted == targets:
+            continue
+        # conditions over the first variant's values and the probe's (`layer % k == j` for each j below k)
+        atoms = [a for env, n in (envs[0], envs[-1]) for a in _placement_atoms(env, n, reads, [when] if when else [])]
+        atoms = list(dict.fromkeys(atoms))
+        fitted = _fit_when(atoms, envs, targets)
+        if fitted is None:
+            continue  # outside coverage: the conformance check rejects the trial
+        if spec is None:
+            params = sorted(params_of.get(module, {"weight"}))
+            kind = "linear" if "*" in module.split(".") else kinds.get(concrete.get(module, ""), "other")
+            spec = table[module] = {"kind": kind, **({"params": params} if params != ["weight"] else {})}
+            doc["provenance"]["notes"] = sorted({*doc["provenance"].get("notes", []),
+                                                 f"{module}: added from a probe of {key}; weight shape not derived"})
+        if fitted:
+            spec["when"] = fitted
+        else:
+            spec.pop("when", None)
+
+
 def class_defaults(model_type: str, doc: dict[str, Any]) -> dict[str, Any]:
     """The config class's default of every key the pattern's expressions name: save_pretrained leaves a key
     out of config.json when it equals the default, and lint must read it as that default (not as missing:
     `q_lora_rank == None` would be unknowable)."""
     import ast
 
+    from tools.archgen.tiny import tiny_config
     from weightcheck.arch.oracle import full_config_dict
-    from weightcheck.arch.tiny import tiny_config
 
     names: set[str] = set()
     for table in (doc["globals"], doc["layer"]):
@@ -786,9 +967,9 @@ def fit_switches(model_type: str, doc: dict[str, Any], observations: list[Observ
     """Refine `doc` in place over probed structural switches (see above)."""
     import copy
 
+    from tools.archgen.tiny import tiny_config
     from weightcheck.arch.conformance import conformance
     from weightcheck.arch.oracle import build_config, expected_tensors, full_config_dict
-    from weightcheck.arch.tiny import tiny_config
     from weightcheck.patterns import parse_pattern
 
     base_cfg = tiny_config(model_type, "A")
@@ -797,6 +978,7 @@ def fit_switches(model_type: str, doc: dict[str, Any], observations: list[Observ
     full = full_config_dict(base_cfg)
     text = _text_config(full)
     n_layers = int(text["num_hidden_layers"])
+    cls_default = _text_config(full_config_dict(type(base_cfg)()))
     cases: list[tuple[dict[str, Any], dict[str, tuple[int, ...]]]] = [(o.top, o.shapes) for o in observations]
 
     def conforms(d: dict[str, Any], more: list[tuple[dict[str, Any], dict[str, tuple[int, ...]]]]) -> bool:
@@ -807,9 +989,10 @@ def fit_switches(model_type: str, doc: dict[str, Any], observations: list[Observ
         value = text[key]
         if value_only(key) or _sub_config(value) or key == "num_hidden_layers":
             continue
+        placement = any(h in key for h in _LAYER_KEY_HINTS)
         for probe in _probe_values(key, value, n_layers, []):
-            if isinstance(probe, list):
-                continue  # layer placement is not fitted here: outside coverage when it differs
+            if isinstance(probe, list) and not placement:
+                continue  # a list that places no layers: outside coverage when it differs
             try:
                 cfg = full_config_dict(build_config(_with(full, key, probe)))
                 shapes, kinds = expected_tensors(cfg)
@@ -819,12 +1002,23 @@ def fit_switches(model_type: str, doc: dict[str, Any], observations: list[Observ
             if not problems:
                 cases.append((cfg, shapes))
                 continue
-            trial = copy.deepcopy(doc)
-            _fix(trial, key, value, probe, cfg, shapes, kinds, problems)
-            if trial != doc and conforms(trial, [*cases, (cfg, shapes)]):
-                doc.clear()
-                doc.update(trial)
-                cases.append((cfg, shapes))
+            trials = []
+            if not isinstance(probe, list):
+                trial = copy.deepcopy(doc)
+                _fix(trial, key, value, probe, cfg, shapes, kinds, problems)
+                trials.append(trial)
+            if placement and any(_PROBLEM.match(p) for p in problems):
+                # which layers hold a module moved: refit its condition over every case so far (issue #18:
+                # MoE placement by interval, start and end index; Llama-4's `moe_layers` list)
+                trial = copy.deepcopy(doc)
+                _refit_placement(trial, [*cases, (cfg, shapes)], kinds, cls_default, reads, key)
+                trials.append(trial)
+            for trial in trials:
+                if trial != doc and conforms(trial, [*cases, (cfg, shapes)]):
+                    doc.clear()
+                    doc.update(trial)
+                    cases.append((cfg, shapes))
+                    break
 
 
 def _version(pkg: str) -> str:

@@ -1,0 +1,1 @@
+"""Developer tooling of the repository (not shipped in the weightcheck wheel)."""
