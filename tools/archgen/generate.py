@@ -906,14 +906,15 @@ def _refit_placement(doc: dict[str, Any], cases: list[tuple[dict[str, Any], dict
         envs.append((env, int(env["num_hidden_layers"])))
         sets: dict[str, int] = {}
         for name in shapes:
-            m = _LAYER.match(name)
-            if m is None or m["prefix"] != prefix:
+            split = split_layer(name)
+            if split is None or split[0] != prefix:
                 continue
-            tmpl, _ = _template(m["rest"])
+            _, idx, rest = split
+            tmpl, _ = _template(rest)
             module, _, param = tmpl.rpartition(".")
-            sets[module] = sets.get(module, 0) | (1 << int(m["idx"]))
+            sets[module] = sets.get(module, 0) | (1 << idx)
             params_of.setdefault(module, set()).add(param)
-            concrete.setdefault(module, f"{prefix}.{m['idx']}.{m['rest'].rpartition('.')[0]}")
+            concrete.setdefault(module, f"{prefix}.{idx}.{rest.rpartition('.')[0]}")
         layer_sets.append(sets)
     table = doc["layer"]
     for module in sorted(set(table) | {m for s in layer_sets for m in s}):
