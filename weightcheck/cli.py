@@ -1,5 +1,10 @@
 """Command-line interface. Exit codes: 0 clean, 1 findings at/above --fail-on, 2 usage/internal error,
-3 nothing checked."""
+3 nothing checked.
+
+Why one ~600-line module: it holds the options every command shares (output, triage, Hub, progress, settings
+resolution, `finish`) and the two commands that predate `commands/` (lint, rules); each other command is its
+own module in `commands/`.
+"""
 
 from __future__ import annotations
 

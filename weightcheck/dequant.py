@@ -24,6 +24,9 @@ is not a multiple of it. Nothing from compressed-tensors is imported: the packag
 
 Each dequantizer can also return the *quantization step* (one ULP of the quantized dtype, in
 dequantized units) per element, which the comparison engine uses as its tolerance.
+
+Why one ~600-line module: one dequantizer per format above, each short and each checked bit for bit against
+its reference in tests/test_dequant.py; splitting them per format would scatter the shared unpacking helpers.
 """
 
 from __future__ import annotations

@@ -9,6 +9,10 @@ resident at a time.
 Coverage is first-class (`Result.checked`): compared = equal + within tolerance + failed; skipped
 (with a reason) and tensors only in A or only in B are counted apart. A skip must be allowed
 (`--allow-skip PATTERN`); an unexpected one is an error.
+
+Why one ~770-line module: name maps, the logical view, the comparison loop, its Ray driver and the findings
+are the one engine of `weightcheck diff`, each a section below; comparison tiers and classification already
+live in `weightcheck.compare`, the rules in `weightcheck.rules.diff`.
 """
 
 from __future__ import annotations

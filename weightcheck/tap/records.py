@@ -33,6 +33,9 @@ rank. `tracked: false` marks a parameter whose writes could not be observed (its
 "never written"). The trailing `end` line carries the counts, so a truncated or edited file is detected.
 
 Nothing here imports torch: `weightcheck verify` reads records without it.
+
+Why one ~700-line module: the writer and the reader of one file format belong together (the schema above is
+their contract); a reader that tolerates every damaged line is most of its length.
 """
 
 from __future__ import annotations
