@@ -159,7 +159,9 @@ def analyze_checkpoint(ckpt: Checkpoint, pattern_choice: str | None = None) -> Q
         pattern, fit_notes = fit_to_config(pattern, config, text)
         notes.extend(fit_notes)
     if ckpt.has_weights:
-        tensors: dict[str, Any] = dict.fromkeys(ckpt.tensor_names())
+        # sorted: tensor_names() is a frozenset, and module order reaches findings' messages and details
+        # (WC308's companions, `modules` lists), which must not depend on the interpreter's hash seed
+        tensors: dict[str, Any] = dict.fromkeys(sorted(ckpt.tensor_names()))
         tensors.update(ckpt.all_tensors())
         inventory = from_checkpoint(tensors, pattern, text)
     elif pattern is not None:
