@@ -51,6 +51,21 @@ def _cases() -> list[Any]:
             big = torch.zeros(600_000, dtype=torch.float32)
             big[-1] = -float("nan")  # in the last slice of a multi-slice pass, with its sign bit set
             cases.append(big.to(dtype))
+        if name in ("float32", "bfloat16", "float16", "float64"):
+            # The OR shortcut: slices of small values skip the maxima; a slice with a finite value >= 2 pays
+            # for them and must still say "finite"; a NaN/Inf among small values sets the top exponent bit.
+            small = torch.full((600_001,), 0.01)
+            large_finite = small.clone()
+            large_finite[5] = 3.0
+            large_finite[-3] = -65504.0
+            cases.append(large_finite.to(dtype))
+            for bad in (float("inf"), -float("inf"), -float("nan")):
+                for where in (2, 600_000):
+                    planted = small.clone()
+                    planted[where] = bad
+                    cases.append(planted.to(dtype))
+            tiny_negative = torch.full((7,), -1e-3)  # every sign bit set, no exponent top bit: finite
+            cases.append(tiny_negative.to(dtype))
     return cases
 
 
