@@ -14,8 +14,8 @@ import pytest
 import torch
 
 from weightcheck import tap
-from weightcheck.rules import all_rules, get_rule
-from weightcheck.rules.verify import VERIFY_RULES, UnknownVerifyRule, make_finding, verify_rule
+from weightcheck.rules import UnknownRuleCode, all_rules, get_rule
+from weightcheck.rules.verify import VERIFY_RULES, make_finding, verify_rule
 from weightcheck.verifying import _names, verify
 from weightcheck.verifying.sink import FindingSink
 
@@ -38,18 +38,18 @@ def test_every_verify_code_is_a_rule_object_with_its_fix() -> None:
 
 
 def test_an_unknown_code_raises_never_dropped() -> None:
-    with pytest.raises(UnknownVerifyRule, match="WC799"):
+    with pytest.raises(UnknownRuleCode, match="WC799"):
         verify_rule("WC799")
     sink = FindingSink(["ALL"], [])
     lint_rule = all_rules()["WC101"]  # a registered rule, but not verify's
-    with pytest.raises(UnknownVerifyRule):
+    with pytest.raises(UnknownRuleCode):
         sink.add(lint_rule, "a lint rule through verify's sink")
     missing = VERIFY_RULES["WC722"]
     forged = dataclasses.replace(missing)  # same code, not the registered object
-    with pytest.raises(UnknownVerifyRule):
+    with pytest.raises(UnknownRuleCode):
         sink.add(forged, "a copy of a rule")
     deselected = FindingSink(["WC723"], [])
-    with pytest.raises(UnknownVerifyRule):  # deselected or not, a wrong rule is a bug
+    with pytest.raises(UnknownRuleCode):  # deselected or not, a wrong rule is a bug
         deselected.add(lint_rule, "x")
     assert sink.items == [] and deselected.items == []
 

@@ -163,6 +163,45 @@ def register(new: Rule) -> None:
     _REGISTRY[new.code] = new
 
 
+class UnknownRuleCode(KeyError):
+    """A code that is not one of a command's registered rules (diff, verify): a bug in the caller, raised so
+    that a mistyped code fails loudly instead of being dropped by the selection filter."""
+
+
+def metadata_rule(
+    code: str,
+    name: str,
+    severity: Severity,
+    *,
+    summary: str,
+    doc: str,
+    bad: str,
+    good: str,
+    fix: str,
+    command: str,
+    needs: frozenset[str] = frozenset(),
+    also: frozenset[Severity] = frozenset(),
+) -> Rule:
+    """Register and return a rule with no `check` of its own: its command's engine (diff, verify, rollout,
+    doctor) decides when it fires and builds the finding from it. The rule carries doc, examples and fix."""
+    made = Rule(
+        code=code,
+        name=name,
+        severity=severity,
+        summary=summary,
+        doc=inspect.cleandoc(doc),
+        bad=textwrap.dedent(bad),
+        good=textwrap.dedent(good),
+        check=None,
+        needs=needs,
+        command=command,
+        also=also,
+        fix=fix,
+    )
+    register(made)
+    return made
+
+
 INTERNAL_ERROR_RULE = Rule(
     code="WC000",
     name="internal-error",

@@ -9,14 +9,12 @@ registering them here documents them in `weightcheck rules`, SARIF and docs/rule
 from __future__ import annotations
 
 from weightcheck.findings import Severity
-from weightcheck.rules import Rule, register
+from weightcheck.rules import Rule, UnknownRuleCode, metadata_rule
+
+__all__ = ["UnknownRuleCode"]  # raised by diff_rule / class_rule
 
 # Severities diff emits besides the default: an explicitly allowed skip or name-only tensor is info.
 _ALLOWED_IS_INFO = frozenset({Severity.INFO})
-
-
-class UnknownRuleCode(LookupError):
-    """A code (or mismatch class) that no diff rule carries: a weightcheck bug, never a silent drop."""
 
 
 _DIFF_RULES: dict[str, Rule] = {}
@@ -34,20 +32,10 @@ def _diff_rule(
     fix: str,
     also: frozenset[Severity] = frozenset(),
 ) -> Rule:
-    made = Rule(
-        code=code,
-        name=name,
-        severity=severity,
-        summary=summary,
-        doc=doc,
-        bad=bad,
-        good=good,
-        needs=frozenset({"tensors", "data"}),
-        command="diff",
-        also=also,
-        fix=fix,
-    )
-    register(made)
+    made = metadata_rule(
+        code, name, severity, summary=summary, doc=doc, bad=bad, good=good, fix=fix, command="diff",
+        needs=frozenset({"tensors", "data"}), also=also,
+    )  # fmt: skip
     _DIFF_RULES[code] = made
     return made
 

@@ -9,11 +9,8 @@ file's `[tool.weightcheck.rollout]` table.
 
 from __future__ import annotations
 
-import inspect
-import textwrap
-
 from weightcheck.findings import Severity
-from weightcheck.rules import Rule, register
+from weightcheck.rules import metadata_rule
 
 _ALSO = {
     "WC801": frozenset({Severity.WARNING}),
@@ -34,22 +31,10 @@ def _rule(
     fix: str,
     command: str = "rollout",
 ) -> None:
-    register(
-        Rule(
-            code=code,
-            name=name,
-            severity=severity,
-            summary=summary,
-            doc=inspect.cleandoc(doc),
-            bad=textwrap.dedent(bad),
-            good=textwrap.dedent(good),
-            check=None,
-            needs=frozenset(),
-            command=command,
-            also=_ALSO.get(code, frozenset()),
-            fix=fix,
-        )
-    )
+    metadata_rule(
+        code, name, severity, summary=summary, doc=doc, bad=bad, good=good, fix=fix, command=command,
+        also=_ALSO.get(code, frozenset()),
+    )  # fmt: skip
 
 
 _rule(

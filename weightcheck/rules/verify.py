@@ -2,18 +2,16 @@
 
 Each rule is a module constant (`SYNC_TENSOR_MISSING`...) that the verify package imports and builds its
 findings from (`make_finding`, or `weightcheck.verifying.sink.FindingSink.add`); the rule carries its doc,
-examples and fix text. `verify_rule(code)` looks a code up and raises `UnknownVerifyRule` for a code that is
+examples and fix text. `verify_rule(code)` looks a code up and raises `UnknownRuleCode` for a code that is
 not one of these, so a mistyped code fails loudly instead of being dropped.
 """
 
 from __future__ import annotations
 
-import inspect
-import textwrap
 from typing import Any
 
 from weightcheck.findings import Finding, Location, Severity
-from weightcheck.rules import Rule, register
+from weightcheck.rules import Rule, UnknownRuleCode, metadata_rule
 
 # Severities verify emits besides the default (identical duplicates and untraceable writes are warnings;
 # ranks that never arrived under --expect-records are an error).
@@ -26,28 +24,13 @@ _ALSO = {
 VERIFY_RULES: dict[str, Rule] = {}
 
 
-class UnknownVerifyRule(KeyError):
-    """A code (or Rule) that is not one of verify's registered rules: a bug in the caller, never dropped."""
-
-
 def _verify_rule(
     code: str, name: str, severity: Severity, summary: str, doc: str, bad: str, good: str, *, fix: str
 ) -> Rule:
-    new = Rule(
+    new = metadata_rule(
+        code, name, severity, summary=summary, doc=doc, bad=bad, good=good, fix=fix, command="verify",
         also=_ALSO.get(code, frozenset()),
-        code=code,
-        name=name,
-        severity=severity,
-        summary=summary,
-        doc=inspect.cleandoc(doc),
-        bad=textwrap.dedent(bad),
-        good=textwrap.dedent(good),
-        check=None,
-        needs=frozenset(),
-        command="verify",
-        fix=fix,
-    )
-    register(new)
+    )  # fmt: skip
     VERIFY_RULES[code] = new
     return new
 
@@ -57,7 +40,7 @@ def verify_rule(code: str | Rule) -> Rule:
     key = code.code if isinstance(code, Rule) else code
     found = VERIFY_RULES.get(key)
     if found is None or (isinstance(code, Rule) and code is not found):
-        raise UnknownVerifyRule(f"{key!r} is not a weightcheck verify rule (WC720–WC749 registered in {__name__})")
+        raise UnknownRuleCode(f"{key!r} is not a weightcheck verify rule (WC720–WC749 registered in {__name__})")
     return found
 
 

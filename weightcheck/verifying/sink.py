@@ -1,5 +1,5 @@
 """Where verify's checks put their findings: --select/--ignore applied, each finding built from its Rule
-object (`weightcheck.rules.verify`); a rule that is not one of verify's raises (`UnknownVerifyRule`)."""
+object (`weightcheck.rules.verify`); a rule that is not one of verify's raises (`UnknownRuleCode`)."""
 
 from __future__ import annotations
 
