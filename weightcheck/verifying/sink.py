@@ -6,7 +6,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
-from weightcheck.findings import Finding, Severity
+from weightcheck.findings import Finding
 from weightcheck.rules import Rule, matches_selector
 from weightcheck.rules.verify import VERIFY_RULES, make_finding, verify_rule
 
@@ -18,30 +18,9 @@ class FindingSink:
         }
         self.items: list[Finding] = []
 
-    def add(
-        self,
-        rule: Rule,
-        message: str,
-        *,
-        file: str | None = None,
-        tensor: str | None = None,
-        module: str | None = None,
-        count: int = 1,
-        severity: Severity | None = None,
-        details: dict[str, Any] | None = None,
-    ) -> None:
+    def add(self, rule: Rule, message: str, **where: Any) -> None:
+        """Keep a finding of `rule` if the selection enables it; `where` are `make_finding`'s keywords
+        (file, tensor, module, count, severity, details)."""
         rule = verify_rule(rule)  # before the selection: a wrong rule fails even when deselected
-        if rule.code not in self.enabled:
-            return
-        self.items.append(
-            make_finding(
-                rule,
-                message,
-                file=file,
-                tensor=tensor,
-                module=module,
-                count=count,
-                severity=severity,
-                details=details,
-            )
-        )
+        if rule.code in self.enabled:
+            self.items.append(make_finding(rule, message, **where))
