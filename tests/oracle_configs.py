@@ -35,6 +35,8 @@ PUBLISHED: list[dict[str, Any]] = json.loads(DATA.read_text())
 # not used), remote-code variants of another type (chatglm for glm4, Ministral-8B published as `mistral`), tiny
 # random test models (not real), or nothing. These types are checked on transformers' documented defaults and
 # the property-based configs only. A type that gains a vendored config must leave this list.
+# Third pass: phimoe found as microsoft/Phi-tiny-MoE-instruct (the SlimMoE release, model_type phimoe, no LongRoPE
+# table) vendored whole by NetX-lab/Frontier's golden model configs.
 NO_PUBLISHED_CONFIG: dict[str, str] = {
     "apertus": "swiss-ai/Apertus-8B*: no config.json page or vendored copy found",
     "bamba": "ibm-ai-platform/Bamba-9B: not found (foundation-model-stack/bamba has no config.json)",
@@ -52,7 +54,6 @@ NO_PUBLISHED_CONFIG: dict[str, str] = {
     "kimi_linear": "moonshotai/Kimi-Linear-48B-A3B-Instruct: not found (MoonshotAI/Kimi-Linear has a README only)",
     "minicpm3": "openbmb/MiniCPM3-4B: not found",
     "ministral": "mistralai/Ministral-8B-Instruct-2410 is published as model_type mistral; no `ministral` config",
-    "phimoe": "microsoft/Phi-3.5-MoE-instruct: LongRoPE factor tables cut the stored page off",
 }
 
 # Keys set to tiny values (counts and sizes only); every other key (flags, optional ranks, layer lists,
