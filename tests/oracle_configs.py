@@ -37,7 +37,8 @@ PUBLISHED: list[dict[str, Any]] = json.loads(DATA.read_text())
 # the property-based configs only. A type that gains a vendored config must leave this list.
 # Third pass: phimoe found as microsoft/Phi-tiny-MoE-instruct (the SlimMoE release, model_type phimoe, no LongRoPE
 # table) vendored whole by NetX-lab/Frontier's golden model configs; gemma3 as google/gemma-3-4b-it and -27b-it,
-# vendored by tt-metal's gemma3 demo (models/demos/gemma3/model_params, beside the model_params searched before).
+# vendored by tt-metal's gemma3 demo (models/demos/gemma3/model_params, beside the model_params searched before);
+# glm4v as zai-org/GLM-4.1V-9B-Thinking's first release (flat text keys), a ModelScope download kept in sophgo/LLM-TPU.
 NO_PUBLISHED_CONFIG: dict[str, str] = {
     "apertus": "swiss-ai/Apertus-8B*: no config.json page or vendored copy found",
     "bamba": "ibm-ai-platform/Bamba-9B: not found (foundation-model-stack/bamba has no config.json)",
@@ -45,7 +46,6 @@ NO_PUBLISHED_CONFIG: dict[str, str] = {
     "falcon_h1": "tiiuae/Falcon-H1-*: tiiuae/Falcon-H1 on GitHub holds docs only",
     "glm4": "THUDM/GLM-4-9B-0414: only the remote-code chatglm glm-4-9b configs found",
     "glm4_moe_lite": "zai-org/GLM-4.7-Flash: pages cut off inside mlp_layer_types",
-    "glm4v": "THUDM/GLM-4.1V-9B-Thinking: not found",
     "glm4v_moe": "zai-org/GLM-4.5V: not found",
     "granitemoehybrid": "ibm-granite/granite-4.0-h-*: not found (layer_types lists too long for a stored page)",
     "granitemoeshared": "ibm-research/moe-7b-1b-active-shared-experts: config.json page not found",
