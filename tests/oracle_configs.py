@@ -35,10 +35,12 @@ PUBLISHED: list[dict[str, Any]] = json.loads(DATA.read_text())
 # not used), remote-code variants of another type (chatglm for glm4, Ministral-8B published as `mistral`), tiny
 # random test models (not real), or nothing. These types are checked on transformers' documented defaults and
 # the property-based configs only. A type that gains a vendored config must leave this list.
-# Third pass: phimoe found as microsoft/Phi-tiny-MoE-instruct (the SlimMoE release, model_type phimoe, no LongRoPE
-# table) vendored whole by NetX-lab/Frontier's golden model configs; gemma3 as google/gemma-3-4b-it and -27b-it,
-# vendored by tt-metal's gemma3 demo (models/demos/gemma3/model_params, beside the model_params searched before);
-# glm4v as zai-org/GLM-4.1V-9B-Thinking's first release (flat text keys), a ModelScope download kept in sophgo/LLM-TPU.
+# Third pass (issue #18, JSON files are not in the exact-string index, so whole repositories were listed and
+# grepped): phimoe found as microsoft/Phi-tiny-MoE-instruct and Phi-mini-MoE-instruct (the SlimMoE releases,
+# model_type phimoe, no LongRoPE table), vendored whole by the simulators NetX-lab/Frontier and
+# casys-kaist/LLMServingSim; gemma3 as google/gemma-3-4b-it and -27b-it, vendored by tt-metal's gemma3 demo
+# (models/demos/gemma3/model_params, beside the model_params searched before); glm4v as
+# zai-org/GLM-4.1V-9B-Thinking's first release (flat text keys), a ModelScope download kept in sophgo/LLM-TPU.
 NO_PUBLISHED_CONFIG: dict[str, str] = {
     "apertus": "swiss-ai/Apertus-8B*: no config.json page or vendored copy found",
     "bamba": "ibm-ai-platform/Bamba-9B: not found (foundation-model-stack/bamba has no config.json)",
