@@ -35,24 +35,33 @@ PUBLISHED: list[dict[str, Any]] = json.loads(DATA.read_text())
 # not used), remote-code variants of another type (chatglm for glm4, Ministral-8B published as `mistral`), tiny
 # random test models (not real), or nothing. These types are checked on transformers' documented defaults and
 # the property-based configs only. A type that gains a vendored config must leave this list.
+# Third pass (issue #18, JSON files are not in the exact-string index, so whole repositories were listed and
+# grepped): phimoe found as microsoft/Phi-tiny-MoE-instruct and Phi-mini-MoE-instruct (the SlimMoE releases,
+# model_type phimoe, no LongRoPE table), vendored whole by the simulators NetX-lab/Frontier and
+# casys-kaist/LLMServingSim; gemma3 as google/gemma-3-4b-it and -27b-it, vendored by tt-metal's gemma3 demo
+# (models/demos/gemma3/model_params, beside the model_params searched before); glm4v as
+# zai-org/GLM-4.1V-9B-Thinking's first release (flat text keys), a ModelScope download kept in sophgo/LLM-TPU.
+# Also grepped through their whole history, without a config for the other types: rtp-llm, FastDeploy, lmdeploy,
+# Pai-Megatron-Patch, vllm-ascend, LightLLM, chitu, ZhiLight, InfiniLM, optimum-habana, auto-round, GPTQModel,
+# NeMo Automodel, AngelSlim, maxtext, kaito, gpustack, mlx-lm, exo, chatllm.cpp, ollama, tt-forge-models,
+# tt-inference-server, inference-sim, BudEcosystem/simulator, OpenBMB/MiniCPM and CPM.cu, THUDM/GLM-4, zai-org/GLM-V
+# and GLM-4.5, ROCm/ATOM and swiss-ai's model-launch, posttraining, hfconverter and serving-api; listed: the JSON
+# files of aws-neuron NxDI, tt-metal's demos, sophgo/LLM-TPU, AXERA ax-llm, the LLMServingSim and aiconfigurator forks.
 NO_PUBLISHED_CONFIG: dict[str, str] = {
-    "apertus": "swiss-ai/Apertus-8B*: no config.json page or vendored copy found",
+    "apertus": "swiss-ai/Apertus-8B*/70B*: no page or vendored copy (swiss-ai and fine-tune repos grepped)",
     "bamba": "ibm-ai-platform/Bamba-9B: not found (foundation-model-stack/bamba has no config.json)",
     "ernie4_5_moe": "baidu/ERNIE-4.5-21B-A3B-PT: config.json page not found",
     "falcon_h1": "tiiuae/Falcon-H1-*: tiiuae/Falcon-H1 on GitHub holds docs only",
-    "gemma3": "google/gemma-3-*-it (multimodal): only gemma3_text (Gemma-3-1B) found",
-    "glm4": "THUDM/GLM-4-9B-0414: only the remote-code chatglm glm-4-9b configs found",
-    "glm4_moe_lite": "zai-org/GLM-4.7-Flash: pages cut off inside mlp_layer_types",
-    "glm4v": "THUDM/GLM-4.1V-9B-Thinking: not found",
-    "glm4v_moe": "zai-org/GLM-4.5V: not found",
+    "glm4": "THUDM/GLM-4-9B-0414, GLM-4-32B-0414, GLM-Z1: only the remote-code chatglm glm-4-9b configs found",
+    "glm4_moe_lite": "zai-org/GLM-4.7-Flash: pages cut off inside mlp_layer_types; tt-metal and LightLLM hold no file",
+    "glm4v_moe": "zai-org/GLM-4.5V, GLM-4.6V: only a config-class printout in a report and toy test configs",
     "granitemoehybrid": "ibm-granite/granite-4.0-h-*: not found (layer_types lists too long for a stored page)",
     "granitemoeshared": "ibm-research/moe-7b-1b-active-shared-experts: config.json page not found",
     "hunyuan_v1_dense": "tencent/Hunyuan-7B-*: page cut off (2.4 kB)",
     "hunyuan_v1_moe": "tencent/Hunyuan-A13B-Instruct: not found",
     "kimi_linear": "moonshotai/Kimi-Linear-48B-A3B-Instruct: not found (MoonshotAI/Kimi-Linear has a README only)",
-    "minicpm3": "openbmb/MiniCPM3-4B: not found",
-    "ministral": "mistralai/Ministral-8B-Instruct-2410 is published as model_type mistral; no `ministral` config",
-    "phimoe": "microsoft/Phi-3.5-MoE-instruct: LongRoPE factor tables cut the stored page off",
+    "minicpm3": "openbmb/MiniCPM3-4B: not found (OpenBMB repos, sophgo LLM-TPU, optimum-habana: code only)",
+    "ministral": "Ministral-8B-Instruct-2410 is published as `mistral`, the 2512 releases as `ministral3`",
 }
 
 # Keys set to tiny values (counts and sizes only); every other key (flags, optional ranks, layer lists,
