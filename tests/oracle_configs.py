@@ -49,17 +49,26 @@ PUBLISHED: list[dict[str, Any]] = json.loads(DATA.read_text())
 # files of aws-neuron NxDI, tt-metal's demos, sophgo/LLM-TPU, AXERA ax-llm, the LLMServingSim and aiconfigurator forks.
 NO_PUBLISHED_CONFIG: dict[str, str] = {
     "apertus": "swiss-ai/Apertus-8B*/70B*: no page or vendored copy (swiss-ai and fine-tune repos grepped)",
-    "bamba": "ibm-ai-platform/Bamba-9B: not found (foundation-model-stack/bamba has no config.json)",
-    "ernie4_5_moe": "baidu/ERNIE-4.5-21B-A3B-PT: config.json page not found",
-    "falcon_h1": "tiiuae/Falcon-H1-*: tiiuae/Falcon-H1 on GitHub holds docs only",
+    "bamba": "ibm-ai-platform/Bamba-9B(-v2): no JSON copy in the code index (exact config.json-line searches), "
+              "no Hub or mirror page; tests hold partial dicts only",
+    "ernie4_5_moe": "baidu/ERNIE-4.5-21B-A3B-PT/-Paddle: no JSON copy indexed; FastDeploy-style "
+                     "tests hold modified dicts (5 layers), others partial; no Hub or mirror page",
+    "falcon_h1": "tiiuae/Falcon-H1-*: no config.json indexed (`mamba_use_mlp: true` occurs in two partial test "
+                  "dicts only); GitHub falcon-h1 repos hold none; pages: docs only",
     "glm4": "THUDM/GLM-4-9B-0414, GLM-4-32B-0414, GLM-Z1: only the remote-code chatglm glm-4-9b configs found",
     "glm4_moe_lite": "zai-org/GLM-4.7-Flash: pages cut off inside mlp_layer_types; tt-metal and LightLLM hold no file",
     "glm4v_moe": "zai-org/GLM-4.5V, GLM-4.6V: only a config-class printout in a report and toy test configs",
-    "granitemoehybrid": "ibm-granite/granite-4.0-h-*: not found (layer_types lists too long for a stored page)",
-    "granitemoeshared": "ibm-research/moe-7b-1b-active-shared-experts: config.json page not found",
-    "hunyuan_v1_dense": "tencent/Hunyuan-7B-*: page cut off (2.4 kB)",
-    "hunyuan_v1_moe": "tencent/Hunyuan-A13B-Instruct: not found",
-    "kimi_linear": "moonshotai/Kimi-Linear-48B-A3B-Instruct: not found (MoonshotAI/Kimi-Linear has a README only)",
+    "granitemoehybrid": "ibm-granite/granite-4.0-h-*: only a trimmed granite-4.0-h-350m dict (a Rust "
+                         "test) and tiny test configs; no Hub or mirror page found",
+    "granitemoeshared": "ibm-research/moe-7b-1b-active-shared-experts: no copy in code, issues or "
+                         "pages (the only public granitemoeshared release)",
+    "hunyuan_v1_dense": "tencent/HunyuanImage-2.1 reprompt/config.json is copied whole as a dict in "
+                         "an aiconfigurator sweep script whose repository the index does not name (not in "
+                         "ai-dynamo/aiconfigurator or 5 forks' histories); Hy-MT2-7B only in an agent log",
+    "hunyuan_v1_moe": "tencent/Hunyuan-A13B-Instruct: the GitHub copy tianyu1412/Hunyuan-A13B "
+                       "models/config.json is the first release, model_type `hunyuan` (remote code)",
+    "kimi_linear": "moonshotai/Kimi-Linear-48B-A3B-Instruct: whole only in an unnamed model report "
+                    "and an agent log; the Firworks/...-nvfp4 mirror page is cut off in quantization_config",
     "minicpm3": "openbmb/MiniCPM3-4B: not found (OpenBMB repos, sophgo LLM-TPU, optimum-habana: code only)",
     "ministral": "Ministral-8B-Instruct-2410 is published as `mistral`, the 2512 releases as `ministral3`",
 }
