@@ -50,28 +50,51 @@ PUBLISHED: list[dict[str, Any]] = json.loads(DATA.read_text())
 NO_PUBLISHED_CONFIG: dict[str, str] = {
     "apertus": "swiss-ai/Apertus-8B*/70B*: no page or vendored copy (swiss-ai and fine-tune repos grepped)",
     "bamba": "ibm-ai-platform/Bamba-9B(-v2): no JSON copy in the code index (exact config.json-line searches), "
-              "no Hub or mirror page; tests hold partial dicts only",
-    "ernie4_5_moe": "baidu/ERNIE-4.5-21B-A3B-PT/-Paddle: no JSON copy indexed; FastDeploy-style "
-                     "tests hold modified dicts (5 layers), others partial; no Hub or mirror page",
-    "falcon_h1": "tiiuae/Falcon-H1-*: no config.json indexed (`mamba_use_mlp: true` occurs in two partial test "
-                  "dicts only); GitHub falcon-h1 repos hold none; pages: docs only",
+              "no Hub or mirror page (mirrors keep the model card only); foundation-model-stack/bamba and "
+              "its sibling repos hold none; tests hold partial dicts only",
+    "ernie4_5_moe": "baidu/ERNIE-4.5-21B-A3B-PT/-Thinking/-Paddle: no JSON copy indexed; FastDeploy-style "
+                     "tests hold modified dicts (5 layers); MindIE, mlx-lm and memory-calculator tests "
+                     "hold partial dicts; PaddlePaddle/ERNIE's snapshot predates 4.5; no Hub or mirror page",
+    "falcon_h1": "tiiuae/Falcon-H1-*: no config.json indexed; Megatron-Bridge's Falcon-H1-0.5B dict "
+                  "drops mamba_d_ssm and the token ids; tiiuae and falcon-h1 GitHub repos hold none; "
+                  "pages: docs and model cards only",
     "glm4": "THUDM/GLM-4-9B-0414, GLM-4-32B-0414, GLM-Z1: only the remote-code chatglm glm-4-9b configs found",
     "glm4_moe_lite": "zai-org/GLM-4.7-Flash: pages cut off inside mlp_layer_types; tt-metal and LightLLM hold no file",
     "glm4v_moe": "zai-org/GLM-4.5V, GLM-4.6V: only a config-class printout in a report and toy test configs",
     "granitemoehybrid": "ibm-granite/granite-4.0-h-*: only a trimmed granite-4.0-h-350m dict (a Rust "
-                         "test) and tiny test configs; no Hub or mirror page found",
+                         "test) and tiny test configs; ibm-granite/granite-4.0-language-models and "
+                         "ibm-granite/gguf hold READMEs only; no Hub or mirror page found",
     "granitemoeshared": "ibm-research/moe-7b-1b-active-shared-experts: no copy in code, issues or "
                          "pages (the only public granitemoeshared release)",
     "hunyuan_v1_dense": "tencent/HunyuanImage-2.1 reprompt/config.json is copied whole as a dict in "
                          "an aiconfigurator sweep script whose repository the index does not name (not in "
-                         "ai-dynamo/aiconfigurator or 5 forks' histories); Hy-MT2-7B only in an agent log",
-    "hunyuan_v1_moe": "tencent/Hunyuan-A13B-Instruct: the GitHub copy tianyu1412/Hunyuan-A13B "
-                       "models/config.json is the first release, model_type `hunyuan` (remote code)",
+                         "ai-dynamo/aiconfigurator or 7 forks' histories); Hy-MT2-7B only in an agent log; "
+                         "Hunyuan-0.5B..7B, Hunyuan-MT-7B, HY-MT1.5 and MinerU-HTML-hunyuan0.5B: no copy",
+    "hunyuan_v1_moe": "tencent/Hunyuan-A13B-Instruct: Tencent-Hunyuan/Hunyuan-A13B and its copy "
+                       "tianyu1412/Hunyuan-A13B keep only the first release models/config.json, "
+                       "model_type `hunyuan` (remote code, no head_dim); KsanaLLM holds none",
     "kimi_linear": "moonshotai/Kimi-Linear-48B-A3B-Instruct: whole only in an unnamed model report "
-                    "and an agent log; the Firworks/...-nvfp4 mirror page is cut off in quantization_config",
+                    "and an agent log; the Firworks/...-nvfp4 mirror page is cut off in quantization_config; "
+                    "aiconfigurator's Kimi-K3 file is model_type kimi_k3 (kimi_linear only as its "
+                    "text_config); Rust/Python test dicts are partial or altered",
     "minicpm3": "openbmb/MiniCPM3-4B: not found (OpenBMB repos, sophgo LLM-TPU, optimum-habana: code only)",
     "ministral": "Ministral-8B-Instruct-2410 is published as `mistral`, the 2512 releases as `ministral3`",
 }
+
+# Fourth pass for bamba, ernie4_5_moe, falcon_h1, granitemoehybrid, hunyuan_v1_dense, hunyuan_v1_moe and
+# kimi_linear (issue #18): every blob of every commit grepped for the type's model_type (JSON and Python-dict
+# spelling) in Tencent/KsanaLLM and pcg-mlp/KsanaLLM, mindspore-lab/mindformers, foundation-model-stack (bamba,
+# fm-training-estimator, fms-hf-tuning, foundation-model-stack, tuning-config-recommender), MoonshotAI
+# (FlashKDA, Kimi-Linear), fla-org/flash-linear-attention, Tencent-Hunyuan (Hunyuan-A13B, Hunyuan-7B, -0.5B,
+# -4B, Hunyuan-MT, HY-MT, HunyuanImage-2.1, HunyuanVideo-1.5), HY-MT ports (AXERA HY-MT1.5-1.8B.axera,
+# hy-mt1.5-candle-inference, hy-mt-rs, hy-mt-cpp, Hy-MT2-orangepi), opendatalab/MinerU-HTML, llm_counts,
+# jd-opensource/xllm, llm-d-benchmark, vllm-omni, Mooncake, rknn-llm, hf-mem, optimum-neuron, the aiconfigurator
+# forks redhat-performance and hudingyi688 (npu), ibm-granite/granite-4.0-language-models, PaddlePaddle/ERNIE
+# and the ERNIE 4.5 learning repos, and again in every repository the earlier passes mirrored; JSON listings of
+# the GitHub repos named after the models (Kimi-Linear, Falcon-H1, granite4, HY-MT, HunyuanImage-2.1); exact
+# strings of keys only whole configs carry (`"anyres_vit_two_views"`, `"projectors_bias": false`,
+# `"normalization_function": "rmsnorm"`, `"moe_num_shared_experts": 2`, `"moe_router_activation_func"`); Hub
+# mirror pages (their stored copies are model cards, not config.json). Nothing whole and citable was found.
 
 # Keys set to tiny values (counts and sizes only); every other key (flags, optional ranks, layer lists,
 # steps, intervals, shared-expert counts) is kept as published.
