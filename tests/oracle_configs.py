@@ -69,7 +69,8 @@ NO_PUBLISHED_CONFIG: dict[str, str] = {
     "hunyuan_v1_dense": "tencent/HunyuanImage-2.1 reprompt/config.json is copied whole as a dict in "
                          "an aiconfigurator sweep script whose repository the index does not name (not in "
                          "ai-dynamo/aiconfigurator or 7 forks' histories); Hy-MT2-7B only in an agent log; "
-                         "Hunyuan-0.5B..7B, Hunyuan-MT-7B, HY-MT1.5 and MinerU-HTML-hunyuan0.5B: no copy",
+                         "Hunyuan-0.5B..7B, HY-MT1.5 and MinerU-HTML-hunyuan0.5B: no copy; a Swift test's "
+                         "Hunyuan-MT dict lacks the token ids and names no repository",
     "hunyuan_v1_moe": "tencent/Hunyuan-A13B-Instruct: Tencent-Hunyuan/Hunyuan-A13B and its copy "
                        "tianyu1412/Hunyuan-A13B keep only the first release models/config.json, "
                        "model_type `hunyuan` (remote code, no head_dim); KsanaLLM holds none",
@@ -88,7 +89,8 @@ NO_PUBLISHED_CONFIG: dict[str, str] = {
 # (FlashKDA, Kimi-Linear), fla-org/flash-linear-attention, Tencent-Hunyuan (Hunyuan-A13B, Hunyuan-7B, -0.5B,
 # -4B, Hunyuan-MT, HY-MT, HunyuanImage-2.1, HunyuanVideo-1.5), HY-MT ports (AXERA HY-MT1.5-1.8B.axera,
 # hy-mt1.5-candle-inference, hy-mt-rs, hy-mt-cpp, Hy-MT2-orangepi), opendatalab/MinerU-HTML, llm_counts,
-# jd-opensource/xllm, llm-d-benchmark, vllm-omni, Mooncake, rknn-llm, hf-mem, optimum-neuron, the aiconfigurator
+# jd-opensource/xllm, llm-d-benchmark, vllm-omni, vllm-project/tpu-inference, Mooncake, rknn-llm, hf-mem,
+# optimum-neuron, optimum-rbln, onnxruntime-genai, LLaMA-Factory, the aiconfigurator
 # forks redhat-performance and hudingyi688 (npu), ibm-granite/granite-4.0-language-models, PaddlePaddle/ERNIE
 # and the ERNIE 4.5 learning repos, and again in every repository the earlier passes mirrored; JSON listings of
 # the GitHub repos named after the models (Kimi-Linear, Falcon-H1, granite4, HY-MT, HunyuanImage-2.1); exact
