@@ -178,25 +178,21 @@ _KEY_TOKEN = re.compile(r'"\s*:')
 _KEY_TOKEN_BYTES = re.compile(rb'"\s*:')
 
 
-# What `\s` matches in an ASCII text (bytes patterns, and str patterns on ASCII text): a key token with
-# whitespace before its colon needs one of these right before a `:`.
-_ASCII_SPACES = " \t\n\r\x0b\x0c\x1c\x1d\x1e\x1f"
-_SPACE_COLONS = tuple(c + ":" for c in _ASCII_SPACES)
-_SPACE_COLONS_BYTES = tuple(t.encode() for t in _SPACE_COLONS)
-
-
 def key_tokens(raw: bytes | str) -> int:
     """How many `"...":` key tokens the JSON text holds: an upper bound on its object keys (a string value
     may contain `":` too), counted without parsing."""
-    # Writers put no whitespace before a colon (json.dumps, with or without indent): every token is then a
-    # plain `":`, counted by one C-level scan (the regex walk costs ~0.1 s on DeepSeek-V3's 8 MB index).
+    # Writers put no whitespace before a colon (json.dumps, with or without indent). When every colon of
+    # the text follows a quote, no token has whitespace before its colon, and the tokens are exactly the
+    # `":` pairs: two C-level counts instead of a regex walk (~0.1 s on DeepSeek-V3's 8 MB index).
     if isinstance(raw, bytes):
-        if not any(t in raw for t in _SPACE_COLONS_BYTES):
-            return raw.count(b'":')
+        plain = raw.count(b'":')
+        if plain == raw.count(b":"):
+            return plain
         pattern = _KEY_TOKEN_BYTES
     else:
-        if raw.isascii() and not any(t in raw for t in _SPACE_COLONS):
-            return raw.count('":')
+        plain = raw.count('":')
+        if plain == raw.count(":"):
+            return plain
         pattern = _KEY_TOKEN
     return sum(1 for _ in pattern.finditer(raw))  # not findall: a list of 10^6 matches is memory too
 
@@ -240,17 +236,16 @@ def parse_json(raw: bytes | str, name: str, *, unique_keys: bool = False, max_ke
     a text with more key tokens, before parsing; `unique_keys` refuses a key repeated in one object (a dict
     keeps the last silently), paying for the slow exact parse only when the text's key tokens outnumber the
     parsed keys."""
-    if max_keys is not None:
-        tokens = key_tokens(raw)
-        if tokens > max_keys:
-            raise UnsafePath(name, f"about {tokens} keys, more than the {max_keys} weightcheck reads", "too-large")
+    tokens = key_tokens(raw) if max_keys is not None or unique_keys else 0  # counted once for both uses
+    if max_keys is not None and tokens > max_keys:
+        raise UnsafePath(name, f"about {tokens} keys, more than the {max_keys} weightcheck reads", "too-large")
     try:
         try:
             doc = fast_json_loads(raw)
         except ValueError:
             doc = json.loads(raw)  # the stdlib parser gives the reference verdict and message
             json.dumps(doc, ensure_ascii=False).encode("utf-8")  # a lone surrogate cannot be encoded
-        if unique_keys and key_tokens(raw) != _all_keys(doc):
+        if unique_keys and tokens != _all_keys(doc):
             json.loads(raw, object_pairs_hook=_unique_pairs)
     except _DuplicateKey as dup:
         raise UnsafePath(name, f"key {str(dup)[:120]!r} appears twice in one object", "invalid") from None

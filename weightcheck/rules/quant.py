@@ -31,6 +31,23 @@ def analysis_of(ctx: LintContext) -> QuantAnalysis:
     return ctx.memo("quant", compute)
 
 
+def pattern_known_names(ctx: LintContext) -> set[str]:
+    """Full names (module + param, optional ones too) of every stored module the pattern expects, built
+    once: WC411 and WC405 both ask."""
+
+    def compute() -> set[str]:
+        inventory = analysis_of(ctx).inventory
+        out: set[str] = set()
+        if inventory is None:
+            return out
+        for module in inventory.modules.values():
+            if module.expected is not None:
+                out.update(f"{module.name}.{p}" for p in (*module.expected.params, *module.expected.optional_params))
+        return out
+
+    return ctx.memo("pattern-known-names", compute)
+
+
 def _quantized(ctx: LintContext) -> QuantAnalysis | None:
     qa = analysis_of(ctx)
     return qa if qa.spec is not None else None
