@@ -95,8 +95,12 @@ class Checkpoint:
         if self._all is None or self._all[0] != key:
             out: dict[str, TensorInfo] = {}
             for name in sorted(self.shards):
-                for tensor, info in self.shards[name].tensors.items():
-                    out.setdefault(tensor, info)
+                out.update(self.shards[name].tensors)  # C-level; keys keep their first-seen order
+            if len(out) != sum(len(r.tensors) for r in self.shards.values()):
+                out = {}  # a tensor in several shards: the first (sorted) must win, update kept the last
+                for name in sorted(self.shards):
+                    for tensor, info in self.shards[name].tensors.items():
+                        out.setdefault(tensor, info)
             self._all = (key, out)
         return self._all[1]
 
