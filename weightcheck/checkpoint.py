@@ -340,7 +340,7 @@ def _parse_index(ckpt: Checkpoint) -> None:
     if not isinstance(weight_map, dict):
         return
     # Non-string values are reported by WC207 and left out here.
-    if all(type(v) is str for v in weight_map.values()):
+    if set(map(type, weight_map.values())) <= {str}:  # one C-level pass over DeepSeek-V3's 92k values
         clean = weight_map
     else:
         clean = {k: v for k, v in weight_map.items() if isinstance(v, str)}

@@ -3,7 +3,8 @@
 from __future__ import annotations
 
 from collections import defaultdict
-from operator import itemgetter
+from itertools import repeat
+from operator import add, getitem, itemgetter
 
 from weightcheck.collapse import summarize
 from weightcheck.findings import Severity
@@ -45,8 +46,9 @@ def _fold_names(groups: dict[Template, list[tuple[str, tuple[str, ...]]]]) -> di
         if new_leaf == leaf:
             out.update(zip(names, names, strict=True))
         else:
-            cut = len(leaf)
-            out.update((n, n[: len(n) - cut] + new_leaf) for n in names)
+            # n[:-cut] + new_leaf for every name, in C-level passes (leaf is not empty: it differs from new_leaf)
+            stems = map(getitem, names, repeat(slice(None, -len(leaf))))
+            out.update(zip(names, map(add, stems, repeat(new_leaf)), strict=True))
     return out
 
 

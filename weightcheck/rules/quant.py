@@ -9,6 +9,8 @@ from __future__ import annotations
 import json
 import re
 from collections import defaultdict
+from itertools import repeat
+from operator import add
 
 from weightcheck.collapse import ids_pattern, summarize
 from weightcheck.findings import Severity
@@ -40,9 +42,16 @@ def pattern_known_names(ctx: LintContext) -> set[str]:
         out: set[str] = set()
         if inventory is None:
             return out
+        # modules grouped by their expected params (a handful of distinct tuples), then one C-level pass of
+        # string concatenation per (group, param) instead of one f-string per (module, param)
+        by_params: dict[tuple[str, ...], list[str]] = defaultdict(list)
         for module in inventory.modules.values():
-            if module.expected is not None:
-                out.update(f"{module.name}.{p}" for p in (*module.expected.params, *module.expected.optional_params))
+            exp = module.expected
+            if exp is not None:
+                by_params[(*exp.params, *exp.optional_params)].append(module.name)
+        for params, names in by_params.items():
+            for p in params:
+                out.update(map(add, names, repeat("." + p)))
         return out
 
     return ctx.memo("pattern-known-names", compute)
