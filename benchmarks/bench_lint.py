@@ -8,9 +8,13 @@ holding tiny tensors, written with safetensors' own writer. Then, in one run, ti
 * weightcheck lint in-process (all lint rules), and the `weightcheck lint` console script end to end
   (interpreter start-up included) against a `python -c` running the baseline.
 
-Reports medians, the ratio lint / baseline, and bytes read by the header-only reader.
+Reports medians, the ratio lint / baseline, and bytes read by the header-only reader. The two console
+runs are also timed in CPU time (user + system of the whole child process, far less sensitive to other
+jobs on a shared machine than wall time), alternating, optionally with another source tree's lint in the
+same rounds (`--baseline-tree DIR`: a directory holding another checkout's `weightcheck/` and `patterns/`,
+e.g. `git archive <commit> weightcheck patterns | tar -x -C DIR`).
 
-    python benchmarks/bench_lint.py [--workdir DIR] [--repeat 5]
+    python benchmarks/bench_lint.py [--workdir DIR] [--repeat 5] [--baseline-tree DIR]
 """
 
 from __future__ import annotations
@@ -21,6 +25,7 @@ import os
 import statistics
 import subprocess
 import sys
+import tempfile
 import time
 from pathlib import Path
 
@@ -183,6 +188,21 @@ BASELINE_SNIPPET = (
 )
 
 
+def cpu_seconds(args: list[str], tree: Path | None = None) -> float:
+    """User + system CPU seconds of one child process (run outside every source tree: `python -m`/`-c` put
+    the working directory first on sys.path, which would shadow PYTHONPATH)."""
+    env = dict(os.environ)
+    if tree is not None:
+        env["PYTHONPATH"] = str(tree)
+    proc = subprocess.Popen(
+        args, env=env, cwd=tempfile.gettempdir(), stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL
+    )
+    _, status, usage = os.wait4(proc.pid, 0)
+    if os.waitstatus_to_exitcode(status) not in (0, 1):
+        raise SystemExit(f"{args[:4]} exited {os.waitstatus_to_exitcode(status)}")
+    return usage.ru_utime + usage.ru_stime
+
+
 def timed(fn, repeat: int) -> float:
     samples = []
     for _ in range(repeat):
@@ -196,6 +216,7 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--workdir", type=Path, default=Path(os.environ.get("TMPDIR", "/tmp")) / "weightcheck-bench")
     ap.add_argument("--repeat", type=int, default=5)
+    ap.add_argument("--baseline-tree", type=Path)
     args = ap.parse_args()
 
     ckpt = generate(args.workdir)
@@ -215,6 +236,20 @@ def main() -> None:
         lambda: subprocess.run([sys.executable, "-c", BASELINE_SNIPPET, str(ckpt)], check=True, capture_output=True),
         args.repeat,
     )
+    # CPU time, commands alternating within each round: floor, this tree, the baseline tree if given.
+    root = Path(__file__).resolve().parent.parent
+    lint_args = [sys.executable, "-m", "weightcheck", "lint", str(ckpt), "--format", "json", "-o", os.devnull]
+    runs: dict[str, tuple[list[str], Path | None]] = {
+        "floor": ([sys.executable, "-c", BASELINE_SNIPPET, str(ckpt)], None),
+        "lint": (lint_args, root),
+    }
+    if args.baseline_tree:
+        runs["baseline_tree"] = (lint_args, args.baseline_tree.resolve())
+    cpu: dict[str, list[float]] = {k: [] for k in runs}
+    for _ in range(args.repeat):
+        for key, (cmd, tree) in runs.items():
+            cpu[key].append(cpu_seconds(cmd, tree))
+    cpu_med = {k: statistics.median(v) for k, v in cpu.items()}
     shard_bytes = sum(f.stat().st_size for f in ckpt.glob("*.safetensors"))
     index_bytes = (ckpt / "model.safetensors.index.json").stat().st_size
     report = {
@@ -229,6 +264,18 @@ def main() -> None:
         "baseline_cli_s": round(t_cli_base, 3),
         "lint_cli_s": round(t_cli, 3),
         "ratio_cli": round(t_cli / t_cli_base, 2),
+        "baseline_cli_cpu_s": round(cpu_med["floor"], 3),
+        "lint_cli_cpu_s": round(cpu_med["lint"], 3),
+        "ratio_cli_cpu": round(cpu_med["lint"] / cpu_med["floor"], 2),
+        **(
+            {
+                "baseline_tree_cli_cpu_s": round(cpu_med["baseline_tree"], 3),
+                "ratio_cli_cpu_vs_baseline_tree": round(cpu_med["lint"] / cpu_med["baseline_tree"], 2),
+            }
+            if "baseline_tree" in cpu_med
+            else {}
+        ),
+        "load_average": round(os.getloadavg()[0], 2),
         "header_bytes_read": result.checked["header_bytes_read"],
         "index_bytes": index_bytes,
         "shard_bytes_on_disk": shard_bytes,

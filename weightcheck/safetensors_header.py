@@ -136,10 +136,12 @@ def _no_duplicates(pairs: list[tuple[str, object]]) -> dict[str, object]:
 
 def _key_tokens(text: str) -> int:
     """The `"...":` key tokens of the header text, an upper bound on its keys. The Rust writer (and every
-    real header) is compact, so a plain count suffices unless a quote is followed by whitespace somewhere."""
-    if '" ' in text or '"\n' in text or '"\t' in text or '"\r' in text:
-        return sum(1 for _ in _KEY_TOKEN.finditer(text))
-    return text.count('":')
+    real header) is compact: when every colon follows a quote, no token has whitespace before its colon and
+    the tokens are exactly the `":` pairs (two C-level counts; the regex walk only otherwise)."""
+    plain = text.count('":')
+    if plain == text.count(":"):
+        return plain
+    return sum(1 for _ in _KEY_TOKEN.finditer(text))
 
 
 def _parsed_keys(doc: dict[str, object]) -> int:
@@ -288,8 +290,11 @@ def _parse(fh: RangeReader, report: HeaderReport) -> None:
         return
 
     tensors: dict[str, TensorInfo] = {}
-    spans: list[tuple[int, int, str]] = []
     bits_of = DTYPE_BITS.get
+    # Writers lay tensors out in header order: while each entry starts where the previous one ended, the
+    # offsets tile in sorted order too (the check below then needs no list of spans and no sort).
+    tiled = True
+    pos = 0
     for name, entry in doc.items():
         # Fast path for well-formed entries (the hot loop on a 90k-tensor checkpoint); anything unusual
         # goes through `_entry`, which names the exact problem.
@@ -319,10 +324,32 @@ def _parse(fh: RangeReader, report: HeaderReport) -> None:
                 return
             info = checked
         tensors[name] = info
-        spans.append((info.begin, info.end, name))
+        if tiled:
+            if info[3] == pos and info[4] >= pos:
+                pos = info[4]
+            else:
+                tiled = False
     report.names_known = True
     report.tensors = tensors
+    if tiled:
+        report.data_end = expected = pos
+    else:
+        expected = _tiling_end(tensors, report)
+        if expected is None:
+            return
+    if 8 + n + expected != size:
+        report.problems.append(
+            HeaderProblem(
+                "MetadataIncompleteBuffer",
+                f"header describes {8 + n + expected} bytes but the file has {size}"
+                + (" (truncated)" if size < 8 + n + expected else " (trailing bytes)"),
+            )
+        )
 
+
+def _tiling_end(tensors: dict[str, TensorInfo], report: HeaderReport) -> int | None:
+    """Where the data ends when the offsets tile [0, end) in sorted order; None (problem reported) if not."""
+    spans = [(info.begin, info.end, name) for name, info in tensors.items()]
     # Offsets must tile [0, max_end) exactly, in order, without holes or overlaps.
     expected = 0
     for begin, end, name in sorted(spans):
@@ -337,17 +364,10 @@ def _parse(fh: RangeReader, report: HeaderReport) -> None:
                     tensor=name,
                 )
             )
-            return
+            return None
         expected = end
     report.data_end = expected
-    if 8 + n + expected != size:
-        report.problems.append(
-            HeaderProblem(
-                "MetadataIncompleteBuffer",
-                f"header describes {8 + n + expected} bytes but the file has {size}"
-                + (" (truncated)" if size < 8 + n + expected else " (trailing bytes)"),
-            )
-        )
+    return expected
 
 
 def _entry(name: str, entry: object, report: HeaderReport) -> TensorInfo | None:

@@ -10,6 +10,8 @@ from __future__ import annotations
 from collections import Counter, defaultdict
 from collections.abc import Iterable
 from dataclasses import dataclass, field
+from itertools import groupby
+from operator import itemgetter
 from typing import Any
 
 from weightcheck.names import Template, group_by_template, is_index, parse_index, split_expert, split_layer
@@ -133,13 +135,18 @@ def analyze(
     # Names whose layer id is a digit run too long to be an id: split name by name, as split_layer does.
     loose: dict[str, dict[int, list[str]]] = defaultdict(lambda: defaultdict(list))
     unsplit: list[str] = []
+    # template (with an expert slot) -> the expert ids as written, over all its layers
+    expert_values: dict[Template, set[str]] = {}
     for parts, members in groups.items():
         if len(parts) == 1:
             unsplit.append(parts[0])
             continue
         per_layer: dict[str, list[tuple[str, tuple[str, ...]]]] = defaultdict(list)
-        for member in members:
-            per_layer[member[1][0]].append(member)
+        # The members split by layer id in C-level passes: a checkpoint lists a layer's names together, so
+        # runs are long (a layer seen in several runs gets them appended in order, as a loop would).
+        layer_values = map(_first, map(_second, members))
+        for value, run in groupby(zip(layer_values, members, strict=True), key=_first):
+            per_layer[value] += map(_second, run)
         for value, chunk in per_layer.items():
             if is_index(value):
                 by_prefix[parts[0][:-1]][int(value)].append((parts, chunk))
@@ -170,13 +177,22 @@ def analyze(
 
     structure = LayerStructure(prefix=None, num_hidden_layers=num_layers, num_mtp_layers=mtp, unsplit=unsplit)
     structure.distinct_parts = set(counts)
+    # The expert ids as written, once per (layer, template): the per-layer loop below reads them again.
+    chunk_values: dict[int, set[str]] = {}
     for layers in by_prefix.values():
         for entries in layers.values():
             for parts, chunk in entries:
                 if len(parts) == 2:
                     structure.distinct_parts.add(parts[1][1:])
                 else:
-                    structure.distinct_parts.update(f"{parts[1][1:]}{v[1]}{parts[2]}" for _, v in chunk)
+                    values = chunk_values[id(chunk)] = set(map(_second, map(_second, chunk)))
+                    seen = expert_values.get(parts)
+                    if seen is None:
+                        expert_values[parts] = set(values)
+                    else:
+                        seen |= values
+    for parts, values in expert_values.items():  # a distinct part per (template, expert id), not per name
+        structure.distinct_parts.update(f"{parts[1][1:]}{v}{parts[2]}" for v in values)
     for prefix, layers in loose.items():
         for layer_names in layers.values():
             structure.distinct_parts.update(_tail_after(name, prefix) for name in layer_names)
@@ -193,37 +209,69 @@ def analyze(
             structure.mtp_ids = set(counts[p])
 
     # One suffix parse per template (and per distinct expert id), not per name.
+    ids_of: dict[str, int | None] = {}  # expert id as written -> its value (None: not an id)
     for layer in sorted(counts[prefix]):
         layer_names: list[str] = []
         sig: set[str] = set()
-        heads: dict[str, dict[int, set[str]]] = defaultdict(lambda: defaultdict(set))
+        # head -> [(suffix, expert ids holding it)]: one entry per expert template of the layer
+        heads: dict[str, list[tuple[str, set[int]]]] = defaultdict(list)
         for parts, chunk in by_prefix[prefix].get(layer, ()):
-            layer_names.extend(name for name, _ in chunk)
+            layer_names += map(_name_of, chunk)
             if len(parts) == 2:
                 sig.add(normalize_param(parts[1][1:]))
                 continue
             head, suffix = parts[1][1:-1], normalize_param(parts[2][1:])
-            for value in {v[1] for _, v in chunk}:
-                if is_index(value):
-                    heads[head][int(value)].add(suffix)
-                    sig.add(f"{head}.*.{suffix}")
-                else:  # not an id (too long): the tail is a plain suffix, as split_tail reads it
-                    sig.add(normalize_param(f"{parts[1][1:]}{value}{parts[2]}"))
+            values = chunk_values[id(chunk)]
+            for value in values - ids_of.keys():
+                ids_of[value] = int(value) if is_index(value) else None
+            ids = set(map(ids_of.__getitem__, values))
+            if None in ids:
+                ids.discard(None)
+                for value in values:
+                    if ids_of[value] is None:  # not an id (too long): a plain suffix, as split_tail reads it
+                        sig.add(normalize_param(f"{parts[1][1:]}{value}{parts[2]}"))
+            if ids:
+                heads[head].append((suffix, ids))
+                sig.add(f"{head}.*.{suffix}")
         for name in loose[prefix].get(layer, ()) if prefix in loose else ():
             layer_names.append(name)
             head_, expert, suffix_ = split_tail(_tail_after(name, prefix))
             if head_ is None:
                 sig.add(suffix_)
             else:
-                heads[head_][expert].add(suffix_)
+                heads[head_].append((suffix_, {expert}))
                 sig.add(f"{head_}.*.{suffix_}")
         structure.layer_tensors[layer] = layer_names
         structure.signatures[layer] = frozenset(sig)
         if heads:
-            structure.experts[layer] = {
-                head: {e: frozenset(experts[e]) for e in sorted(experts)} for head, experts in heads.items()
-            }
+            structure.experts[layer] = {head: _expert_suffixes(entries) for head, entries in heads.items()}
     return structure
+
+
+_name_of = _first = itemgetter(0)
+_second = itemgetter(1)  # twice over a template's members: (name, (layer id, expert id)) -> expert id
+
+
+def _expert_suffixes(entries: list[tuple[str, set[int]]]) -> dict[int, frozenset[str]]:
+    """expert id -> the suffixes of the entries whose ids hold it, in id order. Experts are split into
+    classes by which entries hold them (set operations per entry: one class when every expert is complete,
+    a few more per gap), so the work grows with the entries and the classes, not with experts x entries."""
+    classes: list[tuple[set[int], frozenset[str]]] = [(set().union(*(ids for _, ids in entries)), frozenset())]
+    for suffix, ids in entries:
+        split: list[tuple[set[int], frozenset[str]]] = []
+        for members, suffixes in classes:
+            inside = members & ids
+            if not inside:
+                split.append((members, suffixes))
+                continue
+            if len(inside) < len(members):
+                split.append((members - inside, suffixes))
+            split.append((inside, suffixes | {suffix}))
+        classes = split
+    out: dict[int, frozenset[str]] = {}
+    for members, suffixes in classes:
+        out.update(dict.fromkeys(members, suffixes))
+    return {e: out[e] for e in sorted(out)}
 
 
 def _tail_after(name: str, prefix: str) -> str:

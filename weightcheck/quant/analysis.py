@@ -161,7 +161,7 @@ def analyze_checkpoint(ckpt: Checkpoint, pattern_choice: str | None = None) -> Q
     if ckpt.has_weights:
         # sorted: tensor_names() is a frozenset, and module order reaches findings' messages and details
         # (WC308's companions, `modules` lists), which must not depend on the interpreter's hash seed
-        tensors: dict[str, Any] = dict.fromkeys(sorted(ckpt.tensor_names()))
+        tensors: dict[str, Any] = dict.fromkeys(ckpt.sorted_names())
         tensors.update(ckpt.all_tensors())
         inventory = from_checkpoint(tensors, pattern, text)
     elif pattern is not None:

@@ -138,26 +138,37 @@ def from_checkpoint(
     if pattern is not None:
         mods, notes = expand(pattern, config, tensors)
         expected = {m.name: m for m in mods}
-    modules: dict[str, ModuleInfo] = {}
+    # Parameters grouped by module (the one loop per tensor name), then one ModuleInfo per module built
+    # with every field at once (this runs 46k times on DeepSeek-V3: no attribute writes after creation).
+    params_of: dict[str, dict[str, TensorInfo | None]] = {}
+    get = params_of.get
     for name, info in tensors.items():
-        # split_param, inlined: this loop runs once per tensor name
+        # split_param, inlined
         if ".weight." in name:
             module, _, tail = name.partition(".weight.")
             param = "weight." + tail
         else:
             module, _, param = name.rpartition(".")
-        entry = modules.get(module)
-        if entry is None:
-            entry = modules[module] = ModuleInfo(name=module, kind="other")
-        entry.params[param] = info
-    for module, entry in modules.items():
-        exp = expected.get(module)
-        entry.expected = exp
-        entry.kind = exp.spec.kind if exp is not None else heuristic_kind(module, entry.params)
+        params = get(module)
+        if params is None:
+            params = params_of[module] = {}
+        params[param] = info
+    modules: dict[str, ModuleInfo] = {}
+    expected_get = expected.get
+    markers_disjoint = QUANTIZED_MARKERS.isdisjoint
+    for module, params in params_of.items():
+        exp = expected_get(module)
+        weight = params.get("weight")
+        # ModuleInfo.finalize, inlined (params is never empty here)
+        quantized = not markers_disjoint(params) or (weight is not None and weight.dtype in LOW_PRECISION_DTYPES)
+        if exp is not None:
+            entry = ModuleInfo(module, exp.spec.kind, params, exp, exp.layer, exp.expert, quantized)
+        else:
+            layer, expert = _positions(module)
+            entry = ModuleInfo(module, heuristic_kind(module, params), params, None, layer, expert, quantized)
         if pattern is None:
             entry.kind = _shape_kind(module, entry, config)
-        entry.layer, entry.expert = (exp.layer, exp.expert) if exp is not None else _positions(module)
-        entry.finalize()
+        modules[module] = entry
     return Inventory(
         modules=modules, params=sorted(tensors), from_config_only=False, pattern=pattern, notes=notes,
         expected=list(expected.values()),

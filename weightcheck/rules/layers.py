@@ -254,16 +254,9 @@ def _architecture_names(ctx: LintContext) -> set[str]:
     outside the pattern's coverage): a repeated segment there is the architecture, not a writer's doubled
     prefix. LFM2's short-conv block is `conv` holding an `nn.Conv1d` also named `conv`, so every real LFM2
     checkpoint stores `model.layers.N.conv.conv.weight` (transformers' Lfm2ShortConv)."""
-    from weightcheck.rules.quant import analysis_of
+    from weightcheck.rules.quant import pattern_known_names
 
-    inventory = analysis_of(ctx).inventory
-    if inventory is None:
-        return set()
-    out: set[str] = set()
-    for module in inventory.modules.values():
-        if module.expected is not None:
-            out.update(f"{module.name}.{p}" for p in (*module.expected.params, *module.expected.optional_params))
-    return out
+    return pattern_known_names(ctx)
 
 
 @rule(

@@ -9,6 +9,8 @@ from __future__ import annotations
 import json
 import re
 from collections import defaultdict
+from itertools import repeat
+from operator import add
 
 from weightcheck.collapse import ids_pattern, summarize
 from weightcheck.findings import Severity
@@ -17,7 +19,7 @@ from weightcheck.quant.config import WeightScheme, packed_width, validate_ct
 from weightcheck.quant.covering import covering_entries, ignore_entries
 from weightcheck.quant.inventory import ModuleInfo
 from weightcheck.quant.matchers import Consumer, fused_group_of, get_consumer, overreach
-from weightcheck.rules import LintContext, rule
+from weightcheck.rules import LintContext, name_templates, rule
 
 CONFIG_FILE = "config.json"
 
@@ -29,6 +31,30 @@ def analysis_of(ctx: LintContext) -> QuantAnalysis:
         return qa
 
     return ctx.memo("quant", compute)
+
+
+def pattern_known_names(ctx: LintContext) -> set[str]:
+    """Full names (module + param, optional ones too) of every stored module the pattern expects, built
+    once: WC411 and WC405 both ask."""
+
+    def compute() -> set[str]:
+        inventory = analysis_of(ctx).inventory
+        out: set[str] = set()
+        if inventory is None:
+            return out
+        # modules grouped by their expected params (a handful of distinct tuples), then one C-level pass of
+        # string concatenation per (group, param) instead of one f-string per (module, param)
+        by_params: dict[tuple[str, ...], list[str]] = defaultdict(list)
+        for module in inventory.modules.values():
+            exp = module.expected
+            if exp is not None:
+                by_params[(*exp.params, *exp.optional_params)].append(module.name)
+        for params, names in by_params.items():
+            for p in params:
+                out.update(map(add, names, repeat("." + p)))
+        return out
+
+    return ctx.memo("pattern-known-names", compute)
 
 
 def _quantized(ctx: LintContext) -> QuantAnalysis | None:
@@ -663,7 +689,7 @@ def quant_companion_missing(ctx: LintContext) -> None:
             and module.params["weight"] is not None
             and module.params["weight"].dtype.startswith("F8")
         ):
-            if not ({"weight_scale", "weight_scale_inv"} & params):
+            if "weight_scale" not in params and "weight_scale_inv" not in params:  # no set built per module
                 needed = ["weight_scale or weight_scale_inv"]
         elif "weight_scale" in params and "weight" not in params:
             needed = ["weight or weight_packed"]
@@ -818,7 +844,19 @@ def packed_name_not_weight(ctx: LintContext) -> None:
     """llm-compressor 0.12 quantized transformers-v5 fused 3-D expert tensors without linearizing them,
     writing `experts.gate_up_proj_packed`; no engine loads these names and vLLM served garbage
     (vllm-project/llm-compressor#2939, #1914)."""
-    odd = sorted(n for n in ctx.ckpt.tensor_names() if n.endswith("_packed") and not n.endswith(".weight_packed"))
+    def is_odd(text: str) -> bool:
+        return text.endswith("_packed") and not text.endswith(".weight_packed")
+
+    odd: list[str] = []
+    for parts, members in name_templates(ctx).items():
+        # A template's last literal part (the whole name for a name without ids) decides for all its names
+        # when it is at least as long as `.weight_packed`.
+        if len(parts) == 1 or len(parts[-1]) >= len(".weight_packed"):
+            if is_odd(parts[-1]):
+                odd.extend(n for n, _ in members)
+        else:
+            odd.extend(n for n, _ in members if is_odd(n))
+    odd.sort()
     if odd:
         ctx.report(f"{len(odd)} packed tensors are not `<module>.weight_packed`: {summarize(odd)}",
                    tensor=summarize(odd, limit=3), count=len(odd))  # fmt: skip
