@@ -142,3 +142,98 @@ def test_entries_stay_out_of_the_collectors_way(records: Path) -> None:
     assert len(entries) == COUNT + 1
     gc.collect()
     assert not any(gc.is_tracked(entry) for entry in entries)
+
+
+# ---- loaders put back in bulk at a sync whose model did not change (weightcheck.tap.wrapplan) ----------------
+
+
+def _params_seen(record: tap.SyncRecord) -> dict[str, tuple[Any, ...]]:
+    return {
+        p.name: (p.dtype, p.shape, p.tracked, p.writes, p.shards_expected, p.shards_written, p.optional)
+        for p in record.params.values()
+    }
+
+
+def test_a_bulk_installed_sync_records_what_a_full_install_records(records: Path) -> None:
+    engine = ManySmall()
+    engine.weights[3].weight_loader = default_loader  # one loader of its own: restored, not removed
+    stream = small_stream()
+    for _ in range(3):  # sync 0 installs one by one, syncs 1 and 2 in bulk
+        engine.load_weights(iter(stream))
+    first, *later = (only_record(records, seq) for seq in range(3))
+    for record in later:
+        assert _params_seen(record) == _params_seen(first)
+        assert [(t.name, t.wrote) for t in record.tensors] == [(t.name, t.wrote) for t in first.tensors]
+    assert engine.weights[3].__dict__["weight_loader"] is default_loader
+    assert all("weight_loader" not in p.__dict__ for i, p in enumerate(engine.weights) if i != 3)
+
+
+def test_a_parameter_replaced_between_syncs_is_wrapped_afresh(records: Path) -> None:
+    engine = ManySmall()
+    engine.load_weights(iter(small_stream()))
+    engine.weights[5] = nn.Parameter(torch.zeros(16, dtype=torch.bfloat16), requires_grad=False)
+    engine.load_weights(iter(small_stream()))
+    record = only_record(records, 1)
+    assert record.params["weights.5"].tracked and record.params["weights.5"].writes == 1
+    assert next(t for t in record.tensors if t.name == "weights.5").wrote == ["weights.5"]
+
+
+def test_a_parameter_replaced_between_two_calls_of_a_sync_is_wrapped(records: Path) -> None:
+    engine = ManySmall()
+    engine.load_weights(iter(small_stream()))  # sync 0: the plan
+    stream = small_stream()
+    with tap.sync():
+        engine.load_weights(iter(stream[:100]))
+        engine.weights[250] = nn.Parameter(torch.zeros(16, dtype=torch.bfloat16), requires_grad=False)
+        engine.load_weights(iter(stream[100:]))
+    record = only_record(records, 1)
+    assert all(p.tracked and p.writes == 1 for p in record.params.values())
+    assert next(t for t in record.tensors if t.name == "weights.250").wrote == ["weights.250"]
+
+
+def test_a_loader_set_between_syncs_is_the_one_wrapped_and_restored(records: Path) -> None:
+    engine = ManySmall()
+    engine.load_weights(iter(small_stream()))
+    called: list[str] = []
+
+    def own_loader(param: torch.Tensor, loaded_weight: torch.Tensor) -> None:
+        called.append("own")
+        param.data.copy_(loaded_weight)
+
+    engine.weights[4].weight_loader = own_loader
+    engine.load_weights(iter(small_stream()))
+    assert called == ["own"]
+    assert only_record(records, 1).params["weights.4"].writes == 1
+    assert engine.weights[4].__dict__["weight_loader"] is own_loader
+
+
+def test_a_shape_changed_in_place_between_syncs_is_recorded(records: Path) -> None:
+    engine = ManySmall()
+    engine.load_weights(iter(small_stream()))
+    engine.weights[6].data = torch.zeros(1, 16, dtype=torch.bfloat16)  # (the copy broadcasts)
+    engine.weights[8].data = torch.zeros(16, dtype=torch.float32)
+    engine.load_weights(iter(small_stream()))
+    record = only_record(records, 1)
+    assert record.params["weights.6"].shape == (1, 16)
+    assert record.params["weights.8"].dtype == "F32"
+
+
+def test_a_parameter_marked_optional_between_syncs_is_recorded_optional(records: Path) -> None:
+    engine = ManySmall()
+    engine.load_weights(iter(small_stream()))
+    engine.weights[2]._skip_weight_check = True
+    engine.load_weights(iter(small_stream()))
+    assert only_record(records, 1).params["weights.2"].optional is True
+    assert only_record(records, 0).params["weights.2"].optional is False
+
+
+def test_a_module_added_between_syncs_is_wrapped(records: Path) -> None:
+    engine = ManySmall()
+    engine.load_weights(iter(small_stream()))
+    engine.extra = nn.Linear(2, 2, bias=False)
+    engine.extra.weight.requires_grad_(False)
+    stream = [*small_stream(), ("extra.weight", torch.ones(2, 2))]
+    engine.load_weights(iter(stream))
+    record = only_record(records, 1)
+    assert record.params["extra.weight"].tracked and record.params["extra.weight"].writes == 1
+    assert record.tensors[-1].wrote == ["extra.weight"]

@@ -23,7 +23,7 @@ Parameters without a loader attribute are wrapped with the engine's default load
 the model class compares a loader with `is default_weight_loader` (SGLang's inkling model does: a wrapper
 would change its behaviour); otherwise their coverage is recorded as untracked, never as "not written".
 
-Why one ~880-line module: it runs inside the engine's `load_weights` on every tensor, so the attribution
+Why one ~960-line module: it runs inside the engine's `load_weights` on every tensor, so the attribution
 structures (address ranges, recent window, batched filing) stay together where their invariants can be read
 at once; tests/test_tap_cost.py and test_tap_fingerprints.py pin them.
 """
@@ -42,6 +42,8 @@ from collections import deque
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
+
+from weightcheck.tap.wrapplan import MISSING, WrapPlan
 
 if TYPE_CHECKING:
     import torch
@@ -638,12 +640,82 @@ class ModelWrapping:
         # name -> parameter, of the parameters handled this sync (identity compared: a replaced one is new)
         self._seen: dict[str, Any] = {}
         self.installed = False
+        # (plan, the parameters' __dict__s) when this sync's wrappers went in in bulk (`weightcheck.tap.wrapplan`)
+        self._bulk: tuple[WrapPlan, list[dict[str, Any]]] | None = None
 
     def install(self) -> None:
         """Wrap the model's parameters; at a later call of the same sync, only those the engine created or
-        replaced since (a `process_weights_after_loading` between two update requests)."""
+        replaced since (a `process_weights_after_loading` between two update requests).
+
+        When the model is laid out as at the last full install (`WrapPlan`), both are done in bulk: the
+        same wrappers go in, nothing is walked one parameter at a time."""
         with gc_paused():
+            if self._install_planned():
+                return
             self._install()
+            self._make_plan()
+
+    def _install_planned(self) -> bool:
+        cache = _wrapper_cache(self.model)
+        plan = cache.plan
+        if plan is None:
+            return False
+        if self.installed:  # a later call of this sync: nothing to do if no parameter or module changed
+            return plan.current_params() is not None
+        wrap_defaults = self._default_loader is not None and not class_compares_default_loader(type(self.model))
+        if plan.default_loader is not self._default_loader or plan.wrap_defaults != wrap_defaults or self._params:
+            return False
+        params = plan.current_params()
+        dicts = plan.unchanged(params) if params is not None else None
+        if params is None or dicts is None:
+            return False
+        cache.slot.wrapping = self
+        plan.install(dicts, self._params, ParamCoverage)
+        self._seen = dict(zip(plan.names, params, strict=True))
+        self._bulk = (plan, dicts)
+        self.installed = True
+        return True
+
+    def _make_plan(self) -> None:
+        """After a full install: the plan of what it left, for the next sync (None when a parameter's state is
+        not one the bulk path reproduces exactly)."""
+        cache = _wrapper_cache(self.model)
+        cache.plan = None
+        model = self.model
+        try:
+            modules = [module for _, module in model.named_modules()]
+            named = list(model.named_parameters())
+        except Exception:  # not a torch module
+            return
+        wrap_defaults = self._default_loader is not None and not class_compares_default_loader(type(model))
+        rows: list[tuple[Any, ...]] = []
+        for name, param in named:
+            coverage = self._params.get(name)
+            own = getattr(param, "__dict__", None)
+            if coverage is None or own is None or self._seen.get(name) is not param:
+                return
+            cached = cache.wrappers.get(name)
+            if cached is not None and cached[1]() is param and own.get(cached[5], MISSING) is cached[2]:
+                original, _, wrapper, shards, experts, attribute, had_attribute = cached
+                if not (had_attribute or (wrap_defaults and original is self._default_loader)):
+                    return  # a loader found on the class: the full install handles it
+                if not coverage.tracked:
+                    return
+                before = original if had_attribute else MISSING
+                row = (name, param, coverage.dtype, coverage.shape, attribute, before)
+                rows.append((*row, own.get("_skip_weight_check", False), wrapper, had_attribute, shards, experts))
+            else:
+                read_only = isinstance(getattr(type(param), "weight_loader", None), property)
+                attribute = "_weight_loader" if read_only else "weight_loader"
+                before = own.get(attribute, MISSING)
+                if coverage.tracked or hasattr(before, WRAPPED_ORIGINAL):
+                    return
+                row = (name, param, coverage.dtype, coverage.shape, attribute, before)
+                rows.append((*row, own.get("_skip_weight_check", False), None, False, None, None))
+        try:
+            cache.plan = WrapPlan(model, self._default_loader, wrap_defaults, modules, rows)
+        except TypeError:  # a module or parameter that cannot be referenced weakly
+            cache.plan = None
 
     def _install(self) -> None:
         import torch
@@ -780,6 +852,10 @@ class ModelWrapping:
                     else:
                         delattr(param, attribute)
         self._restore.clear()
+        if self._bulk is not None:  # put in first, so taken off last
+            plan, dicts = self._bulk
+            self._bulk = None
+            plan.restore(dicts)
         self._seen.clear()
         self.installed = False
 
@@ -800,6 +876,8 @@ class _ModelWrappers:
     # param name -> (original loader, weakref to param, wrapper, shards expected, local experts, attribute,
     # whether the attribute was the parameter's own)
     wrappers: dict[str, tuple[Any, Any, Any, list[str] | None, int | None, str, bool]] = field(default_factory=dict)
+    # The layout the last full install left (`weightcheck.tap.wrapplan`), or None.
+    plan: WrapPlan | None = None
 
 
 _WRAPPER_CACHE: dict[int, _ModelWrappers] = {}
