@@ -237,3 +237,42 @@ def test_a_module_added_between_syncs_is_wrapped(records: Path) -> None:
     record = only_record(records, 1)
     assert record.params["extra.weight"].tracked and record.params["extra.weight"].writes == 1
     assert record.tensors[-1].wrote == ["extra.weight"]
+
+
+# ---- the record's tensor and param lines in one orjson call (records.encode_lines) ---------------------------
+
+
+@pytest.mark.parametrize(
+    "name",
+    ['plain', 'a},{"t":"tensor', 'q"uote', 'back\\slash\\', '\\"},{"t":"', "ünï\u2028code", "tab\tnew\nline", ""],
+)
+def test_lines_encoded_together_are_the_bytes_of_lines_encoded_one_by_one(name: str) -> None:
+    from weightcheck.tap.records import encode_bytes, encode_lines
+
+    docs: list[dict[str, Any]] = [
+        {"t": "tensor", "seq": i, "name": name * i, "wrote": (name, f"{name}:q"), "shape": (i, 2), "zeros": None}
+        for i in range(5)
+    ]
+    assert encode_lines(docs) == b"".join(map(encode_bytes, docs))
+    assert b"".join(map(encode_bytes, docs)).count(b"\n") == len(docs)
+
+
+class _Odd(str):
+    pass
+
+
+@pytest.mark.parametrize(
+    "odd",
+    [
+        {"seq": 1, "t": "tensor"},  # "t" not first: no boundary to cut at
+        {"t": "tensor", "name": _Odd("subclass")},  # a str subclass (orjson writes it as a str)
+        {"t": "tensor", "seq": 1 << 70},  # an integer orjson refuses
+        {"t": "tensor", "nested": [{"t": "x"}, {"t": "y"}]},  # a boundary-like sequence inside a line
+    ],
+    ids=["t-not-first", "str-subclass", "huge-int", "nested-objects"],
+)
+def test_lines_that_cannot_be_cut_safely_are_encoded_one_by_one(odd: dict[str, Any]) -> None:
+    from weightcheck.tap.records import encode_bytes, encode_lines
+
+    for docs in ([{"t": "tensor", "seq": 0}, odd, {"t": "param", "name": "w"}], [odd, {"t": "param", "name": "w"}]):
+        assert encode_lines(docs) == b"".join(map(encode_bytes, docs))
