@@ -276,3 +276,20 @@ def test_lines_that_cannot_be_cut_safely_are_encoded_one_by_one(odd: dict[str, A
 
     for docs in ([{"t": "tensor", "seq": 0}, odd, {"t": "param", "name": "w"}], [odd, {"t": "param", "name": "w"}]):
         assert encode_lines(docs) == b"".join(map(encode_bytes, docs))
+
+
+def test_param_lines_built_inline_are_the_as_line_lines() -> None:
+    from weightcheck.tap.coverage import ParamCoverage, param_lines
+
+    params = {
+        "b.plain": ParamCoverage("BF16", (4, 2), True, writes=1),
+        "a.stacked": ParamCoverage("BF16", (6, 2), True, 3, ["k", "q", "v"], {"v", "k", "q"}),
+        "c.experts": ParamCoverage("BF16", (8, 2), True, 2, ["w1", "w3"], {"w3", "w1"}, 4, {3, 0}),
+        "d.cast": ParamCoverage("F8_E4M3", (2,), True, 1, cast_from={"BF16"}),
+        "e.optional": ParamCoverage("F32", (), False, optional=True),
+    }
+    for _ in range(2):  # the second time through the cached name order
+        lines = param_lines(params)
+        assert lines == [params[name].as_line(name) for name in sorted(params)]
+    params["0.new"] = ParamCoverage("F32", (1,), True)
+    assert [line["name"] for line in param_lines(params)] == sorted(params)

@@ -35,7 +35,7 @@ from pathlib import Path
 from typing import Any
 
 from weightcheck.digest import live_algorithm
-from weightcheck.tap.coverage import CallCoverage, ModelWrapping, ParamCoverage, gc_paused
+from weightcheck.tap.coverage import CallCoverage, ModelWrapping, ParamCoverage, gc_paused, param_lines
 from weightcheck.tap.digesting import SMALL_TENSOR_BYTES as _SMALL_TENSOR_BYTES
 from weightcheck.tap.records import (
     RECORD_KIND,
@@ -501,7 +501,7 @@ def _write_record_now(current: _Sync, config: TapConfig, *, incomplete: bool, wi
     entries = list(current.entries.values()) if seqs == sorted(seqs) else [current.entries[s] for s in sorted(seqs)]
     # Schema 1.1 order (calls by index, params and states by name): the reader checks it, so a line duplicated,
     # swapped or moved after writing is detected (weightcheck/tap/records.py).
-    params = [current.params[name].as_line(name) for name in sorted(current.params)]
+    params = param_lines(current.params)
     states: list[dict[str, Any]] = []
     model = _STATE.model() if _STATE.model is not None and with_state else None
     if config.state and model is not None:

@@ -133,6 +133,39 @@ class ParamCoverage:
         return line
 
 
+# The last sync's parameter names and their sorted order: a steady sync has the same names in the same order
+# (one list comparison instead of a sort of tens of thousands of strings).
+_SORTED_NAMES: list[list[str]] = [[], []]
+
+
+def param_lines(params: dict[str, ParamCoverage]) -> list[dict[str, Any]]:
+    """`as_line` of every parameter, in name order (the record's order), built inline for the common
+    parameter (no cast, not optional): the same lines, at about half the cost of one `as_line` call each."""
+    names = list(params)
+    if names == _SORTED_NAMES[0]:
+        order = _SORTED_NAMES[1]
+    else:
+        order = sorted(names)
+        _SORTED_NAMES[:] = [names, order]
+    return [
+        {
+            "t": "param",
+            "name": name,
+            "dtype": c.dtype,
+            "shape": list(c.shape),
+            "tracked": c.tracked,
+            "writes": c.writes,
+            "shards_expected": c.shards_expected,
+            "shards_written": sorted(c.shards_written) if c.shards_written else [],
+            "experts_local": c.experts_local,
+            "experts_written": sorted(c.experts_written) if c.experts_local is not None else None,
+        }
+        if not (c.cast_from or c.optional)
+        else c.as_line(name)
+        for name, c in zip(order, map(params.__getitem__, order), strict=True)
+    ]
+
+
 def _add(values: set[Any] | frozenset[Any], value: Any) -> set[Any]:
     """`values` with `value` added: a new set the first time (`_NONE`), else the same set."""
     if not isinstance(values, set):
