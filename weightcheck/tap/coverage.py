@@ -415,7 +415,7 @@ class CallCoverage:
         attributed = self._attributed
         for seq, tensor in zip(pending, tensors, strict=True):
             try:
-                device = tensor.device
+                device = -1 if tensor.is_cpu else tensor.device  # (-1: CPU, without a torch.device per tensor)
                 key = tensor.untyped_storage().data_ptr()
                 start = tensor.data_ptr()
                 if tensor.is_contiguous():
@@ -460,7 +460,7 @@ class CallCoverage:
 
     def _by_memory(self, loaded: torch.Tensor) -> int | None:
         try:
-            device = loaded.device
+            device = -1 if loaded.is_cpu else loaded.device  # (as `_file` keys them)
             key = loaded.untyped_storage().data_ptr()
             pointer = loaded.data_ptr()
         except (RuntimeError, TypeError, NotImplementedError):
@@ -960,6 +960,7 @@ def _make_wrapper(
 ) -> Callable[..., Any]:
     shard_pos, expert_pos = _argument_positions(getattr(original, "__func__", original))
     maps_experts = getattr(module, "_map_global_expert_id_to_local_expert_id", None)
+    plain = shard_pos is None and expert_pos is None and maps_experts is None
 
     @functools.wraps(original)
     def recording_loader(*args: Any, **kwargs: Any) -> Any:
@@ -969,6 +970,9 @@ def _make_wrapper(
         if call is None:  # between the calls of a sync, or after it: the engine's own loader, nothing else
             return result
         try:
+            if plain and len(args) == 2 and not kwargs:  # the common write, `loader(param, loaded_weight)`
+                call.record_plain_write(param_name, args[1])
+                return result
             # The parameter is the first argument of every SGLang loader; the loaded weight the second.
             loaded = args[1] if len(args) > 1 else kwargs.get("loaded_weight")
             if shard_pos is None and expert_pos is None and not kwargs:  # a plain (param, weight) loader
