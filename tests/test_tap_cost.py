@@ -293,3 +293,30 @@ def test_param_lines_built_inline_are_the_as_line_lines() -> None:
         assert lines == [params[name].as_line(name) for name in sorted(params)]
     params["0.new"] = ParamCoverage("F32", (1,), True)
     assert [line["name"] for line in param_lines(params)] == sorted(params)
+
+
+def test_an_engine_that_replaces_a_parameter_every_sync_stops_paying_for_plans(
+    records: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from weightcheck.tap import coverage
+
+    made: list[int] = []
+    original = coverage.ModelWrapping._make_plan
+
+    def counting(self: Any) -> None:
+        made.append(1)
+        original(self)
+
+    monkeypatch.setattr(coverage.ModelWrapping, "_make_plan", counting)
+    engine = ManySmall()
+    for _ in range(9):
+        engine.weights[5] = nn.Parameter(torch.zeros(16, dtype=torch.bfloat16), requires_grad=False)
+        engine.load_weights(iter(small_stream()))
+    assert len(made) == 4  # full installs 1, 2, 4 and 8 (each wrapped the replaced parameter afresh)
+    for seq in range(9):  # and every sync recorded in full
+        record = only_record(records, seq)
+        assert all(p.tracked and p.writes == 1 for p in record.params.values())
+    made.clear()
+    for _ in range(3):  # left alone again: one plan, then bulk installs
+        engine.load_weights(iter(small_stream()))
+    assert len(made) == 1

@@ -675,6 +675,8 @@ class ModelWrapping:
         self.installed = False
         # (plan, the parameters' __dict__s) when this sync's wrappers went in in bulk (`weightcheck.tap.wrapplan`)
         self._bulk: tuple[WrapPlan, list[dict[str, Any]]] | None = None
+        self.fresh_wraps = 0  # parameters the last full install wrapped afresh (not as at the last sync)
+        self._walked: list[tuple[str, Any]] = []  # (name, parameter) as the last full install walked them
 
     def install(self) -> None:
         """Wrap the model's parameters; at a later call of the same sync, only those the engine created or
@@ -684,9 +686,20 @@ class ModelWrapping:
         same wrappers go in, nothing is walked one parameter at a time."""
         with gc_paused():
             if self._install_planned():
+                _wrapper_cache(self.model).full_installs = 0
                 return
+            self.fresh_wraps = 0
             self._install()
-            self._make_plan()
+            cache = _wrapper_cache(self.model)
+            cache.full_installs += 1
+            # An engine that replaces parameters at every sync would pay for a plan it never uses: after two
+            # full installs in a row, a plan is made only at the 4th, 8th, 16th..., or as soon as a full install
+            # found every parameter as it was (the engine stopped changing them).
+            runs = cache.full_installs
+            if runs <= 2 or runs & (runs - 1) == 0 or not self.fresh_wraps:
+                self._make_plan()
+            else:
+                cache.plan = None
 
     def _install_planned(self) -> bool:
         cache = _wrapper_cache(self.model)
@@ -715,9 +728,9 @@ class ModelWrapping:
         cache = _wrapper_cache(self.model)
         cache.plan = None
         model = self.model
+        named, self._walked = self._walked, []
         try:
             modules = [module for _, module in model.named_modules()]
-            named = list(model.named_parameters())
         except Exception:  # not a torch module
             return
         wrap_defaults = self._default_loader is not None and not class_compares_default_loader(type(model))
@@ -764,7 +777,9 @@ class ModelWrapping:
         default_loader = self._default_loader
         dtype_names = _DTYPE_NAMES
         tensor_type = torch.Tensor
-        for name, param in model.named_parameters():
+        # Kept for `_make_plan`, which would otherwise walk the model a second time.
+        self._walked = walked = list(model.named_parameters())
+        for name, param in walked:
             if not isinstance(param, tensor_type):
                 continue
             if seen.get(name) is param:  # a later call of the sync: this parameter is wrapped already
@@ -796,6 +811,7 @@ class ModelWrapping:
                     coverage.tracked = True
                     coverage.optional = bool(own.get("_skip_weight_check", False))
                     continue
+            self.fresh_wraps += 1
             coverage.tracked = self._wrap_param(cache, name, param, coverage, wrap_defaults) or coverage.tracked
             skip = own.get("_skip_weight_check", False) if own is not None else getattr(param, "_skip_weight_check", 0)
             coverage.optional = bool(skip)
@@ -909,8 +925,10 @@ class _ModelWrappers:
     # param name -> (original loader, weakref to param, wrapper, shards expected, local experts, attribute,
     # whether the attribute was the parameter's own)
     wrappers: dict[str, tuple[Any, Any, Any, list[str] | None, int | None, str, bool]] = field(default_factory=dict)
-    # The layout the last full install left (`weightcheck.tap.wrapplan`), or None.
+    # The layout the last full install left (`weightcheck.tap.wrapplan`), or None, and how many installs in a
+    # row were full ones (the plan did not fit).
     plan: WrapPlan | None = None
+    full_installs: int = 0
 
 
 _WRAPPER_CACHE: dict[int, _ModelWrappers] = {}

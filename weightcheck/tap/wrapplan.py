@@ -76,27 +76,28 @@ class WrapPlan:
         self.wrap_defaults = wrap_defaults
         self.module_refs = list(map(weakref.ref, modules))
         self.layout = layout(modules)
-        self.names = [row[0] for row in rows]
-        self.param_refs = [weakref.ref(row[1]) for row in rows]
-        self.dtype_shapes = list(map(_dtype_and_shape, (row[1] for row in rows)))
-        self.dtype_names = [row[2] for row in rows]
-        self.shapes = [row[3] for row in rows]
-        self.attributes = [row[4] for row in rows]
-        self.before = [row[5] for row in rows]
-        self.skips = [row[6] for row in rows]
-        self.optional = [bool(row[6]) for row in rows]
-        self.tracked = [row[7] is not None for row in rows]
-        self.shards = [row[9] for row in rows]
-        self.experts = [row[10] for row in rows]
-        wrapped = [row for row in rows if row[7] is not None]
-        self.wrapped_attributes = [row[4] for row in wrapped]
-        self.wrappers = [row[7] for row in wrapped]
+        columns = [list(column) for column in zip(*rows, strict=True)] if rows else [[] for _ in range(11)]
+        names, params, dtype_names, shapes, attributes, before, skips, wrappers, had, shards, experts = columns
+        self.names = names
+        self.param_refs = list(map(weakref.ref, params))
+        self.dtype_shapes = list(map(_dtype_and_shape, params))
+        self.dtype_names = dtype_names
+        self.shapes = shapes
+        self.attributes = attributes
+        self.before = before
+        self.skips = skips
+        self.optional = list(map(bool, skips))
+        self.tracked = [wrapper is not None for wrapper in wrappers]
+        self.shards = shards
+        self.experts = experts
+        self.wrapped_attributes = list(compress(attributes, self.tracked))
+        self.wrappers = list(compress(wrappers, self.tracked))
         # Restoring: the parameters whose attribute was their own get the original back, the others lose it.
-        self.had = [row[7] is not None and row[8] for row in rows]
-        self.added = [row[7] is not None and not row[8] for row in rows]
-        self.had_attributes = [row[4] for row in rows if row[7] is not None and row[8]]
-        self.originals = [row[5] for row in rows if row[7] is not None and row[8]]
-        self.added_attributes = [row[4] for row in rows if row[7] is not None and not row[8]]
+        self.had = [tracked and own for tracked, own in zip(self.tracked, had, strict=True)]
+        self.added = [tracked and not own for tracked, own in zip(self.tracked, had, strict=True)]
+        self.had_attributes = list(compress(attributes, self.had))
+        self.originals = list(compress(before, self.had))
+        self.added_attributes = list(compress(attributes, self.added))
 
     def current_params(self) -> list[Any] | None:
         """The parameters, when the module tree and parameter set are as planned; else None."""
