@@ -320,3 +320,28 @@ def test_an_engine_that_replaces_a_parameter_every_sync_stops_paying_for_plans(
     for _ in range(3):  # left alone again: one plan, then bulk installs
         engine.load_weights(iter(small_stream()))
     assert len(made) == 1
+
+
+class _PropertyParameter(nn.Parameter):
+    """SGLang's `BasevLLMParameter` pattern: `weight_loader` is a read-only property over `_weight_loader`."""
+
+    @property
+    def weight_loader(self) -> Any:
+        return self._weight_loader
+
+
+def test_read_only_loader_properties_are_wrapped_and_restored_in_bulk(records: Path) -> None:
+    from weightcheck.tap import coverage
+
+    engine = ManySmall()
+    for i in (0, 10):
+        param = _PropertyParameter(torch.zeros(16, dtype=torch.bfloat16), requires_grad=False)
+        param._weight_loader = default_loader
+        engine.weights[i] = param
+    for seq in range(3):  # 0: full install; 1 and 2: bulk
+        engine.load_weights(iter(small_stream()))
+        record = only_record(records, seq)
+        assert record.params["weights.0"].tracked and record.params["weights.0"].writes == 1
+        assert record.params["weights.10"].writes == 1
+        assert engine.weights[0].__dict__["_weight_loader"] is default_loader
+        assert coverage._wrapper_cache(engine).full_installs == (1 if seq == 0 else 0)  # bulk from sync 1 on
