@@ -244,7 +244,7 @@ def test_a_module_added_between_syncs_is_wrapped(records: Path) -> None:
 
 @pytest.mark.parametrize(
     "name",
-    ['plain', 'a},{"t":"tensor', 'q"uote', 'back\\slash\\', '\\"},{"t":"', "ünï\u2028code", "tab\tnew\nline", ""],
+    ["plain", 'a},{"t":"tensor', 'q"uote', "back\\slash\\", '\\"},{"t":"', "ünï\u2028code", "tab\tnew\nline", ""],
 )
 def test_lines_encoded_together_are_the_bytes_of_lines_encoded_one_by_one(name: str) -> None:
     from weightcheck.tap.records import encode_bytes, encode_lines
