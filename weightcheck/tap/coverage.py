@@ -23,7 +23,7 @@ Parameters without a loader attribute are wrapped with the engine's default load
 the model class compares a loader with `is default_weight_loader` (SGLang's inkling model does: a wrapper
 would change its behaviour); otherwise their coverage is recorded as untracked, never as "not written".
 
-Why one ~880-line module: it runs inside the engine's `load_weights` on every tensor, so the attribution
+Why one ~960-line module: it runs inside the engine's `load_weights` on every tensor, so the attribution
 structures (address ranges, recent window, batched filing) stay together where their invariants can be read
 at once; tests/test_tap_cost.py and test_tap_fingerprints.py pin them.
 """
@@ -42,6 +42,8 @@ from collections import deque
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
+
+from weightcheck.tap.wrapplan import MISSING, WrapPlan
 
 if TYPE_CHECKING:
     import torch
@@ -129,6 +131,39 @@ class ParamCoverage:
         if self.optional:
             line["optional"] = True
         return line
+
+
+# The last sync's parameter names and their sorted order: a steady sync has the same names in the same order
+# (one list comparison instead of a sort of tens of thousands of strings).
+_SORTED_NAMES: list[list[str]] = [[], []]
+
+
+def param_lines(params: dict[str, ParamCoverage]) -> list[dict[str, Any]]:
+    """`as_line` of every parameter, in name order (the record's order), built inline for the common
+    parameter (no cast, not optional): the same lines, at about half the cost of one `as_line` call each."""
+    names = list(params)
+    if names == _SORTED_NAMES[0]:
+        order = _SORTED_NAMES[1]
+    else:
+        order = sorted(names)
+        _SORTED_NAMES[:] = [names, order]
+    return [
+        {
+            "t": "param",
+            "name": name,
+            "dtype": c.dtype,
+            "shape": list(c.shape),
+            "tracked": c.tracked,
+            "writes": c.writes,
+            "shards_expected": c.shards_expected,
+            "shards_written": sorted(c.shards_written) if c.shards_written else [],
+            "experts_local": c.experts_local,
+            "experts_written": sorted(c.experts_written) if c.experts_local is not None else None,
+        }
+        if not (c.cast_from or c.optional)
+        else c.as_line(name)
+        for name, c in zip(order, map(params.__getitem__, order), strict=True)
+    ]
 
 
 def _add(values: set[Any] | frozenset[Any], value: Any) -> set[Any]:
@@ -380,7 +415,7 @@ class CallCoverage:
         attributed = self._attributed
         for seq, tensor in zip(pending, tensors, strict=True):
             try:
-                device = tensor.device
+                device = -1 if tensor.is_cpu else tensor.device  # (-1: CPU, without a torch.device per tensor)
                 key = tensor.untyped_storage().data_ptr()
                 start = tensor.data_ptr()
                 if tensor.is_contiguous():
@@ -425,7 +460,7 @@ class CallCoverage:
 
     def _by_memory(self, loaded: torch.Tensor) -> int | None:
         try:
-            device = loaded.device
+            device = -1 if loaded.is_cpu else loaded.device  # (as `_file` keys them)
             key = loaded.untyped_storage().data_ptr()
             pointer = loaded.data_ptr()
         except (RuntimeError, TypeError, NotImplementedError):
@@ -638,12 +673,95 @@ class ModelWrapping:
         # name -> parameter, of the parameters handled this sync (identity compared: a replaced one is new)
         self._seen: dict[str, Any] = {}
         self.installed = False
+        # (plan, the parameters' __dict__s) when this sync's wrappers went in in bulk (`weightcheck.tap.wrapplan`)
+        self._bulk: tuple[WrapPlan, list[dict[str, Any]]] | None = None
+        self.fresh_wraps = 0  # parameters the last full install wrapped afresh (not as at the last sync)
+        self._walked: list[tuple[str, Any]] = []  # (name, parameter) as the last full install walked them
 
     def install(self) -> None:
         """Wrap the model's parameters; at a later call of the same sync, only those the engine created or
-        replaced since (a `process_weights_after_loading` between two update requests)."""
+        replaced since (a `process_weights_after_loading` between two update requests).
+
+        When the model is laid out as at the last full install (`WrapPlan`), both are done in bulk: the
+        same wrappers go in, nothing is walked one parameter at a time."""
         with gc_paused():
+            if self._install_planned():
+                _wrapper_cache(self.model).full_installs = 0
+                return
+            self.fresh_wraps = 0
             self._install()
+            cache = _wrapper_cache(self.model)
+            cache.full_installs += 1
+            # An engine that replaces parameters at every sync would pay for a plan it never uses: after two
+            # full installs in a row, a plan is made only at the 4th, 8th, 16th..., or as soon as a full install
+            # found every parameter as it was (the engine stopped changing them).
+            runs = cache.full_installs
+            if runs <= 2 or runs & (runs - 1) == 0 or not self.fresh_wraps:
+                self._make_plan()
+            else:
+                cache.plan = None
+
+    def _install_planned(self) -> bool:
+        cache = _wrapper_cache(self.model)
+        plan = cache.plan
+        if plan is None:
+            return False
+        if self.installed:  # a later call of this sync: nothing to do if no parameter or module changed
+            return plan.current_params() is not None
+        wrap_defaults = self._default_loader is not None and not class_compares_default_loader(type(self.model))
+        if plan.default_loader is not self._default_loader or plan.wrap_defaults != wrap_defaults or self._params:
+            return False
+        params = plan.current_params()
+        dicts = plan.unchanged(params) if params is not None else None
+        if params is None or dicts is None:
+            return False
+        cache.slot.wrapping = self
+        plan.install(dicts, self._params, ParamCoverage)
+        self._seen = dict(zip(plan.names, params, strict=True))
+        self._bulk = (plan, dicts)
+        self.installed = True
+        return True
+
+    def _make_plan(self) -> None:
+        """After a full install: the plan of what it left, for the next sync (None when a parameter's state is
+        not one the bulk path reproduces exactly)."""
+        cache = _wrapper_cache(self.model)
+        cache.plan = None
+        model = self.model
+        named, self._walked = self._walked, []
+        try:
+            modules = [module for _, module in model.named_modules()]
+        except Exception:  # not a torch module
+            return
+        wrap_defaults = self._default_loader is not None and not class_compares_default_loader(type(model))
+        rows: list[tuple[Any, ...]] = []
+        for name, param in named:
+            coverage = self._params.get(name)
+            own = getattr(param, "__dict__", None)
+            if coverage is None or own is None or self._seen.get(name) is not param:
+                return
+            cached = cache.wrappers.get(name)
+            if cached is not None and cached[1]() is param and own.get(cached[5], MISSING) is cached[2]:
+                original, _, wrapper, shards, experts, attribute, had_attribute = cached
+                if not (had_attribute or (wrap_defaults and original is self._default_loader)):
+                    return  # a loader found on the class: the full install handles it
+                if not coverage.tracked:
+                    return
+                before = original if had_attribute else MISSING
+                row = (name, param, coverage.dtype, coverage.shape, attribute, before)
+                rows.append((*row, own.get("_skip_weight_check", False), wrapper, had_attribute, shards, experts))
+            else:
+                read_only = isinstance(getattr(type(param), "weight_loader", None), property)
+                attribute = "_weight_loader" if read_only else "weight_loader"
+                before = own.get(attribute, MISSING)
+                if coverage.tracked or hasattr(before, WRAPPED_ORIGINAL):
+                    return
+                row = (name, param, coverage.dtype, coverage.shape, attribute, before)
+                rows.append((*row, own.get("_skip_weight_check", False), None, False, None, None))
+        try:
+            cache.plan = WrapPlan(model, self._default_loader, wrap_defaults, modules, rows)
+        except TypeError:  # a module or parameter that cannot be referenced weakly
+            cache.plan = None
 
     def _install(self) -> None:
         import torch
@@ -659,7 +777,9 @@ class ModelWrapping:
         default_loader = self._default_loader
         dtype_names = _DTYPE_NAMES
         tensor_type = torch.Tensor
-        for name, param in model.named_parameters():
+        # Kept for `_make_plan`, which would otherwise walk the model a second time.
+        self._walked = walked = list(model.named_parameters())
+        for name, param in walked:
             if not isinstance(param, tensor_type):
                 continue
             if seen.get(name) is param:  # a later call of the sync: this parameter is wrapped already
@@ -691,6 +811,7 @@ class ModelWrapping:
                     coverage.tracked = True
                     coverage.optional = bool(own.get("_skip_weight_check", False))
                     continue
+            self.fresh_wraps += 1
             coverage.tracked = self._wrap_param(cache, name, param, coverage, wrap_defaults) or coverage.tracked
             skip = own.get("_skip_weight_check", False) if own is not None else getattr(param, "_skip_weight_check", 0)
             coverage.optional = bool(skip)
@@ -780,6 +901,10 @@ class ModelWrapping:
                     else:
                         delattr(param, attribute)
         self._restore.clear()
+        if self._bulk is not None:  # put in first, so taken off last
+            plan, dicts = self._bulk
+            self._bulk = None
+            plan.restore(dicts)
         self._seen.clear()
         self.installed = False
 
@@ -800,6 +925,10 @@ class _ModelWrappers:
     # param name -> (original loader, weakref to param, wrapper, shards expected, local experts, attribute,
     # whether the attribute was the parameter's own)
     wrappers: dict[str, tuple[Any, Any, Any, list[str] | None, int | None, str, bool]] = field(default_factory=dict)
+    # The layout the last full install left (`weightcheck.tap.wrapplan`), or None, and how many installs in a
+    # row were full ones (the plan did not fit).
+    plan: WrapPlan | None = None
+    full_installs: int = 0
 
 
 _WRAPPER_CACHE: dict[int, _ModelWrappers] = {}
@@ -849,6 +978,7 @@ def _make_wrapper(
 ) -> Callable[..., Any]:
     shard_pos, expert_pos = _argument_positions(getattr(original, "__func__", original))
     maps_experts = getattr(module, "_map_global_expert_id_to_local_expert_id", None)
+    plain = shard_pos is None and expert_pos is None and maps_experts is None
 
     @functools.wraps(original)
     def recording_loader(*args: Any, **kwargs: Any) -> Any:
@@ -858,6 +988,9 @@ def _make_wrapper(
         if call is None:  # between the calls of a sync, or after it: the engine's own loader, nothing else
             return result
         try:
+            if plain and len(args) == 2 and not kwargs:  # the common write, `loader(param, loaded_weight)`
+                call.record_plain_write(param_name, args[1])
+                return result
             # The parameter is the first argument of every SGLang loader; the loaded weight the second.
             loaded = args[1] if len(args) > 1 else kwargs.get("loaded_weight")
             if shard_pos is None and expert_pos is None and not kwargs:  # a plain (param, weight) loader
