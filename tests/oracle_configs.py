@@ -48,20 +48,27 @@ PUBLISHED: list[dict[str, Any]] = json.loads(DATA.read_text())
 # and GLM-4.5, ROCm/ATOM and swiss-ai's model-launch, posttraining, hfconverter and serving-api; listed: the JSON
 # files of aws-neuron NxDI, tt-metal's demos, sophgo/LLM-TPU, AXERA ax-llm, the LLMServingSim and aiconfigurator forks.
 NO_PUBLISHED_CONFIG: dict[str, str] = {
-    "apertus": "swiss-ai/Apertus-8B*/70B*: no page or vendored copy (swiss-ai and fine-tune repos grepped)",
+    "apertus": "swiss-ai/Apertus-8B*/70B*: no page or vendored copy (swiss-ai and fine-tune repos grepped; "
+               "4th pass: swiss-ai speculative-decoding/prune-lm-head/vocab-reduction/Megatron-Bridge fork listed, "
+               "levanter, TransformerLens, EasyDeL scanned; verl holds a 7-key flops dict only)",
     "bamba": "ibm-ai-platform/Bamba-9B(-v2): no JSON copy in the code index (exact config.json-line searches), "
               "no Hub or mirror page; tests hold partial dicts only",
     "ernie4_5_moe": "baidu/ERNIE-4.5-21B-A3B-PT/-Paddle: no JSON copy indexed; FastDeploy-style "
                      "tests hold modified dicts (5 layers), others partial; no Hub or mirror page",
     "falcon_h1": "tiiuae/Falcon-H1-*: no config.json indexed (`mamba_use_mlp: true` occurs in two partial test "
                   "dicts only); GitHub falcon-h1 repos hold none; pages: docs only",
-    "glm4": "THUDM/GLM-4-9B-0414, GLM-4-32B-0414, GLM-Z1: only the remote-code chatglm glm-4-9b configs found",
-    "glm4_moe_lite": "zai-org/GLM-4.7-Flash: pages cut off inside mlp_layer_types; tt-metal and LightLLM hold no file",
-    "glm4v_moe": "zai-org/GLM-4.5V, GLM-4.6V: only a config-class printout in a report and toy test configs",
+    "glm4": "THUDM/GLM-4-9B-0414, GLM-4-32B-0414, GLM-Z1: only the remote-code chatglm glm-4-9b configs found "
+            "(4th pass: no GitHub mirror of the 0414 repos; Hub-mirror pages hold only tokenizer_config.json)",
+    "glm4_moe_lite": "zai-org/GLM-4.7-Flash: pages cut off inside mlp_layer_types; tt-metal and LightLLM hold no "
+                     "file; 4th pass: mlx-vlm history has tiny unit-test configs only, GLM-4.7-Flash GitHub repos "
+                     "(snap, serverless, wrappers) hold GGUF/YAML only",
+    "glm4v_moe": "zai-org/GLM-4.5V, GLM-4.6V: only a config-class printout in a report and toy test configs "
+                 "(Megatron-Bridge HF_GLM_45V_TOY_MODEL_CONFIG: 512 hidden, 8 experts; not the Hub file)",
     "granitemoehybrid": "ibm-granite/granite-4.0-h-*: only a trimmed granite-4.0-h-350m dict (a Rust "
                          "test) and tiny test configs; no Hub or mirror page found",
     "granitemoeshared": "ibm-research/moe-7b-1b-active-shared-experts: no copy in code, issues or "
-                         "pages (the only public granitemoeshared release)",
+                         "pages (the only public granitemoeshared release; 4th pass: IBM/dolomite-engine "
+                         "history scanned, vLLM/test mentions are repo ids or override dicts only)",
     "hunyuan_v1_dense": "tencent/HunyuanImage-2.1 reprompt/config.json is copied whole as a dict in "
                          "an aiconfigurator sweep script whose repository the index does not name (not in "
                          "ai-dynamo/aiconfigurator or 5 forks' histories); Hy-MT2-7B only in an agent log",
@@ -69,8 +76,12 @@ NO_PUBLISHED_CONFIG: dict[str, str] = {
                        "models/config.json is the first release, model_type `hunyuan` (remote code)",
     "kimi_linear": "moonshotai/Kimi-Linear-48B-A3B-Instruct: whole only in an unnamed model report "
                     "and an agent log; the Firworks/...-nvfp4 mirror page is cut off in quantization_config",
-    "minicpm3": "openbmb/MiniCPM3-4B: not found (OpenBMB repos, sophgo LLM-TPU, optimum-habana: code only)",
-    "ministral": "Ministral-8B-Instruct-2410 is published as `mistral`, the 2512 releases as `ministral3`",
+    "minicpm3": "openbmb/MiniCPM3-4B: not found (OpenBMB repos, sophgo LLM-TPU, optimum-habana: code only; "
+                "4th pass: mllm, minicpm3-openvino, Llamacpp-MiniCPM3 and Hub-mirror pages: README/tokenizer only)",
+    "ministral": "Ministral-8B-Instruct-2410 was first published as `mistral` (the only copies found), "
+                 "the 2512 releases as `ministral3`; transformers PR #40247 planned moving the Hub file to "
+                 "MinistralForCausalLM and tests/models/ministral asserts AutoModelForCausalLM loads it as "
+                 "MinistralForCausalLM, so the current Hub file is `ministral`, but no copy of it was found",
 }
 
 # Keys set to tiny values (counts and sizes only); every other key (flags, optional ranks, layer lists,
