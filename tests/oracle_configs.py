@@ -47,6 +47,8 @@ PUBLISHED: list[dict[str, Any]] = json.loads(DATA.read_text())
 # tt-inference-server, inference-sim, BudEcosystem/simulator, OpenBMB/MiniCPM and CPM.cu, THUDM/GLM-4, zai-org/GLM-V
 # and GLM-4.5, ROCm/ATOM and swiss-ai's model-launch, posttraining, hfconverter and serving-api; listed: the JSON
 # files of aws-neuron NxDI, tt-metal's demos, sophgo/LLM-TPU, AXERA ax-llm, the LLMServingSim and aiconfigurator forks.
+# Fourth pass: minicpm3 found as openbmb/MiniCPM3-4B, copied whole into ollama/ollama's converter testdata (pull
+# request #12546), found by scanning every blob of every commit of the fetched repositories, not only recent revisions.
 NO_PUBLISHED_CONFIG: dict[str, str] = {
     "apertus": "swiss-ai/Apertus-8B*/70B*: no page or vendored copy (swiss-ai and fine-tune repos grepped; "
                "4th pass: swiss-ai speculative-decoding/prune-lm-head/vocab-reduction/Megatron-Bridge fork listed, "
@@ -76,8 +78,6 @@ NO_PUBLISHED_CONFIG: dict[str, str] = {
                        "models/config.json is the first release, model_type `hunyuan` (remote code)",
     "kimi_linear": "moonshotai/Kimi-Linear-48B-A3B-Instruct: whole only in an unnamed model report "
                     "and an agent log; the Firworks/...-nvfp4 mirror page is cut off in quantization_config",
-    "minicpm3": "openbmb/MiniCPM3-4B: not found (OpenBMB repos, sophgo LLM-TPU, optimum-habana: code only; "
-                "4th pass: mllm, minicpm3-openvino, Llamacpp-MiniCPM3 and Hub-mirror pages: README/tokenizer only)",
     "ministral": "Ministral-8B-Instruct-2410 was first published as `mistral` (the only copies found), "
                  "the 2512 releases as `ministral3`; transformers PR #40247 planned moving the Hub file to "
                  "MinistralForCausalLM and tests/models/ministral asserts AutoModelForCausalLM loads it as "
@@ -148,6 +148,8 @@ def reduce_counts(cfg: dict[str, Any], n_layers: int = 8) -> dict[str, Any]:
         if isinstance(rope, dict) and isinstance(heads, int) and heads > 0:
             head_dim = text.get("head_dim") or text["hidden_size"] // heads
             pairs = int(head_dim * (text.get("partial_rotary_factor") or 1.0)) // 2
+            if isinstance(text.get("qk_rope_head_dim"), int):  # MLA (MiniCPM3): only the rope part rotates
+                pairs = text["qk_rope_head_dim"] // 2
             for factor in ("short_factor", "long_factor"):
                 if isinstance(rope.get(factor), list):
                     rope[factor] = rope[factor][:pairs]
