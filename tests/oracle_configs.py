@@ -49,8 +49,9 @@ PUBLISHED: list[dict[str, Any]] = json.loads(DATA.read_text())
 # files of aws-neuron NxDI, tt-metal's demos, sophgo/LLM-TPU, AXERA ax-llm, the LLMServingSim and aiconfigurator forks.
 # Fourth pass: minicpm3 found as openbmb/MiniCPM3-4B, copied whole into ollama/ollama's converter testdata (pull
 # request #12546), found by scanning every blob of every commit of the fetched repositories, not only recent revisions.
-# The same scan of the ~125 repository snapshots on hand (all listed above plus vidur, GenZ, flashinfer-bench, xllm,
-# ktransformers, mllm, llm-d-benchmark, ServeGen, EasyDeL, levanter, TransformerLens, dolomite-engine) found, for
+# The same scan (capped at 5 minutes a snapshot) of the ~125 snapshots on hand (those listed above plus vidur,
+# GenZ, flashinfer-bench, xllm, ktransformers, mllm, llm-d-benchmark, ServeGen, EasyDeL, levanter, TransformerLens,
+# dolomite-engine) found, for
 # apertus, glm4, glm4_moe_lite, glm4v_moe, granitemoeshared and ministral, only toy, partial or hand-summary dicts.
 NO_PUBLISHED_CONFIG: dict[str, str] = {
     "apertus": "swiss-ai/Apertus-8B*/70B*: no page or vendored copy (swiss-ai and fine-tune repos grepped; "
