@@ -47,8 +47,16 @@ PUBLISHED: list[dict[str, Any]] = json.loads(DATA.read_text())
 # tt-inference-server, inference-sim, BudEcosystem/simulator, OpenBMB/MiniCPM and CPM.cu, THUDM/GLM-4, zai-org/GLM-V
 # and GLM-4.5, ROCm/ATOM and swiss-ai's model-launch, posttraining, hfconverter and serving-api; listed: the JSON
 # files of aws-neuron NxDI, tt-metal's demos, sophgo/LLM-TPU, AXERA ax-llm, the LLMServingSim and aiconfigurator forks.
+# Fourth pass: minicpm3 found as openbmb/MiniCPM3-4B, copied whole into ollama/ollama's converter testdata (pull
+# request #12546), found by scanning every blob of every commit of the fetched repositories, not only recent revisions.
+# The same scan (capped at 5 minutes a snapshot) of the ~125 snapshots on hand (those listed above plus vidur,
+# GenZ, flashinfer-bench, xllm, ktransformers, mllm, llm-d-benchmark, ServeGen, EasyDeL, levanter, TransformerLens,
+# dolomite-engine) found, for
+# apertus, glm4, glm4_moe_lite, glm4v_moe, granitemoeshared and ministral, only toy, partial or hand-summary dicts.
 NO_PUBLISHED_CONFIG: dict[str, str] = {
-    "apertus": "swiss-ai/Apertus-8B*/70B*: no page or vendored copy (swiss-ai and fine-tune repos grepped)",
+    "apertus": "swiss-ai/Apertus-8B*/70B*: no page or vendored copy (swiss-ai and fine-tune repos grepped; "
+               "4th pass: swiss-ai speculative-decoding/prune-lm-head/vocab-reduction/Megatron-Bridge fork listed, "
+               "levanter, TransformerLens, EasyDeL scanned; verl holds a 7-key flops dict only)",
     "bamba": "ibm-ai-platform/Bamba-9B(-v2): no JSON copy in the code index (exact config.json-line searches), "
               "no Hub or mirror page (mirrors keep the model card only); foundation-model-stack/bamba and "
               "its sibling repos hold none; tests hold partial dicts only",
@@ -58,14 +66,19 @@ NO_PUBLISHED_CONFIG: dict[str, str] = {
     "falcon_h1": "tiiuae/Falcon-H1-*: no config.json indexed; Megatron-Bridge's Falcon-H1-0.5B dict "
                   "drops mamba_d_ssm and the token ids; tiiuae and falcon-h1 GitHub repos hold none; "
                   "pages: docs and model cards only",
-    "glm4": "THUDM/GLM-4-9B-0414, GLM-4-32B-0414, GLM-Z1: only the remote-code chatglm glm-4-9b configs found",
-    "glm4_moe_lite": "zai-org/GLM-4.7-Flash: pages cut off inside mlp_layer_types; tt-metal and LightLLM hold no file",
-    "glm4v_moe": "zai-org/GLM-4.5V, GLM-4.6V: only a config-class printout in a report and toy test configs",
+    "glm4": "THUDM/GLM-4-9B-0414, GLM-4-32B-0414, GLM-Z1: only the remote-code chatglm glm-4-9b configs found "
+            "(4th pass: no GitHub mirror of the 0414 repos; Hub-mirror pages hold only tokenizer_config.json)",
+    "glm4_moe_lite": "zai-org/GLM-4.7-Flash: pages cut off inside mlp_layer_types; tt-metal and LightLLM hold no "
+                     "file; 4th pass: mlx-vlm history has tiny unit-test configs only, GLM-4.7-Flash GitHub repos "
+                     "(snap, serverless, wrappers) hold GGUF/YAML only",
+    "glm4v_moe": "zai-org/GLM-4.5V, GLM-4.6V: only a config-class printout in a report and toy test configs "
+                 "(Megatron-Bridge HF_GLM_45V_TOY_MODEL_CONFIG: 512 hidden, 8 experts; not the Hub file)",
     "granitemoehybrid": "ibm-granite/granite-4.0-h-*: only a trimmed granite-4.0-h-350m dict (a Rust "
                          "test) and tiny test configs; ibm-granite/granite-4.0-language-models and "
                          "ibm-granite/gguf hold READMEs only; no Hub or mirror page found",
     "granitemoeshared": "ibm-research/moe-7b-1b-active-shared-experts: no copy in code, issues or "
-                         "pages (the only public granitemoeshared release)",
+                         "pages (the only public granitemoeshared release; 4th pass: IBM/dolomite-engine "
+                         "history scanned, vLLM/test mentions are repo ids or override dicts only)",
     "hunyuan_v1_dense": "tencent/HunyuanImage-2.1 reprompt/config.json is copied whole as a dict in "
                          "an aiconfigurator sweep script whose repository the index does not name (not in "
                          "ai-dynamo/aiconfigurator or 7 forks' histories); Hy-MT2-7B only in an agent log; "
@@ -78,8 +91,10 @@ NO_PUBLISHED_CONFIG: dict[str, str] = {
                     "and an agent log; the Firworks/...-nvfp4 mirror page is cut off in quantization_config; "
                     "aiconfigurator's Kimi-K3 file is model_type kimi_k3 (kimi_linear only as its "
                     "text_config); Rust/Python test dicts are partial or altered",
-    "minicpm3": "openbmb/MiniCPM3-4B: not found (OpenBMB repos, sophgo LLM-TPU, optimum-habana: code only)",
-    "ministral": "Ministral-8B-Instruct-2410 is published as `mistral`, the 2512 releases as `ministral3`",
+    "ministral": "Ministral-8B-Instruct-2410 was first published as `mistral` (the only copies found), "
+                 "the 2512 releases as `ministral3`; transformers PR #40247 planned moving the Hub file to "
+                 "MinistralForCausalLM and tests/models/ministral asserts AutoModelForCausalLM loads it as "
+                 "MinistralForCausalLM, so the current Hub file is `ministral`, but no copy of it was found",
 }
 
 # Fourth pass for bamba, ernie4_5_moe, falcon_h1, granitemoehybrid, hunyuan_v1_dense, hunyuan_v1_moe and
@@ -162,6 +177,8 @@ def reduce_counts(cfg: dict[str, Any], n_layers: int = 8) -> dict[str, Any]:
         if isinstance(rope, dict) and isinstance(heads, int) and heads > 0:
             head_dim = text.get("head_dim") or text["hidden_size"] // heads
             pairs = int(head_dim * (text.get("partial_rotary_factor") or 1.0)) // 2
+            if isinstance(text.get("qk_rope_head_dim"), int):  # MLA (MiniCPM3): only the rope part rotates
+                pairs = text["qk_rope_head_dim"] // 2
             for factor in ("short_factor", "long_factor"):
                 if isinstance(rope.get(factor), list):
                     rope[factor] = rope[factor][:pairs]

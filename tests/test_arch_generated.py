@@ -145,6 +145,8 @@ def other_checkpoints(tmp_path_factory: pytest.TempPathFactory) -> dict[tuple[st
                 break
             except ValueError:  # a sub-config reduce_counts does not shrink (Llama-4's vision tower)
                 continue
+            except KeyError:  # a published config the class cannot build (MiniCPM3-4B's longrope has no factor)
+                continue
         models["switched"] = materialize(_switched(t))
         for which, model in models.items():
             path = root / f"{t}-{which}"
