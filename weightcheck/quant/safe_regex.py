@@ -21,15 +21,20 @@ import warnings
 from functools import lru_cache
 from typing import Any
 
-try:
-    import re2 as _re2
 
-    _OPTIONS: Any = _re2.Options()
-    _OPTIONS.log_errors = False
-    _OPTIONS.max_mem = 64 << 20
-except ImportError:  # pragma: no cover - google-re2 has wheels for every supported platform
-    _re2 = None
-    _OPTIONS = None
+@lru_cache(maxsize=1)
+def _re2_module() -> tuple[Any, Any]:
+    """(google-re2, its options), or (None, None) without it. Imported on the first `re:` entry, not with
+    the package: most ignore lists hold module names only, and config-only lint pays every import."""
+    try:
+        import re2
+    except ImportError:  # pragma: no cover - google-re2 has wheels for every supported platform
+        return None, None
+    options: Any = re2.Options()
+    options.log_errors = False
+    options.max_mem = 64 << 20
+    return re2, options
+
 
 try:  # Python >= 3.11
     from re import _parser as _sre_parse  # type: ignore[attr-defined]
@@ -166,9 +171,10 @@ def _compile(pattern: str) -> tuple[SafeRegex | None, str | None]:
     fast = None
     # `[[:alpha:]]` (a POSIX class in RE2, a plain set in `re`) and `a{,3}` (a count in `re` >= 3.11, a
     # literal in RE2) are spelled alike but mean different things: those go to `re`.
-    if _re2 is not None and pattern.isascii() and "[:" not in pattern and "{," not in pattern:
+    re2, options = _re2_module() if pattern.isascii() and "[:" not in pattern and "{," not in pattern else (None, None)
+    if re2 is not None:
         try:
-            fast = _re2.compile(pattern, _OPTIONS)
+            fast = re2.compile(pattern, options)
         except Exception:
             fast = None
     if fast is not None:
