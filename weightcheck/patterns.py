@@ -667,6 +667,37 @@ class ExpectedModule(NamedTuple):
     optional_params: tuple[str, ...]
 
 
+class ExpectedRun(NamedTuple):
+    """The pattern's expectation one name template at a time: the modules one pattern entry implies in one
+    layer (or globally). A run with `experts` is every expert of an expert entry in that layer, `name`
+    holding `*` where the expert id goes (`model.layers.3.mlp.experts.*.down_proj`); a run without is one
+    module (`expert` its id when it has one, e.g. from `Pattern.exact`). `expand_runs` returns them;
+    `modules()` gives the `ExpectedModule`s `expand` returns, `names()` only their names."""
+
+    name: str
+    spec: ModuleSpec
+    layer: int | None
+    expert: int | None
+    experts: range | None
+    shape: tuple[int, ...] | None
+    params: tuple[str, ...]
+    optional_params: tuple[str, ...]
+
+    def names(self) -> list[str]:
+        if self.experts is None:
+            return [self.name]
+        pieces = self.name.split("*")  # `str.join` over the pieces == `name.replace("*", id)`
+        return [str(e).join(pieces) for e in self.experts]
+
+    def modules(self) -> list[ExpectedModule]:
+        if self.experts is None:
+            return [ExpectedModule(self.name, self.spec, self.layer, self.expert, self.shape, self.params,
+                                   self.optional_params)]  # fmt: skip
+        make, spec, layer, shape, params, optional = ExpectedModule._make, self.spec, self.layer, *self[5:]
+        pieces = self.name.split("*")
+        return [make((str(e).join(pieces), spec, layer, e, shape, params, optional)) for e in self.experts]
+
+
 def config_env(pattern: Pattern, config: dict[str, Any]) -> dict[str, Any]:
     env: dict[str, Any] = {}
     env.update({k: v for k, v in config.items() if not isinstance(v, dict)})
@@ -724,6 +755,16 @@ def expand(
 ) -> tuple[list[ExpectedModule], list[str]]:
     """All modules the config implies, with expected shapes. Also returns notes on what could not be
     evaluated (a missing config key). `names` (the checkpoint's tensors) picks a root alias."""
+    runs, notes = expand_runs(pattern, config, names)
+    return [m for run in runs for m in run.modules()], notes
+
+
+def expand_runs(
+    pattern: Pattern, config: dict[str, Any], names: Iterable[str] | None = None
+) -> tuple[list[ExpectedRun], list[str]]:
+    """`expand` before the expert ids are filled in: one `ExpectedRun` per pattern entry and layer (all the
+    experts of an expert entry in one run), in `expand`'s order; the same notes. Callers that reason per
+    name template (an ignore list over 19k expert modules) read the runs and never build the names."""
     notes: list[str] = []
     if pattern.exact is not None:
         canonical = pattern.layer_prefix.rsplit(".", 1)[0]
@@ -732,12 +773,13 @@ def expand(
         if root != canonical:
             exact = [m._replace(name=root + m.name[len(canonical) :]) if m.name.startswith(canonical + ".") else m
                      for m in exact]  # fmt: skip
-        return exact, notes
+        return [ExpectedRun(m.name, m.spec, m.layer, m.expert, None, m.shape, m.params, m.optional_params)
+                for m in exact], notes  # fmt: skip
     env = config_env(pattern, config)
     n_layers = _count(pattern.num_layers, env, "layers")
     n_mtp = _count(pattern.mtp_layers, env, "mtp")
     n_experts = _count(pattern.experts, env, "experts")
-    out: list[ExpectedModule] = []
+    out: list[ExpectedRun] = []
     # Budget, checked before allocating: counts that are each plausible can multiply into billions of
     # modules (1,000 layers x 1,000 experts). Expand no more than the checkpoint could possibly hold.
     if names is not None and not isinstance(names, (list, tuple, dict, set, frozenset)):
@@ -788,7 +830,9 @@ def expand(
                 optional.append("bias")
         return True, shape, tuple(params), tuple(optional)
 
-    def add(spec: ModuleSpec, full: str, layer_env: dict[str, Any], layer: int | None, expert: int | None) -> None:
+    def resolved_for(
+        spec: ModuleSpec, layer_env: dict[str, Any]
+    ) -> tuple[bool, tuple[int, ...] | None, tuple[str, ...], tuple[str, ...]]:
         key = id(spec)
         got = resolved.get(key)
         if got is None:
@@ -796,9 +840,12 @@ def expand(
             exprs = (spec.when or "", str(spec.bias), *spec.shape)
             if not any("layer" in e for e in exprs):
                 resolved[key] = got
-        included, shape, params, optional = got
+        return got
+
+    def add(spec: ModuleSpec, full: str, layer_env: dict[str, Any], layer: int | None, experts: range | None) -> None:
+        included, shape, params, optional = resolved_for(spec, layer_env)
         if included:
-            out.append(ExpectedModule(full, spec, layer, expert, shape, params, optional))
+            out.append(ExpectedRun(full, spec, layer, None, experts, shape, params, optional))
 
     for spec in pattern.globals:
         add(spec, spec.name, env, None, None)
@@ -821,8 +868,9 @@ def expand(
         for section in sections:
             for spec in section:
                 if spec.is_expert:
-                    for e in range(n_experts):
-                        add(spec, f"{prefix}.{spec.name.replace('*', str(e))}", lenv, layer, e)
+                    # One run for all the experts (~19k modules for Qwen3-30B-A3B, ~47k for DeepSeek-V3).
+                    if n_experts:
+                        add(spec, f"{prefix}.{spec.name}", lenv, layer, range(n_experts))
                 else:
                     add(spec, f"{prefix}.{spec.name}", lenv, layer, None)
     canonical = pattern.layer_prefix.rsplit(".", 1)[0]

@@ -84,6 +84,9 @@ class QuantAnalysis:
             names: Iterable[str] = self.inventory.modules
             if level == "param":
                 names = {*self.inventory.params, *(f"{m}.weight" for m in self.inventory.modules)}
+            elif self.inventory.runs is not None:  # config-only: grouped from the pattern's runs, unparsed
+                self._names[level] = NameSet.from_runs(self.inventory.runs)
+                return self._names[level]
             self._names[level] = NameSet(names)
         return self._names[level]
 

@@ -24,10 +24,14 @@ from __future__ import annotations
 import re
 from collections import defaultdict
 from collections.abc import Callable, Iterable
+from typing import TYPE_CHECKING
 
-from weightcheck.names import Template, group_by_template
+from weightcheck.names import Template, group_by_template, name_template
 from weightcheck.quant.matchers import Consumer, _compiled
 from weightcheck.quant.safe_regex import SafeRegex
+
+if TYPE_CHECKING:
+    from weightcheck.patterns import ExpectedRun
 
 _RUNS = re.compile(r"\d+")
 # Characters that make a transformers entry more than a string with `.` wildcards.
@@ -100,6 +104,45 @@ class NameSet:
 
     def __init__(self, names: Iterable[str]) -> None:
         self.groups = [_Group(parts, members) for parts, members in group_by_template(names).items()]
+
+    @classmethod
+    def from_runs(cls, runs: Iterable[ExpectedRun]) -> NameSet:
+        """The NameSet of the runs' module names (`patterns.expand_runs`, each name once), grouped as
+        `group_by_template` groups them, in the same order, without parsing each expert's name: a run's
+        names differ only in the expert id that fills its `*`, so the template of its first and last names
+        says where that id sits for all of them (`tests/test_pattern_runs.py` checks the groups equal
+        `NameSet(names)`'s on every shipped pattern)."""
+        groups: dict[Template, list[tuple[str, tuple[str, ...]]]] = defaultdict(list)
+        for run in runs:
+            names = run.names()
+            first_parts, first = name_template(names[0])
+            if len(names) == 1:
+                groups[first_parts].append((names[0], first))
+                continue
+            assert run.experts is not None
+            last_parts, last = name_template(names[-1])
+            slots = [k for k in range(len(first)) if first[k] != last[k]]
+            k = slots[0] if len(slots) == 1 else -1
+            if (
+                last_parts != first_parts
+                or k < 0
+                or first[k] != str(run.experts[0])
+                or last[k] != str(run.experts[-1])
+            ):
+                for name in names:  # the id is not a template slot of these names: parse each
+                    parts, values = name_template(name)
+                    groups[parts].append((name, values))
+                continue
+            head, tail = first[:k], first[k + 1 :]
+            ids = [str(e) for e in run.experts]
+            if not tail and len(head) == 1:  # the usual (layer, expert)
+                layer = head[0]
+                groups[first_parts].extend([(name, (layer, i)) for name, i in zip(names, ids, strict=True)])
+            else:
+                groups[first_parts].extend([(name, (*head, i, *tail)) for name, i in zip(names, ids, strict=True)])
+        out = cls.__new__(cls)
+        out.groups = [_Group(parts, members) for parts, members in groups.items()]
+        return out
 
 
 class _Entry:

@@ -8,11 +8,12 @@ pattern applies.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
 from weightcheck.names import split_layer
-from weightcheck.patterns import ExpectedModule, Pattern, expand
+from weightcheck.patterns import ExpectedModule, ExpectedRun, Pattern, expand, expand_runs
 from weightcheck.safetensors_header import TensorInfo
 from weightcheck.structure import QUANT_COMPANIONS, split_tail
 
@@ -62,14 +63,34 @@ class ModuleInfo:
         return None
 
 
-@dataclass
 class Inventory:
-    modules: dict[str, ModuleInfo]
-    params: list[str]  # full parameter names (what the online quantizers see)
-    from_config_only: bool
-    pattern: Pattern | None
-    notes: list[str] = field(default_factory=list)
-    expected: list[ExpectedModule] = field(default_factory=list)
+    """The modules; `params`: the sorted full parameter names (what the online quantizers see). It may be given
+    as a function that makes them: config-only lint of a module-level ignore list never asks for them (~19k
+    names for Qwen3-30B-A3B), so from_config leaves them unmade until asked."""
+
+    def __init__(
+        self,
+        modules: dict[str, ModuleInfo],
+        params: list[str] | Callable[[], list[str]],
+        from_config_only: bool,
+        pattern: Pattern | None,
+        notes: list[str] | None = None,
+        expected: list[ExpectedModule] | None = None,
+        runs: list[ExpectedRun] | None = None,
+    ) -> None:
+        # runs: from_config's expectation one name template at a time (`patterns.expand_runs`), each module
+        # name once; None when the modules come from stored tensors.
+        self.runs = runs
+        self.modules, self._params = modules, params
+        self.from_config_only, self.pattern = from_config_only, pattern
+        self.notes: list[str] = notes if notes is not None else []
+        self.expected: list[ExpectedModule] = expected if expected is not None else []
+
+    @property
+    def params(self) -> list[str]:
+        if callable(self._params):
+            self._params = self._params()
+        return self._params
 
     def of_kind(self, *kinds: str) -> list[ModuleInfo]:
         return [m for m in self.modules.values() if m.kind in kinds]
@@ -166,10 +187,11 @@ def from_checkpoint(
 
 def from_config(pattern: Pattern, config: dict[str, Any]) -> Inventory:
     """Config-only mode: the modules the pattern and the config's dimensions imply, no tensors."""
-    mods, notes = expand(pattern, config)
+    runs, notes = expand_runs(pattern, config)
+    mods = [m for run in runs for m in run.modules()]
     modules = {
         m.name: ModuleInfo(name=m.name, kind=m.spec.kind, expected=m, layer=m.layer, expert=m.expert) for m in mods
     }
-    params = sorted(f"{m.name}.{p}" for m in mods for p in m.params)
-    return Inventory(modules=modules, params=params, from_config_only=True, pattern=pattern, notes=notes,
-                     expected=mods)  # fmt: skip
+    return Inventory(modules=modules, params=lambda: sorted(f"{m.name}.{p}" for m in mods for p in m.params),
+                     from_config_only=True, pattern=pattern, notes=notes, expected=mods,
+                     runs=runs if len(modules) == len(mods) else None)  # fmt: skip

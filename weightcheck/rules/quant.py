@@ -88,7 +88,7 @@ def ignore_entry_unmatched(ctx: LintContext) -> None:
     # `ignore: ["lm_head"]`, which is harmless.
     tied = ctx.ckpt.text_config().get("tie_word_embeddings") is True and "lm_head" not in qa.inventory.modules
     unlisted = _unlisted_prefixes(qa) if qa.inventory.from_config_only else ()
-    inert = _inert_params(qa)
+    inert: tuple[set[str], set[str]] | None = None  # made on the first entry that reaches the question
     skipped: list[str] = []
     for entry in qa.spec.ignore:
         if is_class_entry(entry) or regex_error(entry) or _looks_like_param(qa, entry):
@@ -101,6 +101,7 @@ def ignore_entry_unmatched(ctx: LintContext) -> None:
         if unlisted and _under(entry, unlisted, qa):
             skipped.append(entry)
             continue
+        inert = inert or _inert_params(qa)
         if _names_inert_param(entry, inert):
             continue
         hint = ""
