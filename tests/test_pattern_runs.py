@@ -31,8 +31,9 @@ def _cases() -> list[tuple[str, dict]]:
     return cases
 
 
-def _groups(names: NameSet) -> list[tuple[tuple[str, ...], list[tuple[str, tuple[str, ...]]]]]:
-    return [(g.parts, g.members) for g in names.groups]
+def _groups(names: NameSet) -> list[tuple[object, ...]]:
+    """Each group's template, members and id-length classes (in their order: it orders the findings)."""
+    return [(g.parts, g.members, list(g.classes.items())) for g in names.groups]
 
 
 @pytest.mark.parametrize(("label", "config"), _cases(), ids=[c[0] for c in _cases()])
@@ -47,7 +48,11 @@ def test_runs_are_expand_and_group_like_the_names(label: str, config: dict) -> N
     assert [n for r in runs for n in r.names()] == [m.name for m in mods]
     assert run_notes == notes
     inventory = from_config(pattern, text)
-    assert list(inventory.modules) == list(dict.fromkeys(m.name for m in mods))
+    # the modules made on lookup are the ones made eagerly before
+    eager = {m.name: (m.name, m.spec.kind, m, m.layer, m.expert) for m in mods}
+    assert list(inventory.modules) == list(eager)
+    assert {k: (v.name, v.kind, v.expected, v.layer, v.expert) for k, v in inventory.modules.items()} == eager
+    assert inventory.expected == mods
     if inventory.runs is None:  # a name twice: grouped from the names instead
         assert len(inventory.modules) < len(mods)
         return

@@ -85,7 +85,7 @@ class QuantAnalysis:
             if level == "param":
                 names = {*self.inventory.params, *(f"{m}.weight" for m in self.inventory.modules)}
             elif self.inventory.runs is not None:  # config-only: grouped from the pattern's runs, unparsed
-                self._names[level] = NameSet.from_runs(self.inventory.runs)
+                self._names[level] = NameSet.from_runs(self.inventory.runs, self.inventory.run_names)
                 return self._names[level]
             self._names[level] = NameSet(names)
         return self._names[level]

@@ -24,6 +24,7 @@ from __future__ import annotations
 import re
 from collections import defaultdict
 from collections.abc import Callable, Iterable
+from functools import lru_cache
 from typing import TYPE_CHECKING
 
 from weightcheck.names import Template, group_by_template, name_template
@@ -58,7 +59,12 @@ class _Group:
         "targets_lower",
     )  # fmt: skip
 
-    def __init__(self, parts: Template, members: list[tuple[str, tuple[str, ...]]]) -> None:
+    def __init__(
+        self,
+        parts: Template,
+        members: list[tuple[str, tuple[str, ...]]],
+        classes: dict[tuple[int, ...], list[int]] | None = None,
+    ) -> None:
         self.parts, self.members = parts, members
         rep = members[0][0]
         self.abstract = abstract(rep)
@@ -68,7 +74,7 @@ class _Group:
         self.targets = (self.abstract,) if self.stripped is None else (self.abstract, self.stripped)
         self.targets_lower = tuple(t.lower() for t in self.targets)
         self._shapes: list[str] | None = None
-        self._classes: dict[tuple[int, ...], list[int]] | None = None
+        self._classes = classes  # given by NameSet.from_runs; else made on first use
         self._by_value: list[dict[str, list[int]]] | None = None
 
     @property
@@ -106,42 +112,61 @@ class NameSet:
         self.groups = [_Group(parts, members) for parts, members in group_by_template(names).items()]
 
     @classmethod
-    def from_runs(cls, runs: Iterable[ExpectedRun]) -> NameSet:
-        """The NameSet of the runs' module names (`patterns.expand_runs`, each name once), grouped as
-        `group_by_template` groups them, in the same order, without parsing each expert's name: a run's
-        names differ only in the expert id that fills its `*`, so the template of its first and last names
-        says where that id sits for all of them (`tests/test_pattern_runs.py` checks the groups equal
-        `NameSet(names)`'s on every shipped pattern)."""
-        groups: dict[Template, list[tuple[str, tuple[str, ...]]]] = defaultdict(list)
-        for run in runs:
-            names = run.names()
-            first_parts, first = name_template(names[0])
-            if len(names) == 1:
-                groups[first_parts].append((names[0], first))
+    def from_runs(cls, runs: Iterable[ExpectedRun], names: Iterable[list[str]] | None = None) -> NameSet:
+        """The NameSet of the runs' module names (`patterns.expand_runs`, each name once; `names`: each run's
+        `names()` when the caller has them), grouped as `group_by_template` groups them, in the same order,
+        without parsing each expert's name: a run's names differ only in the expert id that fills its `*`,
+        so the template of its first and last names says where that id sits for all of them, and the ids'
+        lengths (the groups' length classes) follow from the run's range (`tests/test_pattern_runs.py`
+        checks the groups equal `NameSet(names)`'s on every shipped pattern)."""
+        groups: dict[Template, list[tuple[str, tuple[str, ...]]]] = {}
+        classes: dict[Template, dict[tuple[int, ...], list[int]]] = {}
+
+        def add(parts: Template, items: list[tuple[str, tuple[str, ...]]]) -> None:
+            members = groups.setdefault(parts, [])
+            by_len = classes.setdefault(parts, {})
+            for i, (_, values) in enumerate(items, len(members)):
+                by_len.setdefault(tuple(map(len, values)), []).append(i)
+            members.extend(items)
+
+        runs = list(runs)
+        for run, run_names in zip(runs, names if names is not None else (r.names() for r in runs), strict=True):
+            first_parts, first = name_template(run_names[0])
+            if len(run_names) == 1:
+                add(first_parts, [(run_names[0], first)])
                 continue
-            assert run.experts is not None
-            last_parts, last = name_template(names[-1])
+            experts = run.experts
+            assert experts is not None
+            last_parts, last = name_template(run_names[-1])
             slots = [k for k in range(len(first)) if first[k] != last[k]]
             k = slots[0] if len(slots) == 1 else -1
-            if (
-                last_parts != first_parts
-                or k < 0
-                or first[k] != str(run.experts[0])
-                or last[k] != str(run.experts[-1])
-            ):
-                for name in names:  # the id is not a template slot of these names: parse each
+            if last_parts != first_parts or k < 0 or first[k] != str(experts[0]) or last[k] != str(experts[-1]):
+                for name in run_names:  # the id is not a template slot of these names: parse each
                     parts, values = name_template(name)
-                    groups[parts].append((name, values))
+                    add(parts, [(name, values)])
                 continue
             head, tail = first[:k], first[k + 1 :]
-            ids = [str(e) for e in run.experts]
+            ids = [str(e) for e in experts]
+            if experts.step != 1 or experts.start < 0:
+                add(first_parts, [(name, (*head, i, *tail)) for name, i in zip(run_names, ids, strict=True)])
+                continue
+            members = groups.setdefault(first_parts, [])
+            by_len = classes.setdefault(first_parts, {})
+            # Ids of one length are a block of the range (0-9, 10-99, ...): their member indexes at once.
+            head_lens, tail_lens = tuple(map(len, head)), tuple(map(len, tail))
+            offset, low = len(members) - experts.start, experts.start
+            while low < experts.stop:
+                digits = len(str(low))
+                high = min(experts.stop, 10**digits)
+                by_len.setdefault((*head_lens, digits, *tail_lens), []).extend(range(offset + low, offset + high))
+                low = high
             if not tail and len(head) == 1:  # the usual (layer, expert)
                 layer = head[0]
-                groups[first_parts].extend([(name, (layer, i)) for name, i in zip(names, ids, strict=True)])
+                members.extend([(name, (layer, i)) for name, i in zip(run_names, ids, strict=True)])
             else:
-                groups[first_parts].extend([(name, (*head, i, *tail)) for name, i in zip(names, ids, strict=True)])
+                members.extend([(name, (*head, i, *tail)) for name, i in zip(run_names, ids, strict=True)])
         out = cls.__new__(cls)
-        out.groups = [_Group(parts, members) for parts, members in groups.items()]
+        out.groups = [_Group(parts, members, classes[parts]) for parts, members in groups.items()]
         return out
 
 
@@ -184,7 +209,7 @@ class _Entry:
         elif key == "transformers" and not (_REGEX_SPECIAL & set(entry)):
             # re.match(entry) with `.` as the only wildcard, or name.endswith(entry).
             self.forward = (entry,)
-            self.positional = re.compile("".join("." if ch == "." else re.escape(ch) for ch in abstract_chars(entry)))
+            self.positional = _positional_regex(abstract_chars(entry))
         elif key == "sglang-modelopt" and not (_REGEX_SPECIAL - {"*"}) & set(entry):
             # A glob matches the whole name or one component, so its longest literal piece is a substring of
             # the name (ModelOpt writes one `model.layers.N.self_attn*` per layer: hundreds of globs).
@@ -199,6 +224,15 @@ class _Entry:
         self.reverse_abstract = tuple(abstract(r) for r in self.reverse)
 
 
+@lru_cache(maxsize=4096)
+def _positional_regex(shape: str) -> re.Pattern[str]:
+    """`.` the only wildcard; per shape, not per entry: a per-layer list has a handful of shapes."""
+    return re.compile("".join("." if ch == "." else re.escape(ch) for ch in shape))
+
+
+_ASCII_DIGITS_TO_HASH = str.maketrans("0123456789", "#" * 10)
+
+
 def _longest_piece(glob: str) -> str:
     """The longest `*`-free piece of a glob (the glob itself when it has none)."""
     return max(glob.split("*"), key=len)
@@ -206,6 +240,8 @@ def _longest_piece(glob: str) -> str:
 
 def abstract_chars(text: str) -> str:
     """Every digit replaced by `#`, keeping positions (for start-anchored positional matching)."""
+    if text.isascii():  # `str.isdigit` is true for other characters (`²`) only outside ASCII
+        return text.translate(_ASCII_DIGITS_TO_HASH)
     return "".join("#" if ch.isdigit() else ch for ch in text)
 
 
@@ -298,6 +334,16 @@ class CompiledIgnore:
         for m in _RUNS.finditer(form):
             run = m.group()
             lead, trail = m.start() == 0, m.end() == len(form)
+            if not lead and not trail:  # the usual case (`model.layers.3.mlp.gate`): the id must equal the run
+                if run in group.fixed_runs:
+                    continue
+                have = set()
+                for slot in group.by_value:
+                    have.update(slot.get(run, ()))
+                wanted = have if wanted is None else wanted & have
+                if not wanted:
+                    return set()
+                continue
             if lead and trail:
                 ok = lambda v, r=run: r in v  # noqa: E731
             elif lead:

@@ -9,6 +9,7 @@ from __future__ import annotations
 import json
 import re
 from collections import defaultdict
+from collections.abc import Iterable
 
 from weightcheck.collapse import ids_pattern, summarize
 from weightcheck.findings import Severity
@@ -128,14 +129,37 @@ _PRIMARY_READERS = frozenset({"ct", "vllm", "sglang", "sglang-fp8", "vllm-fp8", 
                               "sglang-modelopt"})  # fmt: skip
 
 
+def _is_head(name: str) -> bool:
+    return name == "lm_head" or name.endswith(".lm_head") or name.endswith("shared_head.head")
+
+
+def _head_router_embedding_candidates(qa: QuantAnalysis) -> Iterable[ModuleInfo]:
+    """The modules WC309 looks at, in inventory order: config-only, only the runs (`patterns.expand_runs`)
+    whose kind or name can make them a router, an embedding or a head, not 18k expert Linears one by one.
+    A run's names differ only in the digits that fill its `*`, and `_is_head` tests digit-free endings, so its
+    first name answers for all of them."""
+    assert qa.inventory is not None
+    modules, runs, run_names = qa.inventory.modules, qa.inventory.runs, qa.inventory.run_names
+    if runs is None or run_names is None:
+        return modules.values()
+    out: list[ModuleInfo] = []
+    for run, names in zip(runs, run_names, strict=True):
+        if run.spec.kind in ("router", "embedding") or _is_head(names[0]):
+            out += [modules[n] for n in names]
+    return out
+
+
 def _unlisted_prefixes(qa: QuantAnalysis) -> tuple[str, ...]:
     """Config-only mode: namespaces the pattern does not enumerate although checkpoints carry them: a VLM's
     vision tower and projector (`allowed_prefixes`) and MTP layers (`mtp.`), which transformers drops at load
     (Qwen3-Next's config does not even declare them, yet its releases ship and ignore `mtp.*`)."""
     assert qa.inventory is not None
     prefixes = list(qa.pattern.allowed_prefixes) if qa.pattern is not None else []
+    # One name per run answers for the run (the prefixes hold no digit; see _head_router_embedding_candidates).
+    runs = qa.inventory.runs
+    names = qa.inventory.modules if runs is None else [r.name.replace("*", "0") for r in runs]
     for mtp in ("mtp.", "model.mtp."):
-        if not any(m.startswith(mtp) for m in qa.inventory.modules):
+        if not any(m.startswith(mtp) for m in names):
             prefixes.append(mtp)
     return tuple(prefixes)
 
@@ -457,10 +481,8 @@ def non_linear_not_ignored(ctx: LintContext) -> None:
 
     unquantized = {e: _engine_leaves(ctx, e) for e in ENGINE_SOURCES}
     groups: dict[tuple[str, tuple[str, ...]], list[str]] = defaultdict(list)
-    for module in qa.inventory.modules.values():
-        is_head = (
-            module.name == "lm_head" or module.name.endswith(".lm_head") or module.name.endswith("shared_head.head")
-        )
+    for module in _head_router_embedding_candidates(qa):
+        is_head = _is_head(module.name)
         if module.kind not in ("router", "embedding") and not is_head:
             continue
         if module.weight_ndim() not in (None, 2) or module.quantized:
