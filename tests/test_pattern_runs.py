@@ -33,7 +33,7 @@ def _cases() -> list[tuple[str, dict]]:
 
 def _groups(names: NameSet) -> list[tuple[object, ...]]:
     """Each group's template, members and id-length classes (in their order: it orders the findings)."""
-    return [(g.parts, g.members, list(g.classes.items())) for g in names.groups]
+    return [(g.parts, g.members, list(g.classes.items()), g.class_shapes, g.abstract) for g in names.groups]
 
 
 @pytest.mark.parametrize(("label", "config"), _cases(), ids=[c[0] for c in _cases()])

@@ -24,7 +24,7 @@ from __future__ import annotations
 import re
 from collections import defaultdict
 from collections.abc import Callable, Iterable
-from functools import lru_cache
+from functools import lru_cache, partial
 from typing import TYPE_CHECKING
 
 from weightcheck.names import Template, group_by_template, name_template
@@ -55,18 +55,24 @@ class _Group:
     """The names of one template; id indexes are built only for the entries that need them."""
 
     __slots__ = (
-        "_by_value", "_classes", "_shapes", "abstract", "fixed_runs", "members", "parts", "stripped", "targets",
-        "targets_lower",
+        "_by_value", "_class_names", "_classes", "_members", "_shapes", "abstract", "fixed_runs", "parts", "stripped",
+        "targets", "targets_lower",
     )  # fmt: skip
 
     def __init__(
         self,
         parts: Template,
-        members: list[tuple[str, tuple[str, ...]]],
+        members: list[tuple[str, tuple[str, ...]]] | Callable[[], list[tuple[str, tuple[str, ...]]]],
         classes: dict[tuple[int, ...], list[int]] | None = None,
+        first: str | None = None,
+        class_names: dict[tuple[int, ...], str] | None = None,
     ) -> None:
-        self.parts, self.members = parts, members
-        rep = members[0][0]
+        """`members`: the (name, ids) list, or a function that makes it (NameSet.from_runs: most groups of a
+        config-only lint are never looked into member by member), then with `first` the first member's
+        name, `classes` and `class_names` the first member's name of each class."""
+        self.parts, self._members = parts, members
+        rep = first if first is not None else members[0][0]  # type: ignore[index]
+        self._class_names = class_names
         self.abstract = abstract(rep)
         # vLLM ModelOpt also matches with `language_model.` removed once.
         self.stripped = abstract(rep.replace("language_model.", "", 1)) if "language_model." in rep else None
@@ -76,6 +82,12 @@ class _Group:
         self._shapes: list[str] | None = None
         self._classes = classes  # given by NameSet.from_runs; else made on first use
         self._by_value: list[dict[str, list[int]]] | None = None
+
+    @property
+    def members(self) -> list[tuple[str, tuple[str, ...]]]:
+        if callable(self._members):
+            self._members = self._members()
+        return self._members
 
     @property
     def classes(self) -> dict[tuple[int, ...], list[int]]:
@@ -91,7 +103,10 @@ class _Group:
     def class_shapes(self) -> list[str]:
         """One name per id-length class with every digit replaced by `#` (positions kept)."""
         if self._shapes is None:
-            self._shapes = [abstract_chars(self.members[idx[0]][0]) for idx in self.classes.values()]
+            if self._class_names is not None:
+                self._shapes = [abstract_chars(self._class_names[key]) for key in self.classes]
+            else:
+                self._shapes = [abstract_chars(self.members[idx[0]][0]) for idx in self.classes.values()]
         return self._shapes
 
     @property
@@ -103,6 +118,23 @@ class _Group:
                 for k, v in enumerate(values):
                     self._by_value[k][v].append(i)
         return self._by_value
+
+
+def _members(segments: list[object]) -> list[tuple[str, tuple[str, ...]]]:
+    """A group's (name, ids) members from NameSet.from_runs' segments."""
+    out: list[tuple[str, tuple[str, ...]]] = []
+    for seg in segments:
+        if isinstance(seg, list):
+            out += seg
+            continue
+        run_names, head, experts, tail = seg  # type: ignore[misc]
+        ids = [str(e) for e in experts]
+        if not tail and len(head) == 1:  # the usual (layer, expert)
+            layer = head[0]
+            out += [(name, (layer, i)) for name, i in zip(run_names, ids, strict=True)]
+        else:
+            out += [(name, (*head, i, *tail)) for name, i in zip(run_names, ids, strict=True)]
+    return out
 
 
 class NameSet:
@@ -119,15 +151,29 @@ class NameSet:
         so the template of its first and last names says where that id sits for all of them, and the ids'
         lengths (the groups' length classes) follow from the run's range (`tests/test_pattern_runs.py`
         checks the groups equal `NameSet(names)`'s on every shipped pattern)."""
-        groups: dict[Template, list[tuple[str, tuple[str, ...]]]] = {}
+        # Per group: its members as segments (ready lists, or a run's names still to pair with their ids),
+        # how many, the first name, the id-length classes and the first name of each class.
+        segments: dict[Template, list[object]] = {}
+        sizes: dict[Template, int] = {}
+        firsts: dict[Template, str] = {}
         classes: dict[Template, dict[tuple[int, ...], list[int]]] = {}
+        class_names: dict[Template, dict[tuple[int, ...], str]] = {}
+
+        def group(parts: Template, first: str) -> tuple[dict[tuple[int, ...], list[int]], dict[tuple[int, ...], str]]:
+            if parts not in segments:
+                segments[parts], sizes[parts], firsts[parts] = [], 0, first
+                classes[parts], class_names[parts] = {}, {}
+            return classes[parts], class_names[parts]
 
         def add(parts: Template, items: list[tuple[str, tuple[str, ...]]]) -> None:
-            members = groups.setdefault(parts, [])
-            by_len = classes.setdefault(parts, {})
-            for i, (_, values) in enumerate(items, len(members)):
-                by_len.setdefault(tuple(map(len, values)), []).append(i)
-            members.extend(items)
+            by_len, named = group(parts, items[0][0])
+            for i, (name, values) in enumerate(items, sizes[parts]):
+                key = tuple(map(len, values))
+                if key not in by_len:
+                    by_len[key], named[key] = [], name
+                by_len[key].append(i)
+            segments[parts].append(items)
+            sizes[parts] += len(items)
 
         runs = list(runs)
         for run, run_names in zip(runs, names if names is not None else (r.names() for r in runs), strict=True):
@@ -146,27 +192,29 @@ class NameSet:
                     add(parts, [(name, values)])
                 continue
             head, tail = first[:k], first[k + 1 :]
-            ids = [str(e) for e in experts]
             if experts.step != 1 or experts.start < 0:
+                ids = [str(e) for e in experts]
                 add(first_parts, [(name, (*head, i, *tail)) for name, i in zip(run_names, ids, strict=True)])
                 continue
-            members = groups.setdefault(first_parts, [])
-            by_len = classes.setdefault(first_parts, {})
+            by_len, named = group(first_parts, run_names[0])
             # Ids of one length are a block of the range (0-9, 10-99, ...): their member indexes at once.
             head_lens, tail_lens = tuple(map(len, head)), tuple(map(len, tail))
-            offset, low = len(members) - experts.start, experts.start
+            offset, low = sizes[first_parts] - experts.start, experts.start
             while low < experts.stop:
                 digits = len(str(low))
                 high = min(experts.stop, 10**digits)
-                by_len.setdefault((*head_lens, digits, *tail_lens), []).extend(range(offset + low, offset + high))
+                key = (*head_lens, digits, *tail_lens)
+                if key not in by_len:
+                    by_len[key], named[key] = [], run_names[low - experts.start]
+                by_len[key].extend(range(offset + low, offset + high))
                 low = high
-            if not tail and len(head) == 1:  # the usual (layer, expert)
-                layer = head[0]
-                members.extend([(name, (layer, i)) for name, i in zip(run_names, ids, strict=True)])
-            else:
-                members.extend([(name, (*head, i, *tail)) for name, i in zip(run_names, ids, strict=True)])
+            segments[first_parts].append((run_names, head, experts, tail))
+            sizes[first_parts] += len(run_names)
         out = cls.__new__(cls)
-        out.groups = [_Group(parts, members, classes[parts]) for parts, members in groups.items()]
+        out.groups = [
+            _Group(parts, partial(_members, segs), classes[parts], firsts[parts], class_names[parts])
+            for parts, segs in segments.items()
+        ]
         return out
 
 
@@ -275,9 +323,11 @@ class CompiledIgnore:
 
     def _group(self, group: _Group, found: dict[str, set[int]]) -> None:
         match = self.consumer.match
-        members = group.members
         todo = [e for bucket in self._buckets.values() if self._may_match(bucket[0], group) for e in bucket]
         todo += self._others
+        if not todo:
+            return
+        members = group.members
         for e in todo:
             if e.uniform:
                 for idx in group.classes.values():

@@ -83,12 +83,20 @@ class _DottedLiteral(SafeRegex):
     def __init__(self, pattern: str, width: int, literals: list[tuple[int, str]]) -> None:
         super().__init__(pattern, None, None)
         self._width = width
-        self._literals = literals
+        # Literal characters at consecutive positions merged into (start, text) pieces: one comparison per
+        # piece (`model`, `layers`, `3`, ...), not per character.
+        pieces: list[tuple[int, str]] = []
+        for i, char in literals:
+            if pieces and pieces[-1][0] + len(pieces[-1][1]) == i:
+                pieces[-1] = (pieces[-1][0], pieces[-1][1] + char)
+            else:
+                pieces.append((i, char))
+        self._literals = pieces
 
     def _fits(self, text: str) -> bool:
-        # `.` matches anything but a newline; the other positions must hold their literal character.
+        # `.` matches anything but a newline; the other positions must hold their literal characters.
         head = text[: self._width]
-        return "\n" not in head and all(head[i] == char for i, char in self._literals)
+        return "\n" not in head and all(head.startswith(piece, i) for i, piece in self._literals)
 
     def match(self, text: str) -> bool:
         return len(text) >= self._width and self._fits(text)
@@ -104,6 +112,8 @@ def _dotted_literal(pattern: str) -> _DottedLiteral | None:
     """The character-comparing form of `pattern`, if it has that shape (else None: compile it)."""
     if not _DOTTED_LITERAL.fullmatch(pattern):
         return None
+    if "\\" not in pattern:  # no `\.`: one character per position (most module-name entries)
+        return _DottedLiteral(pattern, len(pattern), [(i, ch) for i, ch in enumerate(pattern) if ch != "."])
     literals: list[tuple[int, str]] = []
     width = i = 0
     while i < len(pattern):
