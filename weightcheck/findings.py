@@ -41,6 +41,8 @@ class Location:
 
 @dataclass
 class Finding:
+    """One problem a rule found: code, severity, message, where, and the fix."""
+
     code: str
     name: str
     severity: Severity

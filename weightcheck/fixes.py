@@ -45,6 +45,8 @@ register(
 
 @dataclass
 class FileEdit:
+    """One JSON file `--fix` rewrites: its new data, original text and what changed."""
+
     file: str  # relative to the checkpoint root
     data: Any
     original: str

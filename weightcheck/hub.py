@@ -46,6 +46,8 @@ class HubError(Exception):
 
 @dataclass(frozen=True)
 class HubTarget:
+    """A Hugging Face Hub repo (and revision, subfolder) named as a lint target."""
+
     repo_id: str
     revision: str | None = None
     subfolder: str = ""

@@ -151,6 +151,8 @@ def _eval(node: ast.AST, env: dict[str, Any]) -> Any:
 
 @dataclass(frozen=True)
 class ModuleSpec:
+    """One module entry of a pattern: its name under the layer (or global), kind, shape and params."""
+
     name: str  # relative to the layer (or absolute for globals); `*` = expert index
     kind: str
     shape: tuple[str, ...] = ()
@@ -168,6 +170,8 @@ class ModuleSpec:
 
 @dataclass
 class Pattern:
+    """An architecture pattern: the modules a family implies, with its detection keys."""
+
     name: str
     path: str
     model_types: list[str]

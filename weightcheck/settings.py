@@ -38,6 +38,8 @@ class SettingsError(ValueError):
 
 @dataclass
 class Settings:
+    """The resolved `[tool.weightcheck]` / weightcheck.toml settings of one run."""
+
     select: list[str] = field(default_factory=lambda: ["ALL"])
     ignore: list[str] = field(default_factory=list)
     fail_on: str = "error"

@@ -29,6 +29,8 @@ def is_class_entry(entry: str) -> bool:
 
 @dataclass
 class QuantAnalysis:
+    """The quantization view of one checkpoint, shared by the WC3xx rules (computed once per lint)."""
+
     spec: QuantSpec | None
     pattern: Pattern | None
     inventory: Inventory | None

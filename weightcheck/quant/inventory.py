@@ -30,6 +30,8 @@ _MOE_PARENTS = {"mlp", "block_sparse_moe", "moe", "feed_forward", "mixer"}
 
 @dataclass(slots=True)
 class ModuleInfo:
+    """One module of the inventory: its kind, stored params, expectation, layer and expert ids."""
+
     name: str
     kind: str
     params: dict[str, TensorInfo | None] = field(default_factory=dict)
