@@ -51,6 +51,9 @@ def test_runs_are_expand_and_group_like_the_names(label: str, config: dict) -> N
     # the modules made on lookup are the ones made eagerly before
     eager = {m.name: (m.name, m.spec.kind, m, m.layer, m.expert) for m in mods}
     assert list(inventory.modules) == list(eager)
+    looked_up = inventory.modules[next(reversed(eager))] if eager else None  # made before the rest: kept
+    assert [v.name for v in inventory.modules.values()] == list(eager)
+    assert looked_up is None or any(v is looked_up for v in inventory.modules.values())
     assert {k: (v.name, v.kind, v.expected, v.layer, v.expert) for k, v in inventory.modules.items()} == eager
     assert inventory.expected == mods
     if inventory.runs is None:  # a name twice: grouped from the names instead

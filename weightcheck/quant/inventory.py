@@ -8,7 +8,7 @@ pattern applies.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Callable, ItemsView, Iterator, Mapping, ValuesView
 from dataclasses import dataclass, field
 from itertools import repeat
 from typing import Any
@@ -241,6 +241,25 @@ class RunModules(Mapping[str, ModuleInfo]):
 
     def __contains__(self, name: object) -> bool:
         return name in self._where
+
+    def values(self) -> ValuesView[ModuleInfo]:  # type: ignore[override]
+        return self._every().values()
+
+    def items(self) -> ItemsView[str, ModuleInfo]:  # type: ignore[override]
+        return self._every().items()
+
+    def _every(self) -> dict[str, ModuleInfo]:
+        """Every module, in order, made in one pass (a rule that walks them all, such as WC320 on a
+        compressed-tensors list, should not pay a lookup per module); those already made are kept."""
+        if len(self._made) != len(self._where):
+            made, make = self._made, ExpectedModule._make
+            self._made = {
+                name: made.get(name)
+                or ModuleInfo(name=name, kind=run.spec.kind, layer=run.layer, expert=expert,
+                              expected=make((name, run.spec, run.layer, expert, *run[5:])))
+                for name, (run, expert) in self._where.items()
+            }  # fmt: skip
+        return self._made
 
     def __iter__(self) -> Iterator[str]:
         return iter(self._where)
