@@ -14,6 +14,7 @@ import pytest
 import tomllib
 
 import weightcheck.patterns as patterns
+from weightcheck.quant.analysis import QuantAnalysis
 from weightcheck.quant.compiled import NameSet
 from weightcheck.quant.inventory import from_config
 
@@ -62,6 +63,20 @@ def test_runs_are_expand_and_group_like_the_names(label: str, config: dict) -> N
     assert _groups(NameSet.from_runs(inventory.runs)) == _groups(NameSet(inventory.modules))
     # the parameter names stay what they were, made when first asked
     assert inventory.params == sorted(f"{m.name}.{p}" for m in mods for p in m.params)
+    # the parameter-level name set from the runs holds the names the set of them did, grouped alike (that
+    # set's order was the hash seed's), and a name is a parameter exactly when it is in `params`
+    qa = QuantAnalysis(spec=None, pattern=pattern, inventory=inventory)
+    if qa._param_runs_apply():
+        by_set = NameSet({*inventory.params, *(f"{m}.weight" for m in inventory.modules)})
+        assert _unordered(qa.name_set("param")) == _unordered(by_set)
+        params = set(inventory.params)
+        probes = [*params, *(f"{m}.weight" for m in inventory.modules), *(f"{m}.qweight" for m in inventory.modules),
+                  "lm_head", "weight", "model.nope.weight"]  # fmt: skip
+        assert [n for n in probes if qa._is_param(n)] == [n for n in probes if n in params]
+
+
+def _unordered(names: NameSet) -> list[tuple[object, ...]]:
+    return sorted((g.parts, sorted(g.members), g.abstract) for g in names.groups)
 
 
 def test_from_runs_falls_back_where_the_id_is_no_template_slot() -> None:
