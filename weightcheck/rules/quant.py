@@ -901,6 +901,30 @@ def _producer_targets(qa: QuantAnalysis, module: ModuleInfo, linear_leaves: dict
     return None
 
 
+def _engine_attr_candidates(
+    qa: QuantAnalysis, leaves: dict[str, dict[str, str]], renames: dict[str, list[str]]
+) -> Iterable[ModuleInfo]:
+    """The modules WC320 looks at, in inventory order. Config-only and without engine renames, a run
+    (`patterns.expand_runs`) whose last component has no `*` shares its kind, its `lm_head` ending and its
+    leaf, which alone decides `_engine_attr`: a run no engine builds unquantized by that leaf is skipped
+    whole (DeepSeek-V3: 46k expert modules never made)."""
+    assert qa.inventory is not None
+    modules, runs, run_names = qa.inventory.modules, qa.inventory.runs, qa.inventory.run_names
+    if runs is None or run_names is None or any(renames.values()):
+        return modules.values()
+    out: list[ModuleInfo] = []
+    for run, names in zip(runs, run_names, strict=True):
+        leaf = run.name.rsplit(".", 1)[-1]
+        if "*" not in leaf and (
+            run.spec.kind in ("embedding", "norm", "experts")
+            or run.name.endswith("lm_head")
+            or not any(leaf in by_leaf for by_leaf in leaves.values())
+        ):
+            continue
+        out += [modules[n] for n in names]
+    return out
+
+
 def _engine_attr(name: str, unquantized: dict[str, str], renames: list[str]) -> str | None:
     """The engine attribute (built unquantized) that module `name` loads into, or None: by the name's last
     component, or by it after the engine's own `load_weights` rewrites (SGLang's Hunyuan drops `wg.`, so
@@ -973,7 +997,7 @@ def engine_unquantized_targeted(ctx: LintContext) -> None:
     class_entries = {e for e in qa.spec.ignore if is_class_entry(e)}
     attr_of: dict[str, dict[str, str]] = {}
     groups: dict[tuple[str, tuple[str, ...], str], list[str]] = defaultdict(list)
-    for module in qa.inventory.modules.values():
+    for module in _engine_attr_candidates(qa, leaves, renames):
         if module.kind in ("embedding", "norm", "experts") or module.name.endswith("lm_head"):
             continue
         # one lookup per name tail (all _engine_attr reads): Qwen3-Next-sized configs have ~75k expert modules
