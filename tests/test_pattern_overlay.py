@@ -17,8 +17,8 @@ from weightcheck.findings import Severity
 
 SHIPPED = Path(patterns.__file__).resolve().parent.parent / "patterns"
 
-_CACHES = ("builtin_patterns", "generated_index", "_generated_doc", "generated_pattern", "_overlaid",
-           "engine_source_facts", "_producer_linear", "_handwritten_doc")  # fmt: skip
+_CACHES = ("builtin_patterns", "builtin_families", "builtin_pattern", "generated_index", "_generated_doc",
+           "generated_pattern", "_overlaid", "engine_source_facts", "_producer_linear", "_handwritten_doc")  # fmt: skip
 
 
 def _clear() -> None:

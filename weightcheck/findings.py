@@ -6,7 +6,6 @@ Nothing here knows about files or about output formats.
 from __future__ import annotations
 
 import enum
-import hashlib
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -42,6 +41,8 @@ class Location:
 
 @dataclass
 class Finding:
+    """One problem a rule found: code, severity, message, where, and the fix."""
+
     code: str
     name: str
     severity: Severity
@@ -78,6 +79,8 @@ class Finding:
         for value in (self.location.file, self.location.tensor, self.location.module):
             value = value or ""
             parts.append(value[len(base) :] if base and value.startswith(base) else value)
+        import hashlib  # here: only baselines and SARIF fingerprint findings; config-only lint does not
+
         # surrogatepass: a non-UTF-8 file name (a lone surrogate from os.listdir) still hashes; valid text is unchanged
         return hashlib.sha256("\x1f".join(parts).encode("utf-8", "surrogatepass")).hexdigest()[:16]
 

@@ -12,10 +12,8 @@ checkpoint: a symlinked or escaping target is refused with a WC110 finding, neve
 
 from __future__ import annotations
 
-import difflib
 import json
 import os
-import tempfile
 from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -47,6 +45,8 @@ register(
 
 @dataclass
 class FileEdit:
+    """One JSON file `--fix` rewrites: its new data, original text and what changed."""
+
     file: str  # relative to the checkpoint root
     data: Any
     original: str
@@ -56,6 +56,8 @@ class FileEdit:
         return json.dumps(self.data, indent=2, ensure_ascii=False) + "\n"
 
     def diff(self) -> str:
+        import difflib  # only --fix --diff; this module is loaded by every lint (it registers WC110)
+
         return "".join(
             difflib.unified_diff(
                 self.original.splitlines(keepends=True),
@@ -192,6 +194,8 @@ def apply_fixes(root: Path, edits: list[FileEdit]) -> tuple[list[str], list[Find
             continue
         target = root / edit.file
         mode = target.stat().st_mode & 0o777
+        import tempfile  # only when --fix writes
+
         fd, tmp = tempfile.mkstemp(prefix=f".{target.name}.", suffix=".tmp", dir=target.parent)
         try:
             with os.fdopen(fd, "w", encoding="utf-8") as fh:

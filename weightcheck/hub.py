@@ -34,8 +34,10 @@ MAX_WORKERS = 16
 # Seconds without a byte before a request is abandoned (a stalled server must not hang lint).
 TIMEOUT = 30.0
 _NAME = r"[A-Za-z0-9][\w.-]*"
-_REPO_ID = re.compile(rf"^(?P<repo>{_NAME}/{_NAME})(?:@(?P<rev>[\w./-]+))?$")
-_HF_URI = re.compile(rf"^hf://(?:models/)?(?P<repo>{_NAME}/{_NAME})(?:@(?P<rev>refs/pr/\d+|[\w.-]+))?(?P<sub>/.*)?$")
+# Compiled on first use (`re`'s cache), not at import: the two cost several ms and a lint of a local path,
+# the usual target, needs neither.
+_REPO_ID = rf"^(?P<repo>{_NAME}/{_NAME})(?:@(?P<rev>[\w./-]+))?$"
+_HF_URI = rf"^hf://(?:models/)?(?P<repo>{_NAME}/{_NAME})(?:@(?P<rev>refs/pr/\d+|[\w.-]+))?(?P<sub>/.*)?$"
 
 
 class HubError(Exception):
@@ -44,6 +46,8 @@ class HubError(Exception):
 
 @dataclass(frozen=True)
 class HubTarget:
+    """A Hugging Face Hub repo (and revision, subfolder) named as a lint target."""
+
     repo_id: str
     revision: str | None = None
     subfolder: str = ""
@@ -62,11 +66,11 @@ def parse_target(spec: str, revision: str | None = None) -> HubTarget | None:
     `--revision`) applies when the spec names none."""
     # `Path("hf://x")` prints as "hf:/x" (CLI arguments arrive as Paths): accept any number of slashes.
     spec = re.sub(r"^hf:/+", "hf://", str(spec))
-    m = _HF_URI.match(spec)
+    m = re.match(_HF_URI, spec) if spec.startswith("hf://") else None
     if m is None:
         if Path(spec).exists() or local_looking(spec):
             return None
-        m = _REPO_ID.match(spec)
+        m = re.match(_REPO_ID, spec)
         if m is None:
             return None
     sub = (m.groupdict().get("sub") or "").strip("/")

@@ -151,6 +151,8 @@ def _eval(node: ast.AST, env: dict[str, Any]) -> Any:
 
 @dataclass(frozen=True)
 class ModuleSpec:
+    """One module entry of a pattern: its name under the layer (or global), kind, shape and params."""
+
     name: str  # relative to the layer (or absolute for globals); `*` = expert index
     kind: str
     shape: tuple[str, ...] = ()
@@ -168,6 +170,8 @@ class ModuleSpec:
 
 @dataclass
 class Pattern:
+    """An architecture pattern: the modules a family implies, with its detection keys."""
+
     name: str
     path: str
     model_types: list[str]
@@ -321,16 +325,72 @@ def _pattern_dir() -> Path | None:
 @lru_cache(maxsize=1)
 def builtin_patterns() -> dict[str, Pattern]:
     """Every pattern shipped in patterns/, validated (a malformed file raises PatternError)."""
-    folder = _pattern_dir()
     out: dict[str, Pattern] = {}
+    for name, head in builtin_families().items():
+        pattern = builtin_pattern(name)
+        if pattern.name != name:  # the [family] table read alone disagrees with the whole file: never shipped
+            raise PatternError(f"{head.path}: [family] name {pattern.name!r} read as {name!r} from the table alone")
+        out[name] = pattern
+    return out
+
+
+class FamilyHead(NamedTuple):
+    """What detection needs from a hand-written pattern: its `[family]` table's names, without the rest."""
+
+    path: str
+    model_types: tuple[str, ...]
+    architectures: tuple[str, ...]
+
+
+_NEXT_TABLE = re.compile(r"^\[(?!family\])", re.MULTILINE)
+
+
+@lru_cache(maxsize=1)
+def builtin_families() -> dict[str, FamilyHead]:
+    """family name -> its model_types/architectures, for every shipped hand-written pattern (file order).
+
+    Detection asks only these; it reads only the `[family]` table of each file (it comes first in every
+    shipped file, and `tests/test_pattern_template.py` keeps it so), then parses the one file it picks. Parsing
+    every TOML file was ~30 ms of a ~100 ms config-only lint. A file whose head does not read alone is
+    parsed whole. Duplicate family names raise PatternError, as `builtin_patterns` always did."""
+    folder = _pattern_dir()
+    out: dict[str, FamilyHead] = {}
     if folder is None:
         return out
     for file in sorted(folder.glob("*.toml")):
-        pattern = load_pattern_file(file)
-        if pattern.name in out:
-            raise PatternError(f"{file}: family {pattern.name!r} already defined in {out[pattern.name].path}")
-        out[pattern.name] = pattern
+        try:
+            text = file.read_text(encoding="utf-8")
+        except (OSError, UnicodeDecodeError) as exc:
+            raise PatternError(f"{file}: {exc}") from None
+        nxt = _NEXT_TABLE.search(text)
+        try:
+            fam = tomllib.loads(text[: nxt.start()] if nxt else text).get("family")
+        except ValueError:
+            fam = None
+        if not isinstance(fam, dict) or not isinstance(fam.get("name"), str):
+            fam = load_pattern_file(file)  # not a shipped shape: the whole file, with its own error
+            fam = {"name": fam.name, "model_types": fam.model_types, "architectures": fam.architectures}
+        name = fam["name"]
+        if name in out:
+            raise PatternError(f"{file}: family {name!r} already defined in {out[name].path}")
+        types, archs = fam.get("model_types") or [], fam.get("architectures") or []
+        out[name] = FamilyHead(
+            str(file),
+            tuple(t for t in types if isinstance(t, str)) if isinstance(types, list) else (),
+            tuple(a for a in archs if isinstance(a, str)) if isinstance(archs, list) else (),
+        )
     return out
+
+
+@lru_cache(maxsize=64)
+def builtin_pattern(name: str) -> Pattern:
+    """One shipped hand-written pattern by family name (KeyError if none), parsed and validated once."""
+    path = builtin_families()[name].path
+    try:
+        doc = _handwritten_doc(path)
+    except (OSError, UnicodeDecodeError, ValueError) as exc:
+        raise PatternError(f"{path}: {exc}") from None
+    return parse_pattern(doc, path)
 
 
 # ---- generated patterns (patterns/generated/, from scripts/generate_patterns.py) -------------------
@@ -451,19 +511,19 @@ def _handwritten_doc(path: str) -> dict[str, Any]:
 def overlaid(name: str, model_type: Any = None) -> Pattern:
     """Built-in hand-written pattern `name` over the generated file of `model_type` when it is one of the
     pattern's model_types (else of the first of them that has one); the TOML alone when none has."""
-    hand = builtin_patterns()[name]
+    hand = builtin_families()[name]
     return _overlaid(name, model_type if model_type in hand.model_types else None)
 
 
 @cache
 def _overlaid(name: str, model_type: str | None) -> Pattern:
-    hand = builtin_patterns()[name]
+    hand = builtin_families()[name]  # the head: the TOML is parsed once, below or by builtin_pattern
     for t in (model_type, *hand.model_types):
         file = generated_index().get("model_types", {}).get(t) if isinstance(t, str) else None
         if file:
             break
     else:
-        return hand
+        return builtin_pattern(name)
     generated, _ = _generated_doc(file)
     doc = overlay_doc(generated, _handwritten_doc(hand.path))
     pattern = parse_pattern(doc, hand.path)
@@ -556,23 +616,23 @@ def detect_pattern(config: dict[str, Any]) -> Pattern | None:
     `text_config` model_type, generated by it, then by `architectures`. A VLM wrapper's own pattern (its
     vision and projector prefixes, its language-model root) beats a text-only pattern borrowed through
     its text_config."""
-    patterns = builtin_patterns()
+    patterns = builtin_families()
     top = config.get("model_type")
     texts = [config[sub].get("model_type") for sub in ("text_config", "llm_config")
              if isinstance(config.get(sub), dict)]  # fmt: skip
     for t in (top, *texts):
         if not t:
             continue
-        for p in patterns.values():
+        for name, p in patterns.items():
             if t in p.model_types:
-                return overlaid(p.name, t)
+                return overlaid(name, t)
         found = _generated_for(t)
         if found is not None:
             return found
     archs = [a for a in config.get("architectures") or [] if isinstance(a, str)]
-    for p in patterns.values():
+    for name, p in patterns.items():
         if any(a in p.architectures for a in archs):
-            return overlaid(p.name, None)
+            return overlaid(name, None)
     by_arch = generated_index().get("architectures", {})
     for a in archs:
         if a in by_arch:
@@ -587,7 +647,7 @@ def resolve_pattern(choice: str | None, config: dict[str, Any]) -> Pattern | Non
         return detect_pattern(config)
     if choice.endswith((".toml", ".json")) or "/" in choice:
         return load_pattern_file(choice)
-    patterns = builtin_patterns()
+    patterns = builtin_families()
     if choice in patterns:
         return overlaid(choice, config.get("model_type"))
     found = _generated_for(choice.removeprefix("gen_"))
@@ -609,6 +669,37 @@ class ExpectedModule(NamedTuple):
     shape: tuple[int, ...] | None  # expected `weight` shape, when computable
     params: tuple[str, ...]  # required params
     optional_params: tuple[str, ...]
+
+
+class ExpectedRun(NamedTuple):
+    """The pattern's expectation one name template at a time: the modules one pattern entry implies in one
+    layer (or globally). A run with `experts` is every expert of an expert entry in that layer, `name`
+    holding `*` where the expert id goes (`model.layers.3.mlp.experts.*.down_proj`); a run without is one
+    module (`expert` its id when it has one, e.g. from `Pattern.exact`). `expand_runs` returns them;
+    `modules()` gives the `ExpectedModule`s `expand` returns, `names()` only their names."""
+
+    name: str
+    spec: ModuleSpec
+    layer: int | None
+    expert: int | None
+    experts: range | None
+    shape: tuple[int, ...] | None
+    params: tuple[str, ...]
+    optional_params: tuple[str, ...]
+
+    def names(self) -> list[str]:
+        if self.experts is None:
+            return [self.name]
+        pieces = self.name.split("*")  # `str.join` over the pieces == `name.replace("*", id)`
+        return [str(e).join(pieces) for e in self.experts]
+
+    def modules(self) -> list[ExpectedModule]:
+        if self.experts is None:
+            return [ExpectedModule(self.name, self.spec, self.layer, self.expert, self.shape, self.params,
+                                   self.optional_params)]  # fmt: skip
+        make, spec, layer, shape, params, optional = ExpectedModule._make, self.spec, self.layer, *self[5:]
+        pieces = self.name.split("*")
+        return [make((str(e).join(pieces), spec, layer, e, shape, params, optional)) for e in self.experts]
 
 
 def config_env(pattern: Pattern, config: dict[str, Any]) -> dict[str, Any]:
@@ -668,6 +759,16 @@ def expand(
 ) -> tuple[list[ExpectedModule], list[str]]:
     """All modules the config implies, with expected shapes. Also returns notes on what could not be
     evaluated (a missing config key). `names` (the checkpoint's tensors) picks a root alias."""
+    runs, notes = expand_runs(pattern, config, names)
+    return [m for run in runs for m in run.modules()], notes
+
+
+def expand_runs(
+    pattern: Pattern, config: dict[str, Any], names: Iterable[str] | None = None
+) -> tuple[list[ExpectedRun], list[str]]:
+    """`expand` before the expert ids are filled in: one `ExpectedRun` per pattern entry and layer (all the
+    experts of an expert entry in one run), in `expand`'s order; the same notes. Callers that reason per
+    name template (an ignore list over 19k expert modules) read the runs and never build the names."""
     notes: list[str] = []
     if pattern.exact is not None:
         canonical = pattern.layer_prefix.rsplit(".", 1)[0]
@@ -676,12 +777,13 @@ def expand(
         if root != canonical:
             exact = [m._replace(name=root + m.name[len(canonical) :]) if m.name.startswith(canonical + ".") else m
                      for m in exact]  # fmt: skip
-        return exact, notes
+        return [ExpectedRun(m.name, m.spec, m.layer, m.expert, None, m.shape, m.params, m.optional_params)
+                for m in exact], notes  # fmt: skip
     env = config_env(pattern, config)
     n_layers = _count(pattern.num_layers, env, "layers")
     n_mtp = _count(pattern.mtp_layers, env, "mtp")
     n_experts = _count(pattern.experts, env, "experts")
-    out: list[ExpectedModule] = []
+    out: list[ExpectedRun] = []
     # Budget, checked before allocating: counts that are each plausible can multiply into billions of
     # modules (1,000 layers x 1,000 experts). Expand no more than the checkpoint could possibly hold.
     if names is not None and not isinstance(names, (list, tuple, dict, set, frozenset)):
@@ -732,7 +834,9 @@ def expand(
                 optional.append("bias")
         return True, shape, tuple(params), tuple(optional)
 
-    def add(spec: ModuleSpec, full: str, layer_env: dict[str, Any], layer: int | None, expert: int | None) -> None:
+    def resolved_for(
+        spec: ModuleSpec, layer_env: dict[str, Any]
+    ) -> tuple[bool, tuple[int, ...] | None, tuple[str, ...], tuple[str, ...]]:
         key = id(spec)
         got = resolved.get(key)
         if got is None:
@@ -740,9 +844,12 @@ def expand(
             exprs = (spec.when or "", str(spec.bias), *spec.shape)
             if not any("layer" in e for e in exprs):
                 resolved[key] = got
-        included, shape, params, optional = got
+        return got
+
+    def add(spec: ModuleSpec, full: str, layer_env: dict[str, Any], layer: int | None, experts: range | None) -> None:
+        included, shape, params, optional = resolved_for(spec, layer_env)
         if included:
-            out.append(ExpectedModule(full, spec, layer, expert, shape, params, optional))
+            out.append(ExpectedRun(full, spec, layer, None, experts, shape, params, optional))
 
     for spec in pattern.globals:
         add(spec, spec.name, env, None, None)
@@ -765,8 +872,9 @@ def expand(
         for section in sections:
             for spec in section:
                 if spec.is_expert:
-                    for e in range(n_experts):
-                        add(spec, f"{prefix}.{spec.name.replace('*', str(e))}", lenv, layer, e)
+                    # One run for all the experts (~19k modules for Qwen3-30B-A3B, ~47k for DeepSeek-V3).
+                    if n_experts:
+                        add(spec, f"{prefix}.{spec.name}", lenv, layer, range(n_experts))
                 else:
                     add(spec, f"{prefix}.{spec.name}", lenv, layer, None)
     canonical = pattern.layer_prefix.rsplit(".", 1)[0]

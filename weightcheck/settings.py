@@ -25,11 +25,6 @@ from typing import Any
 
 from weightcheck import safe_io
 
-if sys.version_info >= (3, 11):
-    import tomllib
-else:  # pragma: no cover
-    import tomli as tomllib
-
 KNOWN_KEYS = {"select", "ignore", "extend-select", "fail-on", "format", "pattern", "allow-skip", "map", "validate-with"}
 # Suppression and targets (see docs/suppression.md).
 KNOWN_KEYS |= {"per-tensor-ignores", "consumers", "baseline"}
@@ -43,6 +38,8 @@ class SettingsError(ValueError):
 
 @dataclass
 class Settings:
+    """The resolved `[tool.weightcheck]` / weightcheck.toml settings of one run."""
+
     select: list[str] = field(default_factory=lambda: ["ALL"])
     ignore: list[str] = field(default_factory=list)
     fail_on: str = "error"
@@ -87,6 +84,12 @@ def _is_own_file(path: Path) -> bool:
 def _read_toml(path: Path, confined: bool = False) -> dict[str, Any]:
     """A discovered config file may sit in the (untrusted) target: it is confined to its own folder (no
     symlink out), opened non-blocking as a regular file, and read within a size budget."""
+    # Imported here: most runs find no settings file, and config-only lint pays every import.
+    if sys.version_info >= (3, 11):
+        import tomllib
+    else:  # pragma: no cover
+        import tomli as tomllib
+
     try:
         real = safe_io.confine_self(path) if confined else path
         return tomllib.loads(safe_io.read_text(real, _MAX_CONFIG_BYTES, name=str(path)))

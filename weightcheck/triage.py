@@ -16,7 +16,6 @@ from pathlib import Path
 from typing import Any
 
 from weightcheck.findings import Finding, Result
-from weightcheck.userpattern import first_match
 
 BASELINE_KIND = "weightcheck-baseline"
 
@@ -106,6 +105,8 @@ def suppress_per_name(
     codes when every name it is about matches one of the patterns (glob or `re:`, whole name:
     weightcheck.userpattern). A finding about several names is kept if any of them is not covered (the
     others still need looking at)."""
+    from weightcheck.userpattern import first_match  # only with per-tensor-ignores: not on every lint's path
+
     kept: list[Finding] = []
     dropped = 0
     for finding in findings:

@@ -29,6 +29,8 @@ def is_class_entry(entry: str) -> bool:
 
 @dataclass
 class QuantAnalysis:
+    """The quantization view of one checkpoint, shared by the WC3xx rules (computed once per lint)."""
+
     spec: QuantSpec | None
     pattern: Pattern | None
     inventory: Inventory | None
@@ -82,10 +84,43 @@ class QuantAnalysis:
         if level not in self._names:
             assert self.inventory is not None
             names: Iterable[str] = self.inventory.modules
+            if level == "param" and self._param_runs_apply():
+                # config-only: every module's parameters and its `.weight` (the set below), one run per (run,
+                # parameter), grouped without parsing ~2 names per module. The set's order was the hash
+                # seed's, so no finding depends on the order of the groups.
+                assert self.inventory.runs is not None and self.inventory.run_names is not None
+                runs, run_names = [], []
+                for run, module_names in zip(self.inventory.runs, self.inventory.run_names, strict=True):
+                    for param in dict.fromkeys((*run.params, "weight")):
+                        runs.append(run._replace(name=f"{run.name}.{param}"))
+                        run_names.append([f"{n}.{param}" for n in module_names])
+                self._names[level] = NameSet.from_runs(runs, run_names)
+                return self._names[level]
             if level == "param":
                 names = {*self.inventory.params, *(f"{m}.weight" for m in self.inventory.modules)}
+            elif self.inventory.runs is not None:  # config-only: grouped from the pattern's runs, unparsed
+                self._names[level] = NameSet.from_runs(self.inventory.runs, self.inventory.run_names)
+                return self._names[level]
             self._names[level] = NameSet(names)
         return self._names[level]
+
+    def _param_runs_apply(self) -> bool:
+        """Config-only with each module name once and dot-free parameter names: then `module.param` names
+        are distinct, and a name is a parameter exactly when its last component is one of its module's."""
+        assert self.inventory is not None
+        runs = self.inventory.runs
+        return runs is not None and self.inventory.run_names is not None and not any(
+            "." in p for run in runs for p in run.params
+        )
+
+    def _is_param(self, name: str) -> bool:
+        """`name in inventory.params` for config-only inventories (`_param_runs_apply`), without making them."""
+        assert self.inventory is not None
+        module, _, param = name.rpartition(".")
+        if module not in self.inventory.modules:
+            return False
+        expected = self.inventory.modules[module].expected
+        return expected is not None and param in expected.params
 
     def ignored_modules(self, consumer: Consumer) -> list[str]:
         """Module names a module-level consumer skips."""
@@ -98,6 +133,10 @@ class QuantAnalysis:
         if consumer.key not in self._entries_hit:
             hits = self.hits(consumer)
             names: Container[str] = self.inventory.modules
+            if consumer.level == "param" and self._param_runs_apply():
+                self._entries_hit[consumer.key] = {e for name, found in hits.items() if self._is_param(name)
+                                                   for e in found}  # fmt: skip
+                return self._entries_hit[consumer.key]
             if consumer.level == "param":
                 names = set(self.inventory.params)
             self._entries_hit[consumer.key] = {e for name, found in hits.items() if name in names for e in found}

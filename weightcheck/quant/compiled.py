@@ -24,10 +24,15 @@ from __future__ import annotations
 import re
 from collections import defaultdict
 from collections.abc import Callable, Iterable
+from functools import lru_cache, partial
+from typing import TYPE_CHECKING
 
-from weightcheck.names import Template, group_by_template
+from weightcheck.names import Template, group_by_template, name_template
 from weightcheck.quant.matchers import Consumer, _compiled
 from weightcheck.quant.safe_regex import SafeRegex
+
+if TYPE_CHECKING:
+    from weightcheck.patterns import ExpectedRun
 
 _RUNS = re.compile(r"\d+")
 # Characters that make a transformers entry more than a string with `.` wildcards.
@@ -50,13 +55,24 @@ class _Group:
     """The names of one template; id indexes are built only for the entries that need them."""
 
     __slots__ = (
-        "_by_value", "_classes", "_shapes", "abstract", "fixed_runs", "members", "parts", "stripped", "targets",
-        "targets_lower",
+        "_by_value", "_class_names", "_classes", "_members", "_shapes", "abstract", "fixed_runs", "parts", "stripped",
+        "targets", "targets_lower",
     )  # fmt: skip
 
-    def __init__(self, parts: Template, members: list[tuple[str, tuple[str, ...]]]) -> None:
-        self.parts, self.members = parts, members
-        rep = members[0][0]
+    def __init__(
+        self,
+        parts: Template,
+        members: list[tuple[str, tuple[str, ...]]] | Callable[[], list[tuple[str, tuple[str, ...]]]],
+        classes: dict[tuple[int, ...], list[int]] | None = None,
+        first: str | None = None,
+        class_names: dict[tuple[int, ...], str] | None = None,
+    ) -> None:
+        """`members`: the (name, ids) list, or a function that makes it (NameSet.from_runs: most groups of a
+        config-only lint are never looked into member by member), then with `first` the first member's
+        name, `classes` and `class_names` the first member's name of each class."""
+        self.parts, self._members = parts, members
+        rep = first if first is not None else members[0][0]  # type: ignore[index]
+        self._class_names = class_names
         self.abstract = abstract(rep)
         # vLLM ModelOpt also matches with `language_model.` removed once.
         self.stripped = abstract(rep.replace("language_model.", "", 1)) if "language_model." in rep else None
@@ -64,8 +80,14 @@ class _Group:
         self.targets = (self.abstract,) if self.stripped is None else (self.abstract, self.stripped)
         self.targets_lower = tuple(t.lower() for t in self.targets)
         self._shapes: list[str] | None = None
-        self._classes: dict[tuple[int, ...], list[int]] | None = None
+        self._classes = classes  # given by NameSet.from_runs; else made on first use
         self._by_value: list[dict[str, list[int]]] | None = None
+
+    @property
+    def members(self) -> list[tuple[str, tuple[str, ...]]]:
+        if callable(self._members):
+            self._members = self._members()
+        return self._members
 
     @property
     def classes(self) -> dict[tuple[int, ...], list[int]]:
@@ -81,7 +103,10 @@ class _Group:
     def class_shapes(self) -> list[str]:
         """One name per id-length class with every digit replaced by `#` (positions kept)."""
         if self._shapes is None:
-            self._shapes = [abstract_chars(self.members[idx[0]][0]) for idx in self.classes.values()]
+            if self._class_names is not None:
+                self._shapes = [abstract_chars(self._class_names[key]) for key in self.classes]
+            else:
+                self._shapes = [abstract_chars(self.members[idx[0]][0]) for idx in self.classes.values()]
         return self._shapes
 
     @property
@@ -95,11 +120,102 @@ class _Group:
         return self._by_value
 
 
+def _members(segments: list[object]) -> list[tuple[str, tuple[str, ...]]]:
+    """A group's (name, ids) members from NameSet.from_runs' segments."""
+    out: list[tuple[str, tuple[str, ...]]] = []
+    for seg in segments:
+        if isinstance(seg, list):
+            out += seg
+            continue
+        run_names, head, experts, tail = seg  # type: ignore[misc]
+        ids = [str(e) for e in experts]
+        if not tail and len(head) == 1:  # the usual (layer, expert)
+            layer = head[0]
+            out += [(name, (layer, i)) for name, i in zip(run_names, ids, strict=True)]
+        else:
+            out += [(name, (*head, i, *tail)) for name, i in zip(run_names, ids, strict=True)]
+    return out
+
+
 class NameSet:
     """Names grouped by template once, shared by every consumer's compiled list."""
 
     def __init__(self, names: Iterable[str]) -> None:
         self.groups = [_Group(parts, members) for parts, members in group_by_template(names).items()]
+
+    @classmethod
+    def from_runs(cls, runs: Iterable[ExpectedRun], names: Iterable[list[str]] | None = None) -> NameSet:
+        """The NameSet of the runs' module names (`patterns.expand_runs`, each name once; `names`: each run's
+        `names()` when the caller has them), grouped as `group_by_template` groups them, in the same order,
+        without parsing each expert's name: a run's names differ only in the expert id that fills its `*`,
+        so the template of its first and last names says where that id sits for all of them, and the ids'
+        lengths (the groups' length classes) follow from the run's range (`tests/test_pattern_runs.py`
+        checks the groups equal `NameSet(names)`'s on every shipped pattern)."""
+        # Per group: its members as segments (ready lists, or a run's names still to pair with their ids),
+        # how many, the first name, the id-length classes and the first name of each class.
+        segments: dict[Template, list[object]] = {}
+        sizes: dict[Template, int] = {}
+        firsts: dict[Template, str] = {}
+        classes: dict[Template, dict[tuple[int, ...], list[int]]] = {}
+        class_names: dict[Template, dict[tuple[int, ...], str]] = {}
+
+        def group(parts: Template, first: str) -> tuple[dict[tuple[int, ...], list[int]], dict[tuple[int, ...], str]]:
+            if parts not in segments:
+                segments[parts], sizes[parts], firsts[parts] = [], 0, first
+                classes[parts], class_names[parts] = {}, {}
+            return classes[parts], class_names[parts]
+
+        def add(parts: Template, items: list[tuple[str, tuple[str, ...]]]) -> None:
+            by_len, named = group(parts, items[0][0])
+            for i, (name, values) in enumerate(items, sizes[parts]):
+                key = tuple(map(len, values))
+                if key not in by_len:
+                    by_len[key], named[key] = [], name
+                by_len[key].append(i)
+            segments[parts].append(items)
+            sizes[parts] += len(items)
+
+        runs = list(runs)
+        for run, run_names in zip(runs, names if names is not None else (r.names() for r in runs), strict=True):
+            first_parts, first = name_template(run_names[0])
+            if len(run_names) == 1:
+                add(first_parts, [(run_names[0], first)])
+                continue
+            experts = run.experts
+            assert experts is not None
+            last_parts, last = name_template(run_names[-1])
+            slots = [k for k in range(len(first)) if first[k] != last[k]]
+            k = slots[0] if len(slots) == 1 else -1
+            if last_parts != first_parts or k < 0 or first[k] != str(experts[0]) or last[k] != str(experts[-1]):
+                for name in run_names:  # the id is not a template slot of these names: parse each
+                    parts, values = name_template(name)
+                    add(parts, [(name, values)])
+                continue
+            head, tail = first[:k], first[k + 1 :]
+            if experts.step != 1 or experts.start < 0:
+                ids = [str(e) for e in experts]
+                add(first_parts, [(name, (*head, i, *tail)) for name, i in zip(run_names, ids, strict=True)])
+                continue
+            by_len, named = group(first_parts, run_names[0])
+            # Ids of one length are a block of the range (0-9, 10-99, ...): their member indexes at once.
+            head_lens, tail_lens = tuple(map(len, head)), tuple(map(len, tail))
+            offset, low = sizes[first_parts] - experts.start, experts.start
+            while low < experts.stop:
+                digits = len(str(low))
+                high = min(experts.stop, 10**digits)
+                key = (*head_lens, digits, *tail_lens)
+                if key not in by_len:
+                    by_len[key], named[key] = [], run_names[low - experts.start]
+                by_len[key].extend(range(offset + low, offset + high))
+                low = high
+            segments[first_parts].append((run_names, head, experts, tail))
+            sizes[first_parts] += len(run_names)
+        out = cls.__new__(cls)
+        out.groups = [
+            _Group(parts, partial(_members, segs), classes[parts], firsts[parts], class_names[parts])
+            for parts, segs in segments.items()
+        ]
+        return out
 
 
 class _Entry:
@@ -141,7 +257,7 @@ class _Entry:
         elif key == "transformers" and not (_REGEX_SPECIAL & set(entry)):
             # re.match(entry) with `.` as the only wildcard, or name.endswith(entry).
             self.forward = (entry,)
-            self.positional = re.compile("".join("." if ch == "." else re.escape(ch) for ch in abstract_chars(entry)))
+            self.positional = _positional_regex(abstract_chars(entry))
         elif key == "sglang-modelopt" and not (_REGEX_SPECIAL - {"*"}) & set(entry):
             # A glob matches the whole name or one component, so its longest literal piece is a substring of
             # the name (ModelOpt writes one `model.layers.N.self_attn*` per layer: hundreds of globs).
@@ -156,6 +272,15 @@ class _Entry:
         self.reverse_abstract = tuple(abstract(r) for r in self.reverse)
 
 
+@lru_cache(maxsize=4096)
+def _positional_regex(shape: str) -> re.Pattern[str]:
+    """`.` the only wildcard; per shape, not per entry: a per-layer list has a handful of shapes."""
+    return re.compile("".join("." if ch == "." else re.escape(ch) for ch in shape))
+
+
+_ASCII_DIGITS_TO_HASH = str.maketrans("0123456789", "#" * 10)
+
+
 def _longest_piece(glob: str) -> str:
     """The longest `*`-free piece of a glob (the glob itself when it has none)."""
     return max(glob.split("*"), key=len)
@@ -163,6 +288,8 @@ def _longest_piece(glob: str) -> str:
 
 def abstract_chars(text: str) -> str:
     """Every digit replaced by `#`, keeping positions (for start-anchored positional matching)."""
+    if text.isascii():  # `str.isdigit` is true for other characters (`²`) only outside ASCII
+        return text.translate(_ASCII_DIGITS_TO_HASH)
     return "".join("#" if ch.isdigit() else ch for ch in text)
 
 
@@ -196,9 +323,11 @@ class CompiledIgnore:
 
     def _group(self, group: _Group, found: dict[str, set[int]]) -> None:
         match = self.consumer.match
-        members = group.members
         todo = [e for bucket in self._buckets.values() if self._may_match(bucket[0], group) for e in bucket]
         todo += self._others
+        if not todo:
+            return
+        members = group.members
         for e in todo:
             if e.uniform:
                 for idx in group.classes.values():
@@ -255,6 +384,16 @@ class CompiledIgnore:
         for m in _RUNS.finditer(form):
             run = m.group()
             lead, trail = m.start() == 0, m.end() == len(form)
+            if not lead and not trail:  # the usual case (`model.layers.3.mlp.gate`): the id must equal the run
+                if run in group.fixed_runs:
+                    continue
+                have = set()
+                for slot in group.by_value:
+                    have.update(slot.get(run, ()))
+                wanted = have if wanted is None else wanted & have
+                if not wanted:
+                    return set()
+                continue
             if lead and trail:
                 ok = lambda v, r=run: r in v  # noqa: E731
             elif lead:

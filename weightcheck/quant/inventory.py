@@ -8,11 +8,13 @@ pattern applies.
 
 from __future__ import annotations
 
+from collections.abc import Callable, ItemsView, Iterator, Mapping, ValuesView
 from dataclasses import dataclass, field
+from itertools import repeat
 from typing import Any
 
 from weightcheck.names import split_layer
-from weightcheck.patterns import ExpectedModule, Pattern, expand
+from weightcheck.patterns import ExpectedModule, ExpectedRun, Pattern, expand, expand_runs
 from weightcheck.safetensors_header import TensorInfo
 from weightcheck.structure import QUANT_COMPANIONS, split_tail
 
@@ -28,6 +30,8 @@ _MOE_PARENTS = {"mlp", "block_sparse_moe", "moe", "feed_forward", "mixer"}
 
 @dataclass(slots=True)
 class ModuleInfo:
+    """One module of the inventory: its kind, stored params, expectation, layer and expert ids."""
+
     name: str
     kind: str
     params: dict[str, TensorInfo | None] = field(default_factory=dict)
@@ -62,14 +66,42 @@ class ModuleInfo:
         return None
 
 
-@dataclass
 class Inventory:
-    modules: dict[str, ModuleInfo]
-    params: list[str]  # full parameter names (what the online quantizers see)
-    from_config_only: bool
-    pattern: Pattern | None
-    notes: list[str] = field(default_factory=list)
-    expected: list[ExpectedModule] = field(default_factory=list)
+    """The modules; `params`: the sorted full parameter names (what the online quantizers see). It may be given
+    as a function that makes them: config-only lint of a module-level ignore list never asks for them (~19k
+    names for Qwen3-30B-A3B), so from_config leaves them unmade until asked."""
+
+    def __init__(
+        self,
+        modules: Mapping[str, ModuleInfo],
+        params: list[str] | Callable[[], list[str]],
+        from_config_only: bool,
+        pattern: Pattern | None,
+        notes: list[str] | None = None,
+        expected: list[ExpectedModule] | Callable[[], list[ExpectedModule]] | None = None,
+        runs: list[ExpectedRun] | None = None,
+        run_names: list[list[str]] | None = None,
+    ) -> None:
+        # runs: from_config's expectation one name template at a time (`patterns.expand_runs`), each module
+        # name once (run_names: each run's names()); None when the modules come from stored tensors.
+        self.runs, self.run_names = runs, run_names
+        self.modules, self._params = modules, params
+        self.from_config_only, self.pattern = from_config_only, pattern
+        self.notes: list[str] = notes if notes is not None else []
+        self._expected = expected if expected is not None else []
+
+    @property
+    def expected(self) -> list[ExpectedModule]:
+        """The pattern's modules (`expand`), made on first use when given as a function."""
+        if callable(self._expected):
+            self._expected = self._expected()
+        return self._expected
+
+    @property
+    def params(self) -> list[str]:
+        if callable(self._params):
+            self._params = self._params()
+        return self._params
 
     def of_kind(self, *kinds: str) -> list[ModuleInfo]:
         return [m for m in self.modules.values() if m.kind in kinds]
@@ -177,10 +209,71 @@ def from_checkpoint(
 
 def from_config(pattern: Pattern, config: dict[str, Any]) -> Inventory:
     """Config-only mode: the modules the pattern and the config's dimensions imply, no tensors."""
-    mods, notes = expand(pattern, config)
-    modules = {
-        m.name: ModuleInfo(name=m.name, kind=m.spec.kind, expected=m, layer=m.layer, expert=m.expert) for m in mods
-    }
-    params = sorted(f"{m.name}.{p}" for m in mods for p in m.params)
+    runs, notes = expand_runs(pattern, config)
+    names = [run.names() for run in runs]
+    modules = RunModules(runs, names)
+
+    def expected() -> list[ExpectedModule]:
+        return [m for run in runs for m in run.modules()]
+
+    def params() -> list[str]:
+        return sorted(f"{m.name}.{p}" for m in expected() for p in m.params)
+
+    every = sum(1 if run.experts is None else len(run.experts) for run in runs)
     return Inventory(modules=modules, params=params, from_config_only=True, pattern=pattern, notes=notes,
-                     expected=mods)  # fmt: skip
+                     expected=expected, runs=runs if len(modules) == every else None, run_names=names)  # fmt: skip
+
+
+class RunModules(Mapping[str, ModuleInfo]):
+    """Config-only modules, made from the pattern's runs when first looked up: the rules on the config path ask
+    for a few routers, norms and heads, or whether a name exists; Qwen3-30B-A3B implies ~19k modules, 18k of
+    them expert Linears. Same keys, order and values as `{m.name: ModuleInfo(...) for m in expand(...)}` (a
+    name made twice keeps its first place and its last module); each module is made once."""
+
+    def __init__(self, runs: list[ExpectedRun], names: list[list[str]]) -> None:
+        """`names`: each run's `names()`."""
+        self._where: dict[str, tuple[ExpectedRun, int | None]] = {}
+        for run, run_names in zip(runs, names, strict=True):
+            if run.experts is None:
+                self._where[run.name] = (run, run.expert)
+            else:
+                pairs = zip(repeat(run, len(run.experts)), run.experts, strict=True)
+                self._where.update(zip(run_names, pairs, strict=True))
+        self._made: dict[str, ModuleInfo] = {}
+
+    def __getitem__(self, name: str) -> ModuleInfo:
+        got = self._made.get(name)
+        if got is None:
+            run, expert = self._where[name]
+            exp = ExpectedModule(name, run.spec, run.layer, expert, run.shape, run.params, run.optional_params)
+            got = self._made[name] = ModuleInfo(name=name, kind=run.spec.kind, expected=exp, layer=run.layer,
+                                                expert=expert)  # fmt: skip
+        return got
+
+    def __contains__(self, name: object) -> bool:
+        return name in self._where
+
+    def values(self) -> ValuesView[ModuleInfo]:  # type: ignore[override]
+        return self._every().values()
+
+    def items(self) -> ItemsView[str, ModuleInfo]:  # type: ignore[override]
+        return self._every().items()
+
+    def _every(self) -> dict[str, ModuleInfo]:
+        """Every module, in order, made in one pass (a rule that walks them all, such as WC320 on a
+        compressed-tensors list, should not pay a lookup per module); those already made are kept."""
+        if len(self._made) != len(self._where):
+            made, make = self._made, ExpectedModule._make
+            self._made = {
+                name: made.get(name)
+                or ModuleInfo(name=name, kind=run.spec.kind, layer=run.layer, expert=expert,
+                              expected=make((name, run.spec, run.layer, expert, *run[5:])))
+                for name, (run, expert) in self._where.items()
+            }  # fmt: skip
+        return self._made
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(self._where)
+
+    def __len__(self) -> int:
+        return len(self._where)

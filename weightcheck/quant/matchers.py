@@ -158,6 +158,8 @@ def vllm_modelopt_match(name: str, entry: str) -> bool:
 
 @dataclass(frozen=True)
 class Consumer:
+    """One reader of an ignore list (a producer or engine version) and how it matches entries."""
+
     key: str
     label: str
     level: str  # "module" or "param"

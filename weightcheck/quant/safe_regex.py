@@ -21,15 +21,20 @@ import warnings
 from functools import lru_cache
 from typing import Any
 
-try:
-    import re2 as _re2
 
-    _OPTIONS: Any = _re2.Options()
-    _OPTIONS.log_errors = False
-    _OPTIONS.max_mem = 64 << 20
-except ImportError:  # pragma: no cover - google-re2 has wheels for every supported platform
-    _re2 = None
-    _OPTIONS = None
+@lru_cache(maxsize=1)
+def _re2_module() -> tuple[Any, Any]:
+    """(google-re2, its options), or (None, None) without it. Imported on the first `re:` entry, not with
+    the package: most ignore lists hold module names only, and config-only lint pays every import."""
+    try:
+        import re2
+    except ImportError:  # pragma: no cover - google-re2 has wheels for every supported platform
+        return None, None
+    options: Any = re2.Options()
+    options.log_errors = False
+    options.max_mem = 64 << 20
+    return re2, options
+
 
 try:  # Python >= 3.11
     from re import _parser as _sre_parse  # type: ignore[attr-defined]
@@ -78,12 +83,20 @@ class _DottedLiteral(SafeRegex):
     def __init__(self, pattern: str, width: int, literals: list[tuple[int, str]]) -> None:
         super().__init__(pattern, None, None)
         self._width = width
-        self._literals = literals
+        # Literal characters at consecutive positions merged into (start, text) pieces: one comparison per
+        # piece (`model`, `layers`, `3`, ...), not per character.
+        pieces: list[tuple[int, str]] = []
+        for i, char in literals:
+            if pieces and pieces[-1][0] + len(pieces[-1][1]) == i:
+                pieces[-1] = (pieces[-1][0], pieces[-1][1] + char)
+            else:
+                pieces.append((i, char))
+        self._literals = pieces
 
     def _fits(self, text: str) -> bool:
-        # `.` matches anything but a newline; the other positions must hold their literal character.
+        # `.` matches anything but a newline; the other positions must hold their literal characters.
         head = text[: self._width]
-        return "\n" not in head and all(head[i] == char for i, char in self._literals)
+        return "\n" not in head and all(head.startswith(piece, i) for i, piece in self._literals)
 
     def match(self, text: str) -> bool:
         return len(text) >= self._width and self._fits(text)
@@ -99,6 +112,8 @@ def _dotted_literal(pattern: str) -> _DottedLiteral | None:
     """The character-comparing form of `pattern`, if it has that shape (else None: compile it)."""
     if not _DOTTED_LITERAL.fullmatch(pattern):
         return None
+    if "\\" not in pattern:  # no `\.`: one character per position (most module-name entries)
+        return _DottedLiteral(pattern, len(pattern), [(i, ch) for i, ch in enumerate(pattern) if ch != "."])
     literals: list[tuple[int, str]] = []
     width = i = 0
     while i < len(pattern):
@@ -166,9 +181,10 @@ def _compile(pattern: str) -> tuple[SafeRegex | None, str | None]:
     fast = None
     # `[[:alpha:]]` (a POSIX class in RE2, a plain set in `re`) and `a{,3}` (a count in `re` >= 3.11, a
     # literal in RE2) are spelled alike but mean different things: those go to `re`.
-    if _re2 is not None and pattern.isascii() and "[:" not in pattern and "{," not in pattern:
+    re2, options = _re2_module() if pattern.isascii() and "[:" not in pattern and "{," not in pattern else (None, None)
+    if re2 is not None:
         try:
-            fast = _re2.compile(pattern, _OPTIONS)
+            fast = re2.compile(pattern, options)
         except Exception:
             fast = None
     if fast is not None:

@@ -53,6 +53,8 @@ FAMILIES = {
 
 @dataclass(frozen=True)
 class Rule:
+    """A registered rule: its stable code and name, severity, docs, bad/good examples and check."""
+
     code: str
     name: str
     severity: Severity

@@ -13,19 +13,14 @@ from __future__ import annotations
 
 import re
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from weightcheck.collapse import format_ranges, summarize
 from weightcheck.findings import Finding, Location, Severity
 from weightcheck.rules import LintContext, rule
-from weightcheck.scan import (
-    NO_RANGE_DTYPES,
-    SCALE_NAME,
-    TensorScan,
-    ray_scan_tensors,
-    scan_progress,
-    scan_tensors,
-)
+
+if TYPE_CHECKING:
+    from weightcheck.scan import TensorScan
 
 CONTENT_NEEDS = ("tensors", "data")
 # Tensors that may legitimately be zero or constant: zero points, shapes, indices, biases, norms.
@@ -63,6 +58,9 @@ def _store(ctx: LintContext) -> Any:
 
 
 def _scan(ctx: LintContext) -> list[TensorScan]:
+    # The scan engine loads with the first --content rule, not with the registry every lint imports.
+    from weightcheck.scan import TensorScan, ray_scan_tensors, scan_progress, scan_tensors
+
     store = _store(ctx)
     algorithms = _digest_algorithms(ctx)
     names = store.names()
@@ -98,6 +96,8 @@ def _scan(ctx: LintContext) -> list[TensorScan]:
 
 
 def _is_weight_matrix(scan: TensorScan) -> bool:
+    from weightcheck.scan import SCALE_NAME
+
     return (
         len(scan.shape) >= 2
         and scan.value_range is not None
@@ -168,6 +168,8 @@ def scale_not_positive(ctx: LintContext) -> None:
     consumers that divide); a negative one flips the sign of every weight in the group. Real
     quantizers never produce either: observers take absolute maxima and clamp away from zero. E8M0
     exponent scales (stored as U8) are always positive except 0xFF, which encodes NaN."""
+    from weightcheck.scan import SCALE_NAME
+
     for scan in content_scan(ctx):
         found = scan.value_range
         if found is None or not SCALE_NAME.search(scan.name) or found.has_nan:
@@ -404,6 +406,8 @@ def content_not_checked(ctx: LintContext) -> None:
     """`lint --content` must say what it did not look at: tensors in a shard that is missing, truncated
     or malformed (the WC1xx/WC2xx findings say why) have no bytes to check, and F4/F6 tensors are hashed
     but not range-checked."""
+    from weightcheck.scan import NO_RANGE_DTYPES
+
     by_reason: dict[str, list[str]] = {}
     shards_of: dict[str, set[str]] = {}
     packed: set[str] = set()

@@ -9,6 +9,7 @@ from __future__ import annotations
 import json
 import re
 from collections import defaultdict
+from collections.abc import Iterable
 from itertools import repeat
 from operator import add
 
@@ -114,7 +115,7 @@ def ignore_entry_unmatched(ctx: LintContext) -> None:
     # `ignore: ["lm_head"]`, which is harmless.
     tied = ctx.ckpt.text_config().get("tie_word_embeddings") is True and "lm_head" not in qa.inventory.modules
     unlisted = _unlisted_prefixes(qa) if qa.inventory.from_config_only else ()
-    inert = _inert_params(qa)
+    inert: tuple[set[str], set[str]] | None = None  # made on the first entry that reaches the question
     skipped: list[str] = []
     for entry in qa.spec.ignore:
         if is_class_entry(entry) or regex_error(entry) or _looks_like_param(qa, entry):
@@ -127,6 +128,7 @@ def ignore_entry_unmatched(ctx: LintContext) -> None:
         if unlisted and _under(entry, unlisted, qa):
             skipped.append(entry)
             continue
+        inert = inert or _inert_params(qa)
         if _names_inert_param(entry, inert):
             continue
         hint = ""
@@ -153,14 +155,37 @@ _PRIMARY_READERS = frozenset({"ct", "vllm", "sglang", "sglang-fp8", "vllm-fp8", 
                               "sglang-modelopt"})  # fmt: skip
 
 
+def _is_head(name: str) -> bool:
+    return name == "lm_head" or name.endswith(".lm_head") or name.endswith("shared_head.head")
+
+
+def _head_router_embedding_candidates(qa: QuantAnalysis) -> Iterable[ModuleInfo]:
+    """The modules WC309 looks at, in inventory order: config-only, only the runs (`patterns.expand_runs`)
+    whose kind or name can make them a router, an embedding or a head, not 18k expert Linears one by one.
+    A run's names differ only in the digits that fill its `*`, and `_is_head` tests digit-free endings, so its
+    first name answers for all of them."""
+    assert qa.inventory is not None
+    modules, runs, run_names = qa.inventory.modules, qa.inventory.runs, qa.inventory.run_names
+    if runs is None or run_names is None:
+        return modules.values()
+    out: list[ModuleInfo] = []
+    for run, names in zip(runs, run_names, strict=True):
+        if run.spec.kind in ("router", "embedding") or _is_head(names[0]):
+            out += [modules[n] for n in names]
+    return out
+
+
 def _unlisted_prefixes(qa: QuantAnalysis) -> tuple[str, ...]:
     """Config-only mode: namespaces the pattern does not enumerate although checkpoints carry them: a VLM's
     vision tower and projector (`allowed_prefixes`) and MTP layers (`mtp.`), which transformers drops at load
     (Qwen3-Next's config does not even declare them, yet its releases ship and ignore `mtp.*`)."""
     assert qa.inventory is not None
     prefixes = list(qa.pattern.allowed_prefixes) if qa.pattern is not None else []
+    # One name per run answers for the run (the prefixes hold no digit; see _head_router_embedding_candidates).
+    runs = qa.inventory.runs
+    names = qa.inventory.modules if runs is None else [r.name.replace("*", "0") for r in runs]
     for mtp in ("mtp.", "model.mtp."):
-        if not any(m.startswith(mtp) for m in qa.inventory.modules):
+        if not any(m.startswith(mtp) for m in names):
             prefixes.append(mtp)
     return tuple(prefixes)
 
@@ -482,10 +507,8 @@ def non_linear_not_ignored(ctx: LintContext) -> None:
 
     unquantized = {e: _engine_leaves(ctx, e) for e in ENGINE_SOURCES}
     groups: dict[tuple[str, tuple[str, ...]], list[str]] = defaultdict(list)
-    for module in qa.inventory.modules.values():
-        is_head = (
-            module.name == "lm_head" or module.name.endswith(".lm_head") or module.name.endswith("shared_head.head")
-        )
+    for module in _head_router_embedding_candidates(qa):
+        is_head = _is_head(module.name)
         if module.kind not in ("router", "embedding") and not is_head:
             continue
         if module.weight_ndim() not in (None, 2) or module.quantized:
@@ -916,6 +939,30 @@ def _producer_targets(qa: QuantAnalysis, module: ModuleInfo, linear_leaves: dict
     return None
 
 
+def _engine_attr_candidates(
+    qa: QuantAnalysis, leaves: dict[str, dict[str, str]], renames: dict[str, list[str]]
+) -> Iterable[ModuleInfo]:
+    """The modules WC320 looks at, in inventory order. Config-only and without engine renames, a run
+    (`patterns.expand_runs`) whose last component has no `*` shares its kind, its `lm_head` ending and its
+    leaf, which alone decides `_engine_attr`: a run no engine builds unquantized by that leaf is skipped
+    whole (DeepSeek-V3: 46k expert modules never made)."""
+    assert qa.inventory is not None
+    modules, runs, run_names = qa.inventory.modules, qa.inventory.runs, qa.inventory.run_names
+    if runs is None or run_names is None or any(renames.values()):
+        return modules.values()
+    out: list[ModuleInfo] = []
+    for run, names in zip(runs, run_names, strict=True):
+        leaf = run.name.rsplit(".", 1)[-1]
+        if "*" not in leaf and (
+            run.spec.kind in ("embedding", "norm", "experts")
+            or run.name.endswith("lm_head")
+            or not any(leaf in by_leaf for by_leaf in leaves.values())
+        ):
+            continue
+        out += [modules[n] for n in names]
+    return out
+
+
 def _engine_attr(name: str, unquantized: dict[str, str], renames: list[str]) -> str | None:
     """The engine attribute (built unquantized) that module `name` loads into, or None: by the name's last
     component, or by it after the engine's own `load_weights` rewrites (SGLang's Hunyuan drops `wg.`, so
@@ -988,7 +1035,7 @@ def engine_unquantized_targeted(ctx: LintContext) -> None:
     class_entries = {e for e in qa.spec.ignore if is_class_entry(e)}
     attr_of: dict[str, dict[str, str]] = {}
     groups: dict[tuple[str, tuple[str, ...], str], list[str]] = defaultdict(list)
-    for module in qa.inventory.modules.values():
+    for module in _engine_attr_candidates(qa, leaves, renames):
         if module.kind in ("embedding", "norm", "experts") or module.name.endswith("lm_head"):
             continue
         # one lookup per name tail (all _engine_attr reads): Qwen3-Next-sized configs have ~75k expert modules
