@@ -199,6 +199,8 @@ class Pattern:
     # Generated patterns: the config class's defaults of the keys its expressions use, for a config.json
     # that leaves them out (save_pretrained writes only what differs from the defaults).
     class_defaults: dict[str, Any] = field(default_factory=dict)
+    # The config class's attribute_map (alias -> attribute): config.json may use either spelling.
+    aliases: dict[str, str] = field(default_factory=dict)
     # Generated patterns: (hand-written pattern name, its domain) when a hand-written pattern overrides this
     # model_type; the generator validated it on the same probes.
     handwritten_domain: tuple[str, dict[str, Any]] | None = None
@@ -288,6 +290,9 @@ def parse_pattern(doc: dict[str, Any], where: str) -> Pattern:
     class_defaults = (doc.get("provenance") or {}).get("class_defaults")
     if isinstance(class_defaults, dict):
         pattern.class_defaults = class_defaults
+    aliases = (doc.get("provenance") or {}).get("aliases")
+    if isinstance(aliases, dict):
+        pattern.aliases = {str(k): str(v) for k, v in aliases.items()}
     validated = (doc.get("provenance") or {}).get("validated")
     if isinstance(validated, dict):
         pattern.validated = validated
@@ -500,6 +505,9 @@ def overlay_doc(generated: dict[str, Any], hand: dict[str, Any]) -> dict[str, An
     class_defaults = (base.get("provenance") or {}).get("class_defaults") or {}
     own = set(out.get("defaults") or {})
     out["provenance"] = {"class_defaults": {k: v for k, v in class_defaults.items() if k in names and k not in own}}
+    aliases = (base.get("provenance") or {}).get("aliases")
+    if isinstance(aliases, dict):
+        out["provenance"]["aliases"] = aliases
     return out
 
 
@@ -705,6 +713,11 @@ class ExpectedRun(NamedTuple):
 def config_env(pattern: Pattern, config: dict[str, Any]) -> dict[str, Any]:
     env: dict[str, Any] = {}
     env.update({k: v for k, v in config.items() if not isinstance(v, dict)})
+    for alias, attribute in pattern.aliases.items():
+        if attribute not in env and alias in env:
+            env[attribute] = env[alias]
+        elif alias not in env and attribute in env:
+            env[alias] = env[attribute]
     for key, default in pattern.class_defaults.items():
         env.setdefault(key, default)
     for key, default in pattern.defaults.items():
@@ -919,6 +932,13 @@ def outside_coverage(domain: dict[str, Any], text: dict[str, Any], borrowed: boo
             # a per-layer list the config class derives at load from other keys (ERNIE-4.5's mlp_layer_types
             # from moe_layer_interval/start/end): its value for this config is not in the file
             out.append(f"{key} (absent; derived by the config class)")
+            continue
+        if entry.get("absent_only"):
+            # a key the model reads only when the config carries it (Phi-MoE's head_dim), and the pattern was
+            # found wrong for when it is set: covered only while the config leaves it out
+            if text.get(key) is not None:
+                shown = json.dumps(text[key])
+                out.append(f"{key}={shown if len(shown) <= 60 else shown[:57] + '...'} (read only when set)")
             continue
         if key not in text and entry.get("derived"):
             # a layer-placement key the config class computes from others when absent (ERNIE-4.5-MoE's

@@ -499,6 +499,9 @@ def derive(model_type: str) -> dict[str, Any]:
     }
     fit_switches(model_type, doc, [a, b, c])
     doc["provenance"]["class_defaults"] = class_defaults(model_type, doc)
+    aliases = config_aliases(model_type)
+    if aliases:
+        doc["provenance"]["aliases"] = aliases
     doc["provenance"]["validated"] = validate_domain(model_type, doc, [a, b, c])
     # A hand-written pattern for the same model_type is laid over this file at lint time: the overlay is
     # validated on the same probes, so its own coverage is known too (weightcheck.patterns.domain_of).
@@ -671,6 +674,22 @@ def validate_domain(model_type: str, doc: dict[str, Any] | Any, observations: li
         values |= {normalize_value(g, n_layers) for g in good}
         entry["values"] = sorted(values)
         domain[key] = entry
+    # Keys the model reads only when config.json carries them (a getattr with a fallback: Phi-MoE's attention
+    # reads `head_dim`, which its config class does not declare, so microsoft/Phi-tiny-MoE-instruct's
+    # head_dim 128 != hidden_size / heads gave false WC501 errors). Each is probed with a value its fallback
+    # would not give; where the pattern is wrong for it, a config that sets the key is outside coverage.
+    for key in sorted(reads - set(text) - _FRAMEWORK_READS):
+        if key.startswith("_") or value_only(key):
+            continue
+        heads, hidden = text.get("num_attention_heads"), text.get("hidden_size")
+        probe = 2 * (hidden // heads) if isinstance(heads, int) and isinstance(hidden, int) and heads else 16
+        try:
+            cfg = full_config_dict(build_config(_with(full, key, probe)))
+            shapes, _ = expected_tensors(cfg)
+        except Exception:  # the class rejects it: nothing learned
+            continue
+        if shapes != base_shapes and conformance(pattern, cfg, shapes):
+            domain[key] = {"absent_only": True}
     for key in sorted(_placement_keys(pattern) & reads & set(text)):
         flags = _class_rewrites(key, full, full_b)
         if flags:
@@ -959,9 +978,63 @@ def class_defaults(model_type: str, doc: dict[str, Any]) -> dict[str, Any]:
             for expr in (spec.get("when"), spec.get("bias"), *spec.get("shape", [])):
                 if isinstance(expr, str):
                     names |= {n.id for n in ast.walk(ast.parse(expr, mode="eval")) if isinstance(n, ast.Name)}
-    default = _text_config(full_config_dict(type(tiny_config(model_type, "A"))()))
-    return {k: default[k] for k in sorted(names) if k in default and not isinstance(default[k], dict)
-            and k not in ("layer", "tie_word_embeddings")}  # fmt: skip
+    switches: set[str] = set()  # names a `when` or `bias` reads: a derived key left out there is "assumed present"
+    for table in (doc["globals"], doc["layer"]):
+        for spec in table.values():
+            for expr in (spec.get("when"), spec.get("bias")):
+                if isinstance(expr, str):
+                    switches |= {n.id for n in ast.walk(ast.parse(expr, mode="eval")) if isinstance(n, ast.Name)}
+    top_config = type(tiny_config(model_type, "A"))()
+    top = full_config_dict(top_config)
+    default = _text_config(top)
+    declared = _declared_defaults(type(top_config.get_text_config()))
+    found = {k: default[k] for k in sorted(names) if k in default and not isinstance(default[k], dict)
+             and k not in ("layer", "tie_word_embeddings")
+             # A value the class derives from other keys (MiniCPM3's head_dim = qk_rope_head_dim, Nemotron's
+             # head_dim = hidden_size // num_attention_heads) is not a default: read as one, a config.json that
+             # leaves it out at other sizes gave false WC501 shape errors. Left out, the shape is not checked.
+             and (k in switches or declared.get(k, _UNDECLARED) is not None)}  # fmt: skip
+    # Whether lm_head is stored: transformers ties by `tie_word_embeddings` of the config of the model that owns
+    # lm_head (the top-level class: a VLM's own default, not its text_config's), and a config.json that leaves
+    # the key out means that class's default (True for Gemma, Cohere, StarCoder2, SmolLM3, LFM2, MiniCPM3...).
+    # Read as the old fixed False, a clean google/gemma-2b-it checkpoint (no lm_head) failed with WC410.
+    if isinstance(top.get("tie_word_embeddings"), bool):
+        found["tie_word_embeddings"] = top["tie_word_embeddings"]
+    return found
+
+
+_UNDECLARED = object()
+
+# What transformers' own machinery reads from every config while a model is built (plans, sub-configs, the
+# generic expert-count probes of its MoE utilities): not the model's structural switches.
+_FRAMEWORK_READS = frozenset({
+    "auto_map", "base_model_ep_plan", "base_model_fsdp_plan", "base_model_pp_plan", "base_model_tp_plan",
+    "decoder", "generator", "get_text_config", "gradient_checkpointing", "is_heterogeneous", "moe_num_experts",
+    "n_routed_experts", "name_or_path", "num_experts", "num_local_experts", "quantization_config", "sub_configs",
+    "text_config", "text_encoder", "to_dict", "vision_config", "audio_config",
+})  # fmt: skip
+
+
+def _declared_defaults(config_class: Any) -> dict[str, Any]:
+    """The defaults a config class declares (dataclass fields, or its __init__'s keywords), before its
+    post-init derives others: a key missing here or declared None and set afterwards is derived."""
+    import dataclasses
+    import inspect
+
+    if dataclasses.is_dataclass(config_class):
+        return {f.name: f.default for f in dataclasses.fields(config_class) if f.default is not dataclasses.MISSING}
+    params = inspect.signature(config_class.__init__).parameters.values()
+    return {p.name: p.default for p in params if p.default is not inspect.Parameter.empty}
+
+
+def config_aliases(model_type: str) -> dict[str, str]:
+    """The text config class's `attribute_map` (alias -> attribute): a config.json may spell a key either way
+    (Qwen3-VL-30B-A3B's text_config says `num_experts`, the class's attribute is `num_local_experts`), and
+    lint reads the pattern's names through it."""
+    from tools.archgen.tiny import tiny_config
+
+    mapping = getattr(type(tiny_config(model_type, "A").get_text_config()), "attribute_map", None) or {}
+    return {str(k): str(v) for k, v in sorted(mapping.items()) if isinstance(k, str) and isinstance(v, str)}
 
 
 def fit_switches(model_type: str, doc: dict[str, Any], observations: list[Observation]) -> None:
