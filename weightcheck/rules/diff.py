@@ -8,6 +8,8 @@ registering them here documents them in `weightcheck rules`, SARIF and docs/rule
 
 from __future__ import annotations
 
+from typing import Any
+
 from weightcheck.findings import Severity
 from weightcheck.rules import Rule, UnknownRuleCode, metadata_rule
 
@@ -20,22 +22,9 @@ _ALLOWED_IS_INFO = frozenset({Severity.INFO})
 _DIFF_RULES: dict[str, Rule] = {}
 
 
-def _diff_rule(
-    code: str,
-    name: str,
-    severity: Severity,
-    *,
-    summary: str,
-    doc: str,
-    bad: str,
-    good: str,
-    fix: str,
-    also: frozenset[Severity] = frozenset(),
-) -> Rule:
-    made = metadata_rule(
-        code, name, severity, summary=summary, doc=doc, bad=bad, good=good, fix=fix, command="diff",
-        needs=frozenset({"tensors", "data"}), also=also,
-    )  # fmt: skip
+def _diff_rule(code: str, name: str, severity: Severity, **texts: Any) -> Rule:
+    """`metadata_rule` for diff (texts: summary, doc, bad, good, fix; `also`), kept in diff's own table."""
+    made = metadata_rule(code, name, severity, command="diff", needs=frozenset({"tensors", "data"}), **texts)
     _DIFF_RULES[code] = made
     return made
 

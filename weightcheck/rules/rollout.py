@@ -20,21 +20,9 @@ _ALSO = {
 }
 
 
-def _rule(
-    code: str,
-    name: str,
-    severity: Severity,
-    summary: str,
-    doc: str,
-    bad: str,
-    good: str,
-    fix: str,
-    command: str = "rollout",
-) -> None:
-    metadata_rule(
-        code, name, severity, summary=summary, doc=doc, bad=bad, good=good, fix=fix, command=command,
-        also=_ALSO.get(code, frozenset()),
-    )  # fmt: skip
+def _rule(code: str, name: str, severity: Severity, *texts: str, command: str = "rollout") -> None:
+    """`metadata_rule` with texts summary, doc, bad, good, fix in that order, and this module's `_ALSO`."""
+    metadata_rule(code, name, severity, *texts, command=command, also=_ALSO.get(code, frozenset()))
 
 
 _rule(

@@ -24,13 +24,9 @@ _ALSO = {
 VERIFY_RULES: dict[str, Rule] = {}
 
 
-def _verify_rule(
-    code: str, name: str, severity: Severity, summary: str, doc: str, bad: str, good: str, *, fix: str
-) -> Rule:
-    new = metadata_rule(
-        code, name, severity, summary=summary, doc=doc, bad=bad, good=good, fix=fix, command="verify",
-        also=_ALSO.get(code, frozenset()),
-    )  # fmt: skip
+def _verify_rule(code: str, name: str, severity: Severity, *texts: str, fix: str) -> Rule:
+    """`metadata_rule` with texts summary, doc, bad, good in that order, kept in VERIFY_RULES."""
+    new = metadata_rule(code, name, severity, *texts, fix=fix, command="verify", also=_ALSO.get(code, frozenset()))
     VERIFY_RULES[code] = new
     return new
 
