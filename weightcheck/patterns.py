@@ -84,6 +84,11 @@ def parse_expr(text: str) -> ast.Expression:
     return tree
 
 
+def expr_names(text: str) -> frozenset[str]:
+    """The names (config keys, `layer`) a pattern expression reads."""
+    return frozenset(n.id for n in ast.walk(parse_expr(text)) if isinstance(n, ast.Name))
+
+
 def evaluate(text: str | int | bool, env: dict[str, Any]) -> Any:
     """Evaluate a pattern expression; unknown names raise KeyError (the caller decides what that means)."""
     if isinstance(text, (int, bool)):
@@ -498,10 +503,10 @@ def overlay_doc(generated: dict[str, Any], hand: dict[str, Any]) -> dict[str, An
     for spec in survivors:
         for expr in (spec.get("when"), spec.get("bias"), *(spec.get("shape") or [])):
             if isinstance(expr, str):
-                names |= {n.id for n in ast.walk(parse_expr(expr)) if isinstance(n, ast.Name)}
+                names |= expr_names(expr)
     for key in ("moe_layers", "experts", "num_layers", "mtp_layers"):
         if key not in hand_family and isinstance(gen_family.get(key), str):
-            names |= {n.id for n in ast.walk(parse_expr(gen_family[key])) if isinstance(n, ast.Name)}
+            names |= expr_names(gen_family[key])
     class_defaults = (base.get("provenance") or {}).get("class_defaults") or {}
     own = set(out.get("defaults") or {})
     out["provenance"] = {"class_defaults": {k: v for k, v in class_defaults.items() if k in names and k not in own}}

@@ -707,13 +707,12 @@ def validate_domain(model_type: str, doc: dict[str, Any] | Any, observations: li
 
 def _placement_keys(pattern: Any) -> set[str]:
     """Config keys the pattern's layer conditions name (which layers hold which modules)."""
-    import ast
+    from weightcheck.patterns import expr_names
 
     exprs = [pattern.moe_layers] + [spec.when for section in (pattern.layer, pattern.dense_layer,
                                                                pattern.moe_layer, pattern.mtp_layer)
                                     for spec in section]  # fmt: skip
-    return {n.id for e in exprs if isinstance(e, str) for n in ast.walk(ast.parse(e, mode="eval"))
-            if isinstance(n, ast.Name) and n.id != "layer"}  # fmt: skip
+    return {n for e in exprs if isinstance(e, str) for n in expr_names(e)} - {"layer"}
 
 
 def _without(config: dict[str, Any], key: str) -> dict[str, Any]:
@@ -967,23 +966,17 @@ def class_defaults(model_type: str, doc: dict[str, Any]) -> dict[str, Any]:
     """The config class's default of every key the pattern's expressions name: save_pretrained leaves a key
     out of config.json when it equals the default, and lint must read it as that default (not as missing:
     `q_lora_rank == None` would be unknowable)."""
-    import ast
-
     from tools.archgen.tiny import tiny_config
     from weightcheck.arch.oracle import full_config_dict
+    from weightcheck.patterns import expr_names
 
     names: set[str] = set()
-    for table in (doc["globals"], doc["layer"]):
-        for spec in table.values():
-            for expr in (spec.get("when"), spec.get("bias"), *spec.get("shape", [])):
-                if isinstance(expr, str):
-                    names |= {n.id for n in ast.walk(ast.parse(expr, mode="eval")) if isinstance(n, ast.Name)}
     switches: set[str] = set()  # names a `when` or `bias` reads: a derived key left out there is "assumed present"
     for table in (doc["globals"], doc["layer"]):
         for spec in table.values():
-            for expr in (spec.get("when"), spec.get("bias")):
-                if isinstance(expr, str):
-                    switches |= {n.id for n in ast.walk(ast.parse(expr, mode="eval")) if isinstance(n, ast.Name)}
+            switches.update(*(expr_names(e) for e in (spec.get("when"), spec.get("bias")) if isinstance(e, str)))
+            names.update(*(expr_names(e) for e in spec.get("shape", []) if isinstance(e, str)))
+    names |= switches
     top_config = type(tiny_config(model_type, "A"))()
     top = full_config_dict(top_config)
     default = _text_config(top)
