@@ -26,7 +26,9 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 FLOOR = "import json, sys; json.load(open(sys.argv[1] + '/config.json'))"
-LINT = "import sys; from weightcheck.cli import main; sys.argv = ['weightcheck', 'lint', *sys.argv[1:]]; main()"
+# What the `weightcheck` console script runs (`weightcheck.launch:main`; `weightcheck.cli:main` in trees before
+# the launcher): `python -m weightcheck` reaches the same entry in either tree.
+LINT = "-m weightcheck lint"
 
 
 def cpu_seconds(code: str, target: Path, tree: Path | None) -> float:
@@ -35,7 +37,10 @@ def cpu_seconds(code: str, target: Path, tree: Path | None) -> float:
     env.pop("PYTHONDONTWRITEBYTECODE", None)  # as installed: compiled bytecode is cached
     if tree is not None:
         env["PYTHONPATH"] = str(tree)
-    args = [sys.executable, "-c", code, str(target.resolve())] + (["--format", "json"] if code is LINT else [])
+    if code is LINT:
+        args = [sys.executable, "-m", "weightcheck", "lint", str(target.resolve()), "--format", "json"]
+    else:
+        args = [sys.executable, "-c", code, str(target.resolve())]
     # cwd outside every tree: `python -c` puts the working directory first on sys.path, which would shadow
     # PYTHONPATH (the baseline tree would import this checkout's weightcheck when run from its root).
     proc = subprocess.Popen(args, env=env, cwd=tempfile.gettempdir(), stdout=subprocess.DEVNULL,

@@ -100,6 +100,8 @@ LAYERS: list[tuple[str, tuple[str, ...]]] = [
             "weightcheck",
             "weightcheck.__main__",
             "weightcheck.cli",
+            "weightcheck.launch",
+            "weightcheck.frontend",
             "weightcheck.commands",
             "weightcheck.reporters",
             "weightcheck.integrations",

@@ -67,6 +67,32 @@ def test_parse_json_turns_hostile_text_into_a_refusal(text: bytes) -> None:
     assert exc.value.kind == "invalid"
 
 
+PAD = b" " * safe_io.SMALL_JSON_BYTES  # makes a text large: parsed by orjson first, not the stdlib
+
+
+@pytest.mark.parametrize("pad", [b"", PAD], ids=["small: stdlib", "large: orjson"])
+@pytest.mark.parametrize(
+    "text", [b'{"a": "\\ud800"}', b'{"a": NaN}', b'{"a": 1e999}', b'{"a": 1, "a": 2}', b'{"a": [1, 2.5, "\xc3\xa9"]}']
+)
+def test_parse_json_gives_one_verdict_whichever_parser_reads_the_text(text: bytes, pad: bytes) -> None:
+    """A config.json is parsed by the stdlib (importing orjson costs more than it saves on a small text), a large
+    index by orjson: the result (a doc or the refusal) must not depend on which one read it."""
+    import json
+
+    def outcome(raw: bytes) -> object:
+        try:
+            return safe_io.parse_json(raw, "x.json")
+        except safe_io.UnsafePath as exc:
+            return exc.kind
+
+    got = outcome(text + pad)
+    assert repr(got) == repr(outcome(text))
+    if b"ud800" in text:
+        assert got == "invalid"  # a lone surrogate is refused by both paths
+    elif got != "invalid":
+        assert repr(got) == repr(json.loads(text))
+
+
 PATTERNS = [r"model\.layers\.\d+\.mlp\.gate$", r".*mlp\.gate", r"(?i)LM_HEAD", r"[[:alpha:]]+", r"a{,3}b",
             r"\w+\.(\d)", r".*\bgate\b", r"model\.layers\.(?P<l>[0-9]+)\.", r"(?=model)model", r"lm_head\Z",
             r"(a)\1", r".*experts\.(1[0-9]|[2-9])\..*"]  # fmt: skip

@@ -1,3 +1,3 @@
-from weightcheck.cli import main
+from weightcheck.launch import main
 
 main()

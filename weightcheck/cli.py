@@ -16,22 +16,14 @@ from typing import Any
 
 import click
 
-from weightcheck.findings import EXIT_ERROR, INTERNAL_ERROR_CODE, Result, Severity
+from weightcheck.findings import EXIT_ERROR, Result, Severity
+from weightcheck.frontend import debug_requested, lint_options, prepare_result, report_internal_errors
 from weightcheck.reporters import FORMATS, render
-from weightcheck.settings import Settings, SettingsError, check_consumers, load_settings
+from weightcheck.settings import Settings, SettingsError, load_settings, resolve_run_settings
 from weightcheck.version import __version__
-
-
-def _split_codes(values: tuple[str, ...]) -> list[str]:
-    return [c.strip() for v in values for c in v.split(",") if c.strip()]
-
 
 # Report files take non-UTF-8 names (lone surrogates) as escapes, like stdout (see main()).
 REPORT_FILE = click.File("w", errors="backslashreplace")
-
-
-def _debug_requested() -> bool:
-    return "--debug" in sys.argv[1:] or os.environ.get("WEIGHTCHECK_DEBUG", "") not in ("", "0")
 
 
 def config_and_output_options(
@@ -185,42 +177,24 @@ def progress_option(fn: Callable[..., Any]) -> Callable[..., Any]:
 
 
 def resolve_settings(target: Path | None, config_path: Path | None, command: str | None = None, **cli: Any) -> Settings:
-    """Config file settings (discovered or --config) overridden by the command line; every value checked.
+    """Config file settings (discovered or --config) overridden by the command line; every value checked
+    (`settings.resolve_run_settings`); a problem is a usage error.
 
     `command` ("lint", "diff", "verify") also makes a selection that leaves that command no rule an error."""
-    from weightcheck.rules import UnknownSelector, check_selectors
-
     try:
-        settings = load_settings(target, config_path)
+        return resolve_run_settings(
+            target,
+            config_path,
+            command=command,
+            formats=FORMATS,
+            select=cli.get("select") or (),
+            ignore=cli.get("ignore") or (),
+            fail_on=cli.get("fail_on"),
+            fmt=cli.get("fmt"),
+            consumers=_meta("consumers") or (),
+        )
     except SettingsError as exc:
         raise click.UsageError(str(exc)) from None
-    if cli.get("select"):
-        settings.select = _split_codes(cli["select"])
-    if cli.get("ignore"):
-        settings.ignore = [*settings.ignore, *_split_codes(cli["ignore"])]
-    if cli.get("fail_on"):
-        settings.fail_on = cli["fail_on"]
-    if cli.get("fmt"):
-        settings.format = cli["fmt"]
-    where = f" in {settings.source}" if settings.source else ""
-    if settings.validate_with not in (None, "mirror", "compressed-tensors"):
-        raise click.UsageError(f"validate-with must be mirror or compressed-tensors in {settings.source}")
-    if _meta("consumers"):
-        try:
-            settings.consumers = check_consumers(_split_codes(_meta("consumers")))
-        except SettingsError as exc:
-            raise click.UsageError(str(exc)) from None
-    if settings.format not in FORMATS:
-        raise click.UsageError(f"unknown format {settings.format!r}{where} (choose from {', '.join(FORMATS)})")
-    try:
-        Severity.parse(settings.fail_on)
-    except ValueError as exc:
-        raise click.UsageError(f"{exc}{where}") from None
-    try:
-        check_selectors(settings.select, settings.ignore, command=command)
-    except UnknownSelector as exc:
-        raise click.UsageError(f"{exc}{where if settings.source else ''}") from None
-    return settings
 
 
 def config_format(target: Path | None, config_path: Path | None, allowed: tuple[str, ...], given: str | None) -> str:
@@ -235,14 +209,6 @@ def config_format(target: Path | None, config_path: Path | None, allowed: tuple[
     return settings.format if settings.format in allowed else "text"
 
 
-def report_internal_errors(result: Result, debug: bool) -> None:
-    """WC000 tracebacks on stderr with --debug (the report itself keeps them in details.traceback)."""
-    internal = [f for f in result.findings if f.code == INTERNAL_ERROR_CODE]
-    for finding in internal:
-        if debug:
-            click.echo(f"weightcheck: {finding.message}\n{finding.details.get('traceback', '')}", err=True)
-    if internal and not debug:
-        click.echo("weightcheck: internal error (WC000); rerun with --debug for the traceback", err=True)
 def check_ray(address: str | None, *, connect: bool = False) -> None:
     """`--ray` without Ray installed is a usage error (exit 2), before any work starts. With `connect`, Ray is
     started or joined now, so a cluster that cannot be reached is one line and exit 2 (never WC000)."""
@@ -272,11 +238,9 @@ def finish(
     verbose: bool,
     debug: bool = False,
 ) -> None:
-    from weightcheck.triage import BaselineError, apply_baseline, fill_fix_texts, read_baseline, write_baseline
+    from weightcheck.triage import BaselineError, apply_baseline, read_baseline, write_baseline
 
-    fill_fix_texts(result.findings)  # every command's findings say what to do (lint fills them already)
-    if settings.not_applied:
-        result.notes.append(settings.not_applied_note())
+    prepare_result(result, settings)
 
     baseline = _meta("baseline") or (Path(settings.baseline) if settings.baseline else None)
     if _meta("write_baseline"):
@@ -300,7 +264,7 @@ def finish(
     else:
         render(result, settings.format, output, color=color, verbose=verbose, quiet=bool(_meta("quiet")))
     output.flush()
-    report_internal_errors(result, debug or _debug_requested())
+    report_internal_errors(result, debug or debug_requested())
     sys.exit(result.exit_code(Severity.parse(settings.fail_on), exit_zero=exit_zero))
 
 
@@ -429,7 +393,6 @@ def lint(
     from weightcheck.deps import require
     from weightcheck.linting import lint_many
     from weightcheck.patterns import PatternError
-    from weightcheck.progress import choose_mode
 
     if _meta("pre_commit"):
         targets = _pre_commit_targets(targets)
@@ -452,19 +415,18 @@ def lint(
     check_ray(ray_address)
     if ray_address is not None and all(Path(t).exists() for t in targets):
         check_ray(ray_address, connect=True)  # a missing target is exit 3 below, without starting Ray
-    options = {
-        "pattern": pattern or settings.pattern,
-        "validate_with": validator,
-        "content": content,
-        "hash_out": hash_out,
-        "against_manifest": against_manifest,
-        "progress": choose_mode(progress),
-        "revision": revision,
-        "download": download,
-        "ray": ray_address,
-        "per_tensor_ignores": settings.per_tensor_ignores,
-        "consumers": settings.consumers,
-    }
+    options = lint_options(
+        settings,
+        pattern=pattern,
+        validate_with=validator,
+        content=content,
+        hash_out=hash_out,
+        against_manifest=against_manifest,
+        progress=progress,
+        revision=revision,
+        download=download,
+        ray_address=ray_address,
+    )
     try:
         with full_lists(verbose):  # -v: every name pattern, not "(+N more patterns)"
             result = lint_many(targets, select=settings.select, ignore=settings.ignore, options=options)
@@ -599,7 +561,7 @@ def main() -> None:
     except BrokenPipeError:
         sys.exit(EXIT_ERROR)
     except Exception as exc:  # internal error: exit 2, short message, no silent pass
-        if _debug_requested():
+        if debug_requested():
             import traceback
 
             traceback.print_exc()

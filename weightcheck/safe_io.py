@@ -22,10 +22,23 @@ from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
 
-try:  # orjson parses large headers and indexes ~3x faster; the stdlib parser is the fallback.
-    from orjson import loads as fast_json_loads
-except ImportError:  # pragma: no cover - exercised only where orjson has no wheel
-    fast_json_loads = json.loads
+# Below this many bytes a JSON text is parsed by the stdlib: importing orjson (uuid, platform, datetime: ~8 ms)
+# costs more than it saves on a config.json, and config-only lint is mostly start-up (issue #20).
+SMALL_JSON_BYTES = 1 << 16
+_FAST_LOADS: list[Any] = []
+
+
+def fast_json_loads(raw: bytes | str) -> Any:
+    """orjson's `loads` (~3x faster on large headers and indexes), imported on first use; the stdlib's where
+    orjson has no wheel. Strict JSON only: callers fall back to `json.loads` for its verdict and message."""
+    if not _FAST_LOADS:
+        try:
+            from orjson import loads
+        except ImportError:  # pragma: no cover - exercised only where orjson has no wheel
+            loads = json.loads
+        _FAST_LOADS.append(loads)
+    return _FAST_LOADS[0](raw)
+
 
 # Size budgets per kind of file. Real files are far below them: a DeepSeek-V3 index is ~9 MB, a config or
 # quantization config < 1 MB, one rank's record of a 92k-tensor sync ~30 MB.
@@ -241,9 +254,13 @@ def parse_json(raw: bytes | str, name: str, *, unique_keys: bool = False, max_ke
         raise UnsafePath(name, f"about {tokens} keys, more than the {max_keys} weightcheck reads", "too-large")
     try:
         try:
+            if len(raw) < SMALL_JSON_BYTES:
+                raise ValueError("small: the stdlib parser")
             doc = fast_json_loads(raw)
         except ValueError:
-            doc = json.loads(raw)  # the stdlib parser gives the reference verdict and message
+            # The stdlib parser gives the reference verdict and message (and accepts a superset of what orjson
+            # accepts, with the same result on strict JSON).
+            doc = json.loads(raw)
             json.dumps(doc, ensure_ascii=False).encode("utf-8")  # a lone surrogate cannot be encoded
         if unique_keys and tokens != _all_keys(doc):
             json.loads(raw, object_pairs_hook=_unique_pairs)

@@ -16,10 +16,7 @@ import struct
 from dataclasses import dataclass, field
 from typing import NamedTuple, Protocol
 
-try:  # orjson parses large headers and indexes ~3x faster; the stdlib parser is the fallback.
-    from orjson import loads as fast_json_loads
-except ImportError:  # pragma: no cover - exercised only where orjson has no wheel
-    fast_json_loads = json.loads
+from weightcheck.safe_io import fast_json_loads  # orjson, imported on first use (~3x faster on large headers)
 
 # Bits per element, from the Rust `Dtype` enum (safetensors >= 0.6).
 DTYPE_BITS: dict[str, int] = {

@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import contextlib
 import sys
+from collections.abc import Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -263,3 +264,57 @@ def check_consumers(names: list[str]) -> list[str]:
     if unknown:
         raise SettingsError(f"unknown consumer(s) {', '.join(map(repr, unknown))}; choose from {', '.join(known)}")
     return names
+
+
+def split_codes(values: Iterable[str]) -> list[str]:
+    """`--select WC2,WC401 --select WC5` as one list (the command line's comma and repeat forms)."""
+    return [c.strip() for v in values for c in v.split(",") if c.strip()]
+
+
+def resolve_run_settings(
+    target: Path | None,
+    config_path: Path | None,
+    *,
+    command: str | None,
+    formats: Iterable[str],
+    select: Iterable[str] = (),
+    ignore: Iterable[str] = (),
+    fail_on: str | None = None,
+    fmt: str | None = None,
+    consumers: Iterable[str] = (),
+) -> Settings:
+    """Config file settings (discovered or `config_path`) overridden by the command line; every value checked.
+
+    Each problem is a SettingsError whose text is the usage error the CLI prints (the click CLI and the
+    launcher's plain-lint path both call this, so there is one wording). `command` ("lint", "diff", "verify")
+    also makes a selection that leaves that command no rule an error; `formats` are the reporters' names."""
+    from weightcheck.findings import Severity
+    from weightcheck.rules import UnknownSelector, check_selectors
+
+    settings = load_settings(target, config_path)
+    select, ignore, consumers = list(select), list(ignore), list(consumers)
+    if select:
+        settings.select = split_codes(select)
+    if ignore:
+        settings.ignore = [*settings.ignore, *split_codes(ignore)]
+    if fail_on:
+        settings.fail_on = fail_on
+    if fmt:
+        settings.format = fmt
+    where = f" in {settings.source}" if settings.source else ""
+    if settings.validate_with not in (None, "mirror", "compressed-tensors"):
+        raise SettingsError(f"validate-with must be mirror or compressed-tensors in {settings.source}")
+    if consumers:
+        settings.consumers = check_consumers(split_codes(consumers))
+    names = list(formats)
+    if settings.format not in names:
+        raise SettingsError(f"unknown format {settings.format!r}{where} (choose from {', '.join(names)})")
+    try:
+        Severity.parse(settings.fail_on)
+    except ValueError as exc:
+        raise SettingsError(f"{exc}{where}") from None
+    try:
+        check_selectors(settings.select, settings.ignore, command=command)
+    except UnknownSelector as exc:
+        raise SettingsError(str(exc) + where) from None
+    return settings
