@@ -80,17 +80,11 @@ class _DottedLiteral(SafeRegex):
 
     __slots__ = ("_literals", "_width")
 
-    def __init__(self, pattern: str, width: int, literals: list[tuple[int, str]]) -> None:
+    def __init__(self, pattern: str, width: int, pieces: list[tuple[int, str]]) -> None:
+        """`pieces`: the literal characters as (start, text) runs: one comparison per piece (`model`,
+        `layers`, `3`, ...), not per character."""
         super().__init__(pattern, None, None)
         self._width = width
-        # Literal characters at consecutive positions merged into (start, text) pieces: one comparison per
-        # piece (`model`, `layers`, `3`, ...), not per character.
-        pieces: list[tuple[int, str]] = []
-        for i, char in literals:
-            if pieces and pieces[-1][0] + len(pieces[-1][1]) == i:
-                pieces[-1] = (pieces[-1][0], pieces[-1][1] + char)
-            else:
-                pieces.append((i, char))
         self._literals = pieces
 
     def _fits(self, text: str) -> bool:
@@ -106,26 +100,18 @@ class _DottedLiteral(SafeRegex):
 
 
 _DOTTED_LITERAL = re.compile(r"(?:[A-Za-z0-9_]|\\?\.)*")
+_LITERAL_RUN = re.compile(r"[^.]+")
 
 
 def _dotted_literal(pattern: str) -> _DottedLiteral | None:
     """The character-comparing form of `pattern`, if it has that shape (else None: compile it)."""
     if not _DOTTED_LITERAL.fullmatch(pattern):
         return None
-    if "\\" not in pattern:  # no `\.`: one character per position (most module-name entries)
-        return _DottedLiteral(pattern, len(pattern), [(i, ch) for i, ch in enumerate(pattern) if ch != "."])
-    literals: list[tuple[int, str]] = []
-    width = i = 0
-    while i < len(pattern):
-        if pattern[i] == "\\":  # `\.`, the only escape the shape admits: a literal dot
-            literals.append((width, "."))
-            i += 2
-        else:
-            if pattern[i] != ".":  # a bare `.` is the wildcard
-                literals.append((width, pattern[i]))
-            i += 1
-        width += 1
-    return _DottedLiteral(pattern, width, literals)
+    # One character per position: `\.` (a literal dot, the only escape the shape admits) becomes NUL, which the
+    # shape excludes, so the literal pieces are the runs of characters other than the `.` wildcard.
+    flat = pattern.replace("\\.", "\0") if "\\" in pattern else pattern
+    pieces = [(m.start(), m.group().replace("\0", ".")) for m in _LITERAL_RUN.finditer(flat)]
+    return _DottedLiteral(pattern, len(flat), pieces)
 
 
 def _backtracks(pattern: str) -> bool:
