@@ -48,6 +48,20 @@ def test_runs_are_expand_and_group_like_the_names(label: str, config: dict) -> N
     assert [m for r in runs for m in r.modules()] == mods
     assert [n for r in runs for n in r.names()] == [m.name for m in mods]
     assert run_notes == notes
+    # a lookup finds a module without making every name (RunModules splits the name at its digit runs): the
+    # same module as the eager dict, for every name and for near misses; and the runs' distinctness is exact
+    lookups = from_config(pattern, text).modules
+    probes = [*{m.name for m in mods}, *(p for r in runs for p in _near_misses(r.names()[-1]))]
+    eager_last = {m.name: m for m in mods}
+    for name in probes:
+        assert (name in lookups) == (name in eager_last), name
+        if name in eager_last:
+            got, want = lookups[name], eager_last[name]
+            assert (got.name, got.kind, got.expected, got.layer, got.expert) == (
+                want.name, want.spec.kind, want, want.layer, want.expert
+            ), name
+    assert lookups.all_distinct() == (len({m.name for m in mods}) == len(mods))
+    assert lookups._where_all is None or not lookups._splittable  # no name was made for the lookups
     inventory = from_config(pattern, text)
     # the modules made on lookup are the ones made eagerly before
     eager = {m.name: (m.name, m.spec.kind, m, m.layer, m.expert) for m in mods}
@@ -73,6 +87,17 @@ def test_runs_are_expand_and_group_like_the_names(label: str, config: dict) -> N
         probes = [*params, *(f"{m}.weight" for m in inventory.modules), *(f"{m}.qweight" for m in inventory.modules),
                   "lm_head", "weight", "model.nope.weight"]  # fmt: skip
         assert [n for n in probes if qa._is_param(n)] == [n for n in probes if n in params]
+
+
+def _near_misses(name: str) -> list[str]:
+    """Names one digit run away from `name`: a leading zero, one past, a digit glued on, the run dropped."""
+    import re
+
+    out = []
+    for m in re.finditer(r"\d+", name):
+        head, digits, tail = name[: m.start()], m.group(), name[m.end() :]
+        out += [f"{head}0{digits}{tail}", f"{head}{int(digits) + 1000}{tail}", f"{head}{digits}7{tail}", head + tail]
+    return [*out, name + ".x", "x" + name, name[:-1]]
 
 
 def _unordered(names: NameSet) -> list[tuple[object, ...]]:

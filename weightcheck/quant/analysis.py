@@ -90,10 +90,10 @@ class QuantAnalysis:
                 # seed's, so no finding depends on the order of the groups.
                 assert self.inventory.runs is not None and self.inventory.run_names is not None
                 runs, run_names = [], []
-                for run, module_names in zip(self.inventory.runs, self.inventory.run_names, strict=True):
+                for run in self.inventory.runs:
                     for param in dict.fromkeys((*run.params, "weight")):
                         runs.append(run._replace(name=f"{run.name}.{param}"))
-                        run_names.append([f"{n}.{param}" for n in module_names])
+                        run_names.append(run.names(f".{param}"))  # made when read
                 self._names[level] = NameSet.from_runs(runs, run_names)
                 return self._names[level]
             if level == "param":

@@ -8,7 +8,8 @@ pattern applies.
 
 from __future__ import annotations
 
-from collections.abc import Callable, ItemsView, Iterator, Mapping, ValuesView
+import re
+from collections.abc import Callable, ItemsView, Iterator, Mapping, Sequence, ValuesView
 from dataclasses import dataclass, field
 from itertools import repeat
 from typing import Any
@@ -219,39 +220,120 @@ def from_config(pattern: Pattern, config: dict[str, Any]) -> Inventory:
     def params() -> list[str]:
         return sorted(f"{m.name}.{p}" for m in expected() for p in m.params)
 
-    every = sum(1 if run.experts is None else len(run.experts) for run in runs)
     return Inventory(modules=modules, params=params, from_config_only=True, pattern=pattern, notes=notes,
-                     expected=expected, runs=runs if len(modules) == every else None, run_names=names)  # fmt: skip
+                     expected=expected, runs=runs if modules.all_distinct() else None, run_names=names)  # fmt: skip
 
 
 class RunModules(Mapping[str, ModuleInfo]):
     """Config-only modules, made from the pattern's runs when first looked up: the rules on the config path ask
     for a few routers, norms and heads, or whether a name exists; Qwen3-30B-A3B implies ~19k modules, 18k of
     them expert Linears. Same keys, order and values as `{m.name: ModuleInfo(...) for m in expand(...)}` (a
-    name made twice keeps its first place and its last module); each module is made once."""
+    name made twice keeps its first place and its last module); each module is made once.
 
-    def __init__(self, runs: list[ExpectedRun], names: list[list[str]]) -> None:
+    A lookup needs no name of an expert run: a name is split at each of its digit runs into (before, after),
+    which is the `*`'s (before, after) of the expert runs that can make it (`_by_split`). Only walking every
+    module makes them all (`_where`, once)."""
+
+    def __init__(self, runs: list[ExpectedRun], names: list[Sequence[str]]) -> None:
         """`names`: each run's `names()`."""
-        self._where: dict[str, tuple[ExpectedRun, int | None]] = {}
-        for run, run_names in zip(runs, names, strict=True):
+        self._runs, self._names = runs, names
+        self._single: dict[str, tuple[int, ExpectedRun, int | None]] = {}  # the last run wins, as in a dict
+        self._by_split: dict[tuple[str, str], list[tuple[int, ExpectedRun]]] = {}
+        self._splittable = True  # False: a lookup makes every name (see _split_ok)
+        for index, run in enumerate(runs):
             if run.experts is None:
-                self._where[run.name] = (run, run.expert)
-            else:
-                pairs = zip(repeat(run, len(run.experts)), run.experts, strict=True)
-                self._where.update(zip(run_names, pairs, strict=True))
+                self._single[run.name] = (index, run, run.expert)
+                continue
+            pieces = run.name.split("*")
+            if not _split_ok(pieces, run.experts):
+                self._splittable = False
+            self._by_split.setdefault((pieces[0], pieces[-1]), []).append((index, run))
+        self._where_all: dict[str, tuple[ExpectedRun, int | None]] | None = None
         self._made: dict[str, ModuleInfo] = {}
+
+    @property
+    def _where(self) -> dict[str, tuple[ExpectedRun, int | None]]:
+        """Every name -> (run, expert id), in order (a name made twice: its first place, its last run)."""
+        if self._where_all is None:
+            where: dict[str, tuple[ExpectedRun, int | None]] = {}
+            for run, run_names in zip(self._runs, self._names, strict=True):
+                if run.experts is None:
+                    where[run.name] = (run, run.expert)
+                else:
+                    where.update(zip(run_names, zip(repeat(run, len(run.experts)), run.experts, strict=True),
+                                     strict=True))  # fmt: skip
+            self._where_all = where
+        return self._where_all
+
+    def _locate(self, name: str) -> tuple[ExpectedRun, int | None] | None:
+        """(run, expert id) that makes `name` (the last such run), without making the other names."""
+        if self._where_all is not None or not self._splittable:
+            return self._where.get(name)
+        best = self._single.get(name)
+        expert = self._locate_expert(name)
+        if expert is not None and (best is None or expert[0] > best[0]):
+            best = expert
+        return None if best is None else (best[1], best[2])
+
+    def _locate_expert(self, name: str) -> tuple[int, ExpectedRun, int] | None:
+        """(index, run, expert id) of the last expert run that makes `name`."""
+        best: tuple[int, ExpectedRun, int] | None = None
+        for match in _DIGIT_RUN.finditer(name):
+            candidates = self._by_split.get((name[: match.start()], name[match.end() :]))
+            if not candidates:
+                continue
+            digits = match.group()
+            if len(digits) > 1 and digits[0] == "0":  # no id is written with a leading zero
+                continue
+            expert = int(digits)
+            for index, run in candidates:
+                if expert in run.experts and (best is None or index > best[0]):  # type: ignore[operator]
+                    best = (index, run, expert)
+        return best
+
+    def _count_distinct(self) -> bool:
+        return len(self._where) == sum(1 if r.experts is None else len(r.experts) for r in self._runs)
+
+    def all_distinct(self) -> bool:
+        """Whether no name is made twice (then `len(self)` is the runs' total), mostly without making them.
+
+        Expert runs can only make a common name when their names have the same shape (digit runs as `#`);
+        with the `*` at the same digit run of that shape, only when their (before, after) pieces are the same
+        and their ids overlap. Anything else is counted name by name (exact, and rare)."""
+        if self._where_all is not None or not self._splittable:
+            return self._count_distinct()
+        if len(self._single) != sum(1 for r in self._runs if r.experts is None):
+            return False  # a single run's name twice
+        if any(self._locate_expert(name) is not None for name in self._single):
+            return False  # an expert run makes a single run's name
+        shapes: dict[str, int] = {}  # shape -> the digit run that holds the `*`
+        for (before, after), members in self._by_split.items():
+            shape = f"{_DIGIT_RUN.sub('#', before)}#{_DIGIT_RUN.sub('#', after)}"
+            if shapes.setdefault(shape, len(_DIGIT_RUN.findall(before))) != len(_DIGIT_RUN.findall(before)):
+                return self._count_distinct()
+            if len(members) > 1:
+                seen: set[int] = set()
+                for _, run in members:
+                    ids = set(run.experts)  # type: ignore[arg-type]
+                    if seen & ids:
+                        return False
+                    seen |= ids
+        return True
 
     def __getitem__(self, name: str) -> ModuleInfo:
         got = self._made.get(name)
         if got is None:
-            run, expert = self._where[name]
+            located = self._locate(name)
+            if located is None:
+                raise KeyError(name)
+            run, expert = located
             exp = ExpectedModule(name, run.spec, run.layer, expert, run.shape, run.params, run.optional_params)
             got = self._made[name] = ModuleInfo(name=name, kind=run.spec.kind, expected=exp, layer=run.layer,
                                                 expert=expert)  # fmt: skip
         return got
 
     def __contains__(self, name: object) -> bool:
-        return name in self._where
+        return isinstance(name, str) and (name in self._made or self._locate(name) is not None)
 
     def values(self) -> ValuesView[ModuleInfo]:  # type: ignore[override]
         return self._every().values()
@@ -277,3 +359,15 @@ class RunModules(Mapping[str, ModuleInfo]):
 
     def __len__(self) -> int:
         return len(self._where)
+
+
+_DIGIT_RUN = re.compile(r"\d+")
+
+
+def _split_ok(pieces: list[str], experts: range) -> bool:
+    """Whether an expert run's names split back at their id: one `*`, the id a whole run of ASCII digits (no
+    digit on either side of the `*`, no negative id)."""
+    if len(pieces) != 2 or (experts.start < 0 if len(experts) else False) or experts.step <= 0:
+        return False
+    before, after = pieces
+    return not (before[-1:].isdigit() or after[:1].isdigit()) and before.isascii() and after.isascii()
