@@ -298,15 +298,14 @@ def test_a_checkpoint_cannot_configure_its_own_check(ghost: Path, tmp_path: Path
 
 
 def test_internal_error_keeps_its_traceback_and_debug_prints_it(make_ckpt, monkeypatch) -> None:
-    import dataclasses
-
     from weightcheck import rules
+    from weightcheck.lightclass import replace
 
     def boom(ctx) -> None:
         raise ZeroDivisionError("planted")
 
     registry = rules.all_rules()
-    monkeypatch.setitem(rules._REGISTRY, "WC201", dataclasses.replace(registry["WC201"], check=boom))
+    monkeypatch.setitem(rules._REGISTRY, "WC201", replace(registry["WC201"], check=boom))
     path = str(make_ckpt("llama"))
     result = invoke("lint", path, "--format", "json", "--exit-zero")
     assert result.exit_code == 2

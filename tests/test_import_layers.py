@@ -25,6 +25,7 @@ LAYERS: list[tuple[str, tuple[str, ...]]] = [
         "base: no knowledge of files or rules",
         (
             "weightcheck.version",
+            "weightcheck.lightclass",
             "weightcheck.findings",
             "weightcheck.safe_io",
             "weightcheck.deps",

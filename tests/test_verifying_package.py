@@ -5,7 +5,6 @@ that forgot its offset in a real GPT-2 checkpoint written by transformers is a W
 from __future__ import annotations
 
 import ast
-import dataclasses
 import re
 from collections.abc import Iterator
 from pathlib import Path
@@ -14,6 +13,7 @@ import pytest
 import torch
 
 from weightcheck import tap
+from weightcheck.lightclass import replace
 from weightcheck.rules import UnknownRuleCode, all_rules, get_rule
 from weightcheck.rules.verify import VERIFY_RULES, make_finding, verify_rule
 from weightcheck.verifying import _names, verify
@@ -45,7 +45,7 @@ def test_an_unknown_code_raises_never_dropped() -> None:
     with pytest.raises(UnknownRuleCode):
         sink.add(lint_rule, "a lint rule through verify's sink")
     missing = VERIFY_RULES["WC722"]
-    forged = dataclasses.replace(missing)  # same code, not the registered object
+    forged = replace(missing)  # same code, not the registered object
     with pytest.raises(UnknownRuleCode):
         sink.add(forged, "a copy of a rule")
     deselected = FindingSink(["WC723"], [])

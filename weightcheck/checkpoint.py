@@ -8,11 +8,11 @@ from __future__ import annotations
 
 import os
 import re
-from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Protocol
 
 from weightcheck import safe_io
+from weightcheck.lightclass import dataclass, field
 from weightcheck.safetensors_header import HeaderProblem, HeaderReport, TensorInfo, read_header
 
 # Tensors read from one checkpoint's headers (5x DeepSeek-V3's 92k); later shards are reported, not parsed.

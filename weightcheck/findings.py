@@ -6,8 +6,9 @@ Nothing here knows about files or about output formats.
 from __future__ import annotations
 
 import enum
-from dataclasses import dataclass, field
 from typing import Any
+
+from weightcheck.lightclass import dataclass, field
 
 
 class Severity(enum.IntEnum):

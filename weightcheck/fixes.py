@@ -15,11 +15,11 @@ from __future__ import annotations
 import json
 import os
 from collections.abc import Callable, Iterable, Iterator
-from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 from weightcheck.findings import Finding, Location, Result, Severity
+from weightcheck.lightclass import dataclass, field
 from weightcheck.rules import Rule, register
 
 FIX_REFUSED = "WC110"

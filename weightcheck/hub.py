@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import os
 import re
-from dataclasses import dataclass
 from pathlib import Path, PurePosixPath
 from typing import Any
 
@@ -27,6 +26,7 @@ from weightcheck.checkpoint import (
     json_limit,
     parse_json_doc,
 )
+from weightcheck.lightclass import dataclass
 from weightcheck.safetensors_header import HeaderProblem, HeaderReport, parse_header
 
 # Concurrent requests per repo: headers are latency-bound, not bandwidth-bound.

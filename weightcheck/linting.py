@@ -5,12 +5,12 @@ from __future__ import annotations
 import gc
 from collections.abc import Iterable, Iterator
 from contextlib import contextmanager
-from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
 from weightcheck.checkpoint import CONFIG_NAME, INDEX_NAME, load_checkpoint
 from weightcheck.findings import Result, internal_error
+from weightcheck.lightclass import replace
 from weightcheck.rules import LintContext, Rule, all_rules, matches_selector, run_rules
 
 

@@ -26,7 +26,8 @@ from __future__ import annotations
 import re
 from collections import defaultdict
 from collections.abc import Callable, Iterable
-from dataclasses import dataclass
+
+from weightcheck.lightclass import dataclass
 
 # A layer or expert id in a tensor name: ASCII digits, at most this many. A longer run (a 5,000-digit
 # "layer" would hit Python's int-conversion limit) or a non-ASCII digit (`str.isdigit` accepts `²`, which

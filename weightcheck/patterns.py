@@ -21,10 +21,11 @@ import operator
 import re
 import sys
 from collections.abc import Iterable, Iterator, Sequence
-from dataclasses import dataclass, field
 from functools import cache, lru_cache
 from pathlib import Path
 from typing import Any, NamedTuple, overload
+
+from weightcheck.lightclass import dataclass, field
 
 if sys.version_info >= (3, 11):
     import tomllib
@@ -1035,7 +1036,8 @@ def fit_to_config(pattern: Pattern, config: dict[str, Any], text: dict[str, Any]
     transformers is installed, else the pattern marked unvalidated (its WC410/WC501 findings become
     warnings): never an error the pattern cannot stand behind."""
     import os
-    from dataclasses import replace
+
+    from weightcheck.lightclass import replace
 
     domain, borrowed = domain_of(pattern, text)
     if not domain:

@@ -13,9 +13,9 @@ import math
 import os
 import re
 import struct
-from dataclasses import dataclass, field
 from typing import NamedTuple, Protocol
 
+from weightcheck.lightclass import dataclass, field
 from weightcheck.safe_io import fast_json_loads  # orjson, imported on first use (~3x faster on large headers)
 
 # Bits per element, from the Rust `Dtype` enum (safetensors >= 0.6).

@@ -20,11 +20,11 @@ from __future__ import annotations
 import contextlib
 import sys
 from collections.abc import Iterable
-from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 from weightcheck import safe_io
+from weightcheck.lightclass import dataclass, field
 
 KNOWN_KEYS = {"select", "ignore", "extend-select", "fail-on", "format", "pattern", "allow-skip", "map", "validate-with"}
 # Suppression and targets (see docs/suppression.md).

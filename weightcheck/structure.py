@@ -9,11 +9,11 @@ from __future__ import annotations
 
 from collections import Counter, defaultdict
 from collections.abc import Iterable
-from dataclasses import dataclass, field
 from itertools import groupby
 from operator import itemgetter
 from typing import Any
 
+from weightcheck.lightclass import dataclass, field
 from weightcheck.names import Template, group_by_template, is_index, parse_index, split_expert, split_layer
 
 # Re-exported for weightcheck/verify.py (`parse_index`) until it imports weightcheck.names itself.

@@ -8,10 +8,10 @@ from __future__ import annotations
 import re
 from collections import defaultdict
 from collections.abc import Container, Iterable
-from dataclasses import dataclass, field
 from typing import Any
 
 from weightcheck.checkpoint import Checkpoint
+from weightcheck.lightclass import dataclass, field
 from weightcheck.patterns import ExpectedModule, Pattern, PatternError, expand, fit_to_config, resolve_pattern
 from weightcheck.quant import safe_regex
 from weightcheck.quant.compiled import CompiledIgnore, NameSet

@@ -13,9 +13,9 @@ unless asked to (`--validate-with compressed-tensors`) or the mirror meets a nam
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass, field
 from typing import Any
 
+from weightcheck.lightclass import dataclass, field
 from weightcheck.names import is_index
 
 CT_FORMATS = {

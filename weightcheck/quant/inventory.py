@@ -10,10 +10,10 @@ from __future__ import annotations
 
 import re
 from collections.abc import Callable, ItemsView, Iterator, Mapping, Sequence, ValuesView
-from dataclasses import dataclass, field
 from itertools import repeat
 from typing import Any
 
+from weightcheck.lightclass import dataclass, field
 from weightcheck.names import split_layer
 from weightcheck.patterns import ExpectedModule, ExpectedRun, Pattern, expand, expand_runs
 from weightcheck.safetensors_header import TensorInfo

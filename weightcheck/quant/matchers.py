@@ -12,8 +12,8 @@ from __future__ import annotations
 import fnmatch
 import functools
 from collections.abc import Callable, Container, Iterable
-from dataclasses import dataclass
 
+from weightcheck.lightclass import dataclass
 from weightcheck.quant import safe_regex
 
 # A pattern that fails to compile matches nothing here; WC303 reports it.

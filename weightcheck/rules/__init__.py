@@ -10,13 +10,12 @@ Codes are never reused: a retired rule stays in the registry with `retired=True`
 from __future__ import annotations
 
 import importlib
-import inspect
 import textwrap
 from collections.abc import Callable, Iterable, Iterator, Mapping
-from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from weightcheck.findings import Finding, Location, Severity
+from weightcheck.lightclass import dataclass, field
 
 if TYPE_CHECKING:
     from weightcheck.checkpoint import Checkpoint
@@ -50,6 +49,21 @@ FAMILIES = {
     "WC8": "rollout dumps and run diagnosis (rollout, doctor)",
 }
 
+
+
+def cleandoc(doc: str) -> str:
+    """`inspect.cleandoc` (tabs expanded, the common indentation of the lines after the first removed, blank
+    lines at both ends dropped), here because importing `inspect` (ast, dis, tokenize) is ~7 ms of a
+    config-only lint's start-up; tests/test_startup_path.py checks it against inspect's on every rule."""
+    lines = doc.expandtabs().split("\n")
+    indents = [len(line) - len(line.lstrip()) for line in lines[1:] if line.lstrip()]
+    margin = min(indents) if indents else 0
+    lines = [lines[0].lstrip()] + [line[margin:] for line in lines[1:]]
+    while lines and not lines[-1]:
+        lines.pop()
+    while lines and not lines[0]:
+        lines.pop(0)
+    return "\n".join(lines)
 
 @dataclass(frozen=True)
 class Rule:
@@ -141,7 +155,7 @@ def rule(
                 name=name,
                 severity=severity,
                 summary=summary,
-                doc=inspect.cleandoc(fn.__doc__ or ""),
+                doc=cleandoc(fn.__doc__ or ""),
                 bad=textwrap.dedent(bad),
                 good=textwrap.dedent(good),
                 check=fn,
@@ -191,7 +205,7 @@ def metadata_rule(
         name=name,
         severity=severity,
         summary=summary,
-        doc=inspect.cleandoc(doc),
+        doc=cleandoc(doc),
         bad=textwrap.dedent(bad),
         good=textwrap.dedent(good),
         check=None,
