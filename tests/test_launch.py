@@ -92,6 +92,20 @@ def test_report_file_and_settings_file_agree(tmp_path: Path) -> None:
     assert launched[3].startswith("{") and launched[0] == 1
 
 
+def test_a_non_utf8_target_name_is_reported_alike(tmp_path: Path) -> None:
+    """A folder name that is not UTF-8 reaches the report as an escape on both paths (never a crash)."""
+    import shutil
+
+    odd = tmp_path / os.fsdecode(b"qwen3-\xff")
+    odd.mkdir()
+    shutil.copy(SAMPLES / "glm-4.5-air-w4a16-router-not-ignored" / "config.json", odd / "config.json")
+    for fmt in ("text", "json"):
+        launched, clicked = _both(["lint", str(odd), "--format", fmt, "--fail-on", "warning"], tmp_path)
+        assert launched == clicked
+        assert launched[0] == 1
+    assert "\\udcff" in launched[1]  # the JSON report's target, escaped
+
+
 def test_unwritable_report_file_is_clicks_error(tmp_path: Path) -> None:
     args = ["lint", str(SAMPLES / "qwen3-30b-a3b-fp8-block"), "-o", str(tmp_path / "missing-dir" / "r.json")]
     launched, clicked = _both(args, tmp_path)
