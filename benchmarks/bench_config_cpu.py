@@ -8,6 +8,9 @@ within each repetition (floor, this tree, baseline tree); figures are medians. I
 Qwen3-30B-A3B-FP8 config (`sample_configs/qwen3-30b-a3b-fp8-block`, a 145-entry `modules_to_not_convert`)
 and the Qwen3-235B-A22B-style config of bench_lint_real.py (94 layers x 128 experts, 283 entries).
 
+`--python PY`: floor and lint run with that interpreter and the weightcheck installed in its environment (a
+plain `pip install .`: an editable install's start-up hook adds ~20 ms to the floor as well).
+
 `--baseline-tree DIR`: a directory holding another checkout's `weightcheck/` (and `patterns/`), e.g.
 `mkdir /tmp/base && git archive <commit> weightcheck patterns | tar -x -C /tmp/base`.
 """
@@ -31,6 +34,9 @@ FLOOR = "import json, sys; json.load(open(sys.argv[1] + '/config.json'))"
 LINT = "-m weightcheck lint"
 
 
+PYTHON = [sys.executable]  # `--python`: another interpreter (a plain, non-editable install) for every command
+
+
 def cpu_seconds(code: str, target: Path, tree: Path | None) -> float:
     """User + system CPU seconds of one `python -c code target --format json` process."""
     env = dict(os.environ)
@@ -38,9 +44,9 @@ def cpu_seconds(code: str, target: Path, tree: Path | None) -> float:
     if tree is not None:
         env["PYTHONPATH"] = str(tree)
     if code is LINT:
-        args = [sys.executable, "-m", "weightcheck", "lint", str(target.resolve()), "--format", "json"]
+        args = [PYTHON[0], "-m", "weightcheck", "lint", str(target.resolve()), "--format", "json"]
     else:
-        args = [sys.executable, "-c", code, str(target.resolve())]
+        args = [PYTHON[0], "-c", code, str(target.resolve())]
     # cwd outside every tree: `python -c` puts the working directory first on sys.path, which would shadow
     # PYTHONPATH (the baseline tree would import this checkout's weightcheck when run from its root).
     proc = subprocess.Popen(args, env=env, cwd=tempfile.gettempdir(), stdout=subprocess.DEVNULL,
@@ -56,7 +62,15 @@ def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--repeat", type=int, default=9)
     ap.add_argument("--baseline-tree", type=Path)
+    ap.add_argument(
+        "--python",
+        type=Path,
+        help="run floor and lint with this interpreter and the weightcheck installed there (no source tree): "
+        "an editable install's start-up hook costs the floor ~20 ms that a plain `pip install` does not",
+    )
     args = ap.parse_args()
+    if args.python:
+        PYTHON[0] = str(args.python)
     from bench_lint_real import qwen3_235b_fp8
 
     work = Path(tempfile.mkdtemp(prefix="wc-config-cpu-"))
@@ -64,11 +78,11 @@ def main() -> None:
         "Qwen3-30B-A3B-FP8 (published, 145 entries)": ROOT / "sample_configs" / "qwen3-30b-a3b-fp8-block",
         "Qwen3-235B-A22B-style FP8 (94x128, 283 entries)": qwen3_235b_fp8(work),
     }
-    trees = {"floor": None, "lint": ROOT}
+    trees = {"floor": None, "lint": None if args.python else ROOT}
     if args.baseline_tree:
         trees["baseline"] = args.baseline_tree.resolve()
-    for tree in trees.values():  # warm the bytecode caches before timing
-        if tree is not None:
+    for key, tree in trees.items():  # warm the bytecode caches before timing
+        if key != "floor":
             cpu_seconds(LINT, next(iter(inputs.values())), tree)
     print(f"load average at start: {os.getloadavg()[0]:.2f}")
     print("| input | floor | lint | ratio |" + (" baseline | ratio |" if args.baseline_tree else ""))
