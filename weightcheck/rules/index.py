@@ -22,6 +22,31 @@ def _readable(ctx: LintContext, shard: str) -> bool:
     return report is not None and report.names_known
 
 
+def _located(ctx: LintContext) -> tuple[dict[str, str], int]:
+    """{tensor: shard} over the readable indexed shards (a name held twice: the later shard) and how many
+    tensors those shards hold in all, built once with C-level dict passes. A clean checkpoint's weight_map
+    equals this dict, which answers WC202 and WC203 in one comparison; equal sizes mean no name is held
+    twice (WC204, WC205). A shard whose names are unknown holds no tensors (its report has none)."""
+
+    def compute() -> tuple[dict[str, str], int]:
+        located: dict[str, str] = {}
+        total = 0
+        for shard in ctx.ckpt.indexed_shards:
+            if _readable(ctx, shard):
+                tensors = ctx.ckpt.shards[shard].tensors
+                located.update(dict.fromkeys(tensors, shard))
+                total += len(tensors)
+        return located, total
+
+    return ctx.memo("index-located", compute)
+
+
+def _index_is_shards(ctx: LintContext) -> bool:
+    """weight_map maps every tensor of the readable indexed shards, and nothing else, to its shard: then no
+    entry is a ghost (WC202: each entry's shard holds its key) and no stored tensor is unindexed (WC203)."""
+    return ctx.memo("index-is-shards", lambda: bool(ctx.ckpt.weight_map) and _located(ctx)[0] == ctx.ckpt.weight_map)
+
+
 @rule(
     "WC201",
     "indexed-shard-missing",
@@ -70,6 +95,8 @@ def indexed_key_not_in_shard(ctx: LintContext) -> None:
     tensor. The finding says
     whether the tensor lives in another shard (wrong mapping) or nowhere (lost)."""
     ckpt = ctx.ckpt
+    if _index_is_shards(ctx):
+        return
     present = {s: ckpt.shards[s].tensors for s in ckpt.indexed_shards if _readable(ctx, s)}
     ghosts = [(key, shard) for key, shard in ckpt.weight_map.items() if shard in present and key not in present[shard]]
     if not ghosts:
@@ -120,7 +147,7 @@ def shard_key_not_indexed(ctx: LintContext) -> None:
     NVIDIA/Model-Optimizer#2427). Either way the
     index is incomplete."""
     ckpt = ctx.ckpt
-    if not ckpt.weight_map:
+    if not ckpt.weight_map or _index_is_shards(ctx):
         return
     for shard in ckpt.indexed_shards:
         report = ckpt.shards.get(shard)
@@ -151,7 +178,10 @@ def tensor_in_several_shards(ctx: LintContext) -> None:
     on the loader's iteration order. Only shards that belong to the checkpoint (indexed, or all files when
     there is no index) are considered."""
     ckpt = ctx.ckpt
-    considered = ckpt.indexed_shards if ckpt.index is not None and ckpt.weight_map else ckpt.files_on_disk
+    indexed = ckpt.index is not None and bool(ckpt.weight_map)
+    if indexed and len(_located(ctx)[0]) == _located(ctx)[1]:  # the same test over the shared dict
+        return
+    considered = ckpt.indexed_shards if indexed else ckpt.files_on_disk
     reports = [(s, ckpt.shards[s]) for s in considered if s in ckpt.shards]
     # Cheap test first: duplicates exist iff the union is smaller than the sum of the parts.
     if len(set().union(*(r.tensors for _, r in reports))) == sum(len(r.tensors) for _, r in reports):
@@ -212,9 +242,11 @@ def index_total_size(ctx: LintContext) -> None:
     if any(r.problems for r in reports):
         return
     actual = sum(r.data_end for r in reports)
-    # A tensor stored twice (WC204) counts once in total_size.
+    # A tensor stored twice (WC204) counts once in total_size (every indexed shard is readable here, so
+    # `_located` saw them all: equal sizes mean no name is held twice, and the loop would subtract nothing).
     seen: set[str] = set()
-    for r in reports:
+    located, total_held = _located(ctx)
+    for r in reports if len(located) != total_held else ():
         for key in r.tensors.keys() & seen:
             actual -= r.tensors[key].nbytes
         seen.update(r.tensors)
@@ -323,7 +355,8 @@ def index_invalid(ctx: LintContext) -> None:
     else:
         if not wm:
             ctx.report(f"{INDEX_NAME} weight_map is empty", file=INDEX_NAME)
-        bad = [k for k, v in wm.items() if not isinstance(v, str)]
+        # One C-level pass over the value types first (92k on DeepSeek-V3); the exact walk only otherwise.
+        bad = [] if set(map(type, wm.values())) <= {str} else [k for k, v in wm.items() if not isinstance(v, str)]
         if bad:
             ctx.report(
                 f"{len(bad)} weight_map values are not file names: {summarize(map(str, bad))}",

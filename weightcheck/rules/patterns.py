@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from collections import defaultdict
+from collections.abc import Iterable, Iterator
 from itertools import repeat
 from operator import add, getitem, itemgetter
 
@@ -21,35 +22,56 @@ def _normalized(ctx: LintContext) -> dict[str, str]:
 
 
 def _fold_names(groups: dict[Template, list[tuple[str, tuple[str, ...]]]]) -> dict[str, str]:
-    """normalize_param of every name, decided once per template where the template fixes the answer.
+    """normalize_param of every name, decided once per template where the template fixes the answer."""
+    out: dict[str, str] = {}
+    for names, folded in _folds(groups):
+        out.update(zip(names, folded, strict=True))
+    return out
+
+
+def _folds(groups: dict[Template, list[tuple[str, tuple[str, ...]]]]) -> Iterator[tuple[list[str], Iterable[str]]]:
+    """Per template: its names, and their normalize_param forms in the same order.
 
     normalize_param reads a name's last segment (the leaf) and what precedes it, and looks for `.weight.`.
     Ids are digit runs, and a template's last literal part starts after its last id: when that part holds
     the leaf's dot and no literal part holds `.weight.`, every name of the template has the same leaf and
     the same verdict, so folding is one cut-and-append of the leaf, the same for all (computed on one name).
     """
-    out: dict[str, str] = {}
     for parts, members in groups.items():
         names = list(map(itemgetter(0), members))
         last = parts[-1]
         if len(parts) == 1 or "." not in last or any(".weight." in part for part in parts):
-            out.update(zip(names, map(normalize_param, names), strict=True))
+            yield names, map(normalize_param, names)
             continue
         leaf = last.rpartition(".")[2]
         first = names[0]
         stem = first[: len(first) - len(leaf)]
         folded = normalize_param(first)
         if not folded.startswith(stem):  # not a leaf rewrite: name by name (never seen; kept exact)
-            out.update(zip(names, map(normalize_param, names), strict=True))
+            yield names, map(normalize_param, names)
             continue
         new_leaf = folded[len(stem) :]
         if new_leaf == leaf:
-            out.update(zip(names, names, strict=True))
+            yield names, names
         else:
             # n[:-cut] + new_leaf for every name, in C-level passes (leaf is not empty: it differs from new_leaf)
             stems = map(getitem, names, repeat(slice(None, -len(leaf))))
-            out.update(zip(names, map(add, stems, repeat(new_leaf)), strict=True))
-    return out
+            yield names, map(add, stems, repeat(new_leaf))
+
+
+def _present(ctx: LintContext) -> set[str]:
+    """The companion-folded names as a set, once (WC410 and WC411 both ask): the values of `_normalized`,
+    built without that dict (WC411 needs it only when some folded name is not the pattern's)."""
+
+    def compute() -> set[str]:
+        if "normalized-names" in ctx.cache:
+            return set(ctx.cache["normalized-names"].values())
+        out: set[str] = set()
+        for _, folded in _folds(name_templates(ctx)):
+            out.update(folded)
+        return out
+
+    return ctx.memo("normalized-name-set", compute)
 
 
 def _pattern(ctx: LintContext) -> Pattern | None:
@@ -76,7 +98,7 @@ def expected_key_missing(ctx: LintContext) -> None:
     pattern = _pattern(ctx)
     if pattern is None or qa.inventory is None:
         return
-    present = set(_normalized(ctx).values())
+    present = _present(ctx)
     groups: dict[str, list[str]] = defaultdict(list)
     mtp_missing: list[str] = []
     text = ctx.ckpt.text_config()
@@ -85,8 +107,13 @@ def expected_key_missing(ctx: LintContext) -> None:
     expected = qa.expected(text)
     # The usual verdict is "nothing missing": one set difference over the required names decides it, and
     # the walk below (which groups what is missing) runs only when something is.
-    required = [f"{exp.name}.{param}" for exp in expected if not exp.spec.optional for param in exp.params]
-    if present.issuperset(required):
+    # Module names grouped by their required params (a handful of distinct tuples), then one C-level pass of
+    # string concatenation per (group, param) fed to issuperset, instead of an f-string per (module, param).
+    by_params: dict[tuple[str, ...], list[str]] = defaultdict(list)
+    for exp in expected:
+        if not exp.spec.optional:
+            by_params[exp.params].append(exp.name)
+    if all(present.issuperset(map(add, names, repeat("." + p))) for params, names in by_params.items() for p in params):
         expected = []
     for exp in expected:
         if exp.spec.optional:
@@ -140,6 +167,8 @@ def unexpected_key(ctx: LintContext) -> None:
     if pattern is None or qa.inventory is None:
         return
     known = pattern_known_names(ctx)
+    if _present(ctx) <= known:  # every folded name is known (the usual case): one C-level set comparison
+        return
     allowed = tuple(pattern.allowed_prefixes)
     odd = [
         n
