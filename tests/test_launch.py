@@ -17,7 +17,7 @@ import pytest
 ROOT = Path(__file__).resolve().parents[1]
 SAMPLES = ROOT / "sample_configs"
 CLICK_ONLY = "import sys; from weightcheck.cli import main; sys.argv[0] = 'weightcheck'; main()"
-LAUNCH = "import sys; from weightcheck.launch import main; sys.argv[0] = 'weightcheck'; main()"
+LAUNCH = "import sys; from weightcheck.launch import console_main; sys.argv[0] = 'weightcheck'; console_main()"
 # Prints, after the run, whether click was imported (the plain path must not import it).
 PROBE = (
     "import atexit, sys; atexit.register(lambda: sys.stderr.write('click imported: %s\\n' % ('click' in "
@@ -133,3 +133,22 @@ def test_python_m_weightcheck_runs_the_launcher(tmp_path: Path) -> None:
     proc = _run(["-m", "weightcheck"], ["lint", str(SAMPLES / "qwen3-30b-a3b-fp8-block"), "--format", "json"], tmp_path)
     assert proc.returncode == 0, proc.stderr
     assert '"command": "lint"' in proc.stdout
+
+
+@pytest.mark.parametrize("registered", [False, True], ids=["nothing at exit", "an atexit callback"])
+def test_console_entry_skips_teardown_only_when_nothing_waits_for_it(registered: bool, tmp_path: Path) -> None:
+    """`console_main` ends the process with `os._exit` once the report is written, unless something is
+    registered to run at exit (then that must run: a normal exit)."""
+    probe = (
+        "import os, sys, atexit; real = os._exit\n"
+        "def fast(code):\n    sys.stderr.write('fast exit %d\\n' % code); sys.stderr.flush(); real(code)\n"
+        "os._exit = fast\n"
+        + ("atexit.register(lambda: sys.stderr.write('atexit ran\\n'))\n" if registered else "")
+        + "sys.argv[0] = 'weightcheck'; from weightcheck.launch import console_main; console_main()"
+    )
+    args = ["lint", str(SAMPLES / "glm-4.5-air-w4a16-router-not-ignored"), "--format", "json", "--fail-on", "warning"]
+    proc = _run(["-c", probe], args, tmp_path)
+    assert proc.returncode == 1
+    assert proc.stdout.rstrip().endswith("}")  # the whole report, flushed before the exit
+    assert ("fast exit 1" in proc.stderr) is not registered
+    assert ("atexit ran" in proc.stderr) is registered

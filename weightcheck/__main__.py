@@ -1,3 +1,3 @@
-from weightcheck.launch import main
+from weightcheck.launch import console_main
 
-main()
+console_main()

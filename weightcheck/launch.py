@@ -191,3 +191,35 @@ def main() -> None:
     from weightcheck.cli import main as click_main
 
     click_main()
+
+
+def console_main() -> None:
+    """The `weightcheck` console script and `python -m weightcheck`: `main`, then the process ends without the
+    interpreter's teardown where nothing waits for it. Freeing every module and object at exit costs ~10% of a
+    config-only lint (0.19 -> 0.17 s CPU measured) and ~0.05 s of a 90k-tensor header-only one; by then the
+    report is written and closed. A normal exit happens when anything is registered to run at exit (atexit,
+    e.g. logging's flush) or another thread runs, and for in-process callers of `main` (they get SystemExit)."""
+    try:
+        main()
+    except SystemExit as done:
+        _exit_now(done)
+        raise
+    _exit_now(SystemExit(0))
+
+
+def _exit_now(done: SystemExit) -> None:
+    """`os._exit` with `done`'s status when that is safe (see console_main); else returns."""
+    import atexit
+
+    code = 0 if done.code is None else done.code
+    pending = getattr(atexit, "_ncallbacks", lambda: 1)()  # CPython: the registered exit callbacks
+    threading = sys.modules.get("threading")
+    if not isinstance(code, int) or pending or (threading is not None and threading.active_count() > 1):
+        return
+    try:
+        sys.stdout.flush()
+        sys.stderr.flush()
+    except (OSError, ValueError):
+        return  # the normal exit reports it
+    os._exit(code)
+
