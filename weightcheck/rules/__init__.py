@@ -129,6 +129,7 @@ class Rule:
 
 
 _REGISTRY: dict[str, Rule] = {}
+_NAMES: set[str] = set()  # the registered rules' names (a name is unique, as a code is)
 _LOADED = False
 
 
@@ -174,9 +175,10 @@ def rule(
 def register(new: Rule) -> None:
     if new.code in _REGISTRY:
         raise ValueError(f"rule code {new.code} registered twice")
-    if any(r.name == new.name for r in _REGISTRY.values()):
+    if new.name in _NAMES:
         raise ValueError(f"rule name {new.name} registered twice")
     _REGISTRY[new.code] = new
+    _NAMES.add(new.name)
 
 
 class UnknownRuleCode(KeyError):
@@ -241,6 +243,7 @@ def all_rules() -> dict[str, Rule]:
         _LOADED = True
         if INTERNAL_ERROR_RULE.code not in _REGISTRY:
             _REGISTRY[INTERNAL_ERROR_RULE.code] = INTERNAL_ERROR_RULE
+            _NAMES.add(INTERNAL_ERROR_RULE.name)
         for module in RULE_MODULES:
             try:
                 importlib.import_module(module)
