@@ -616,6 +616,9 @@ class _Call:
         self.synchronous_digest = config.synchronous_digest
         default_loader = _default_loader_for(model)
         self.coverage = CallCoverage(sync_.entries, sync_.params, default_loader)
+        self.coverage.on_drain = self._drained
+        # The stream's small CPU tensors take the bucket (`_lazy`): nothing but two appends per tensor.
+        self.bucketed = not (self.keep_tensors or self.synchronous_digest)
         self.capture = _WarningCapture()
         if not sync_.model:
             sync_.model = _model_info(model)
@@ -657,6 +660,7 @@ class _Call:
         profile = self.profile
         if profile is not None:
             started = time.perf_counter()
+        self.coverage.drain()  # the bucket's tensors came first: their entries go in first
         seq = next(self.counter)
         # Only atomic values and tuples (never lists) in an entry, so that the cyclic garbage collector stops
         # tracking it at its first pass: tens of thousands of tracked entries alive for the whole sync made
@@ -702,6 +706,35 @@ class _Call:
             pool = _digest_pool(self.config)
             self.futures.append(pool.submit(_fill_digest, entry, tensor, self.algorithm, profile))
 
+    def _drained(self, seqs: list[int], names: list[Any], tensors: list[Any], nbytes: int) -> None:
+        """The coverage bucket's tensors (`CallCoverage.drain`, lock held): their entries, as `observe` makes
+        them, then into the digest batch."""
+        call, algorithm = self.index, self.algorithm
+        entries = [
+            {
+                "t": "tensor",
+                "seq": seq,
+                "call": call,
+                "name": name if type(name) is str else str(name),
+                "wrote": (),
+                "dtype": None,
+                "shape": tuple(tensor.shape),
+                algorithm: None,
+            }
+            for seq, name, tensor in zip(seqs, names, tensors, strict=True)
+        ]
+        self.entries.update(zip(seqs, entries, strict=True))
+        self.names += len(seqs)
+        profile = self.profile
+        if profile is not None:
+            profile.tensors += len(seqs)
+            profile.bytes += nbytes
+        self.batch.extend(entries)
+        self.batch_tensors.extend(tensors)
+        self.batch_bytes += nbytes
+        if self.batch_bytes >= _BATCH_BYTES or len(self.batch) >= _BATCH_TENSORS:
+            self._flush_batch()
+
     def _flush_batch(self) -> None:
         """Digest the waiting small tensors on this thread (handing thousands of tiny jobs to the digest threads
         costs more in hand-offs and GIL waits than the digests themselves)."""
@@ -732,25 +765,44 @@ class _Call:
         return self._lazy(weights)
 
     def _observe_item(self, item: Any) -> None:
-        try:
-            name, tensor = item[0], item[1]
-        except (TypeError, IndexError, KeyError):
-            return
-        try:
-            self.observe(name, tensor)
-        except Exception as exc:
-            _fail("recording a tensor", exc)
+        for _ in self._lazy((item,)):
+            pass
 
     def _lazy(self, weights: Iterable[Any]) -> Iterator[Any]:
+        """Each item handed on as it comes. A small CPU tensor (the common case of a many-tensor stream) only
+        goes into the coverage bucket, under its lock: its entry, digest and filing wait for the bucket to be
+        drained (`CallCoverage.drain`: when it is full, before any other incoming tensor or write that needs
+        the index, and when the call ends). Everything else goes through `observe`."""
         observe = self.observe
+        coverage = self.coverage
+        lock = coverage._lock
+        counter = self.counter
+        tensor_type = _TENSOR if _TENSOR is not None else _torch().Tensor
+        bucketed = self.bucketed
         for item in weights:
-            # `_observe_item`, inlined: one frame less per tensor.
             try:
                 name, tensor = item[0], item[1]
             except (TypeError, IndexError, KeyError):
                 yield item
                 continue
             try:
+                # Exactly `torch.Tensor` (a subclass may lack storage or override the properties read here).
+                if bucketed and type(tensor) is tensor_type and tensor.is_cpu:
+                    nbytes = tensor.nbytes
+                    if nbytes <= _SMALL_TENSOR_BYTES:
+                        with lock:
+                            seq = next(counter)
+                            coverage.current_seq = seq
+                            coverage._last = tensor
+                            coverage.last_in_bucket = True
+                            coverage.bucket_seqs.append(seq)
+                            coverage.bucket_names.append(name)
+                            coverage.bucket_tensors.append(tensor)
+                            coverage.bucket_bytes += nbytes
+                            if coverage.bucket_bytes >= _BATCH_BYTES or len(coverage.bucket_seqs) >= _BATCH_TENSORS:
+                                coverage._drain_locked()
+                        yield item
+                        continue
                 observe(name, tensor)
             except Exception as exc:
                 _fail("recording a tensor", exc)
@@ -759,7 +811,10 @@ class _Call:
     def finish(self) -> None:
         profile = self.profile
         try:
-            self._flush_batch()
+            try:
+                self.coverage.drain()
+            finally:
+                self._flush_batch()
         finally:
             if profile is not None:
                 waited = time.perf_counter()

@@ -381,6 +381,18 @@ class CallCoverage:
         self._consumer = threading.get_ident()
         self.current_seq: int | None = None
         self.unattributed_writes = 0
+        # The bucket: small CPU tensors the stream handed on (`_Call`'s fast path appends them here, under the
+        # lock, and does nothing else per tensor), and the writes of the tensor just received, logged as
+        # tuples. `drain` turns them into what `note_incoming` and `record_write` would have made one by one:
+        # first `on_drain` (the caller's entries and digests), then the logged writes in order, then the
+        # filing. Any other write or incoming tensor drains first, so every lookup sees what it saw before.
+        self.bucket_seqs: list[int] = []
+        self.bucket_names: list[Any] = []
+        self.bucket_tensors: list[Any] = []
+        self.bucket_bytes = 0
+        self.last_in_bucket = False  # `_last` is the bucket's newest tensor (its writes may be logged)
+        self._logged: list[tuple[Any, ...]] = []
+        self.on_drain: Callable[[list[int], list[Any], list[Any], int], None] | None = None
 
     # ---- incoming tensors ---------------------------------------------------------------------------------
     def note_incoming(self, seq: int, tensor: torch.Tensor, nbytes: int | None = None) -> None:
@@ -391,6 +403,8 @@ class CallCoverage:
         which gives the same window and the same matches as filing it now, at a fraction of the per-tensor
         cost (the common write, of the tensor just received, needs no lookup)."""
         with self._lock:
+            self._drain_locked()
+            self.last_in_bucket = False
             self.current_seq = seq
             self._last = tensor
             pending = self._pending
@@ -398,6 +412,58 @@ class CallCoverage:
             self._pending_tensors.append(tensor)
             if nbytes is None or nbytes > _PENDING_TENSOR_BYTES or len(pending) >= _RECENT_FOR_VALUE_MATCH:
                 self._index_pending()
+
+    def drain(self) -> None:
+        """Process the bucket and the logged writes (see `__init__`)."""
+        with self._lock:
+            self._drain_locked()
+
+    def _drain_locked(self) -> None:
+        seqs, logged = self.bucket_seqs, self._logged
+        if not seqs and not logged:
+            return
+        names, tensors, nbytes = self.bucket_names, self.bucket_tensors, self.bucket_bytes
+        self.bucket_seqs, self.bucket_names, self.bucket_tensors, self.bucket_bytes = [], [], [], 0
+        self._logged = []
+        self.last_in_bucket = False
+        with gc_paused():
+            if seqs and self.on_drain is not None:
+                self.on_drain(seqs, names, tensors, nbytes)
+            if logged:
+                self._apply_logged(logged, seqs, tensors)
+            if seqs:
+                self._pending.extend(seqs)
+                self._pending_tensors.extend(tensors)
+                pending, queued = self._pending, self._pending_tensors
+                self._pending, self._pending_tensors = [], []
+                self._file(pending, queued)
+
+    def _apply_logged(self, logged: list[tuple[Any, ...]], seqs: list[int], tensors: list[Any]) -> None:
+        """The logged writes, each as `record_plain_write` / `record_write` would have recorded it then (each
+        wrote the bucket tensor of its seq: the loader got the very object)."""
+        first = seqs[0]
+        contiguous = seqs[-1] - first == len(seqs) - 1
+        by_seq = None if contiguous else dict(zip(seqs, tensors, strict=True))
+        entries, params, attributed = self._entries, self._params, self._attributed
+        for write in logged:
+            seq = write[0]
+            tensor = tensors[seq - first] if by_seq is None else by_seq[seq]
+            if len(write) == 2:
+                param_name = write[1]
+                attributed.add(seq)
+                entry = entries.get(seq)
+                if entry is not None:
+                    wrote = entry.get("wrote") or ()
+                    if param_name not in wrote and len(wrote) < _MAX_WROTE_LABELS:
+                        entry["wrote"] = (*wrote, param_name)
+                coverage = params.get(param_name)
+                if coverage is not None:
+                    coverage.writes += 1
+                    dtype = _DTYPE_NAMES.get(tensor.dtype) or _dtype_name(tensor.dtype)
+                    if dtype != coverage.dtype and crosses_quantization(dtype, coverage.dtype):
+                        coverage.cast_from = _add(coverage.cast_from, str(dtype))
+            else:
+                self._credit([seq], write[1], tensor, *write[2:])
 
     def _index_pending(self) -> None:
         """File the queued incoming tensors, oldest first (the caller holds the lock)."""
@@ -543,6 +609,10 @@ class CallCoverage:
         """`record_write` for a plain `(param, loaded_weight)` loader of a parameter that is not an expert's: the
         common write, of the tensor just received, in a few steps; anything else takes `record_write`."""
         with self._lock:
+            if loaded is self._last and self.last_in_bucket:
+                self._logged.append((self.current_seq, param_name))
+                return
+            self._drain_locked()
             if loaded is not self._last or loaded is None:
                 fast = False
             else:
@@ -573,8 +643,11 @@ class CallCoverage:
         expert_param: bool,
     ) -> None:
         torch = _torch()
-        nonlocal_expert = expert_param and local_expert is not None and local_expert < 0
         with self._lock:
+            if loaded is self._last and self.last_in_bucket:
+                self._logged.append((self.current_seq, param_name, shard, expert, local_expert, expert_param))
+                return
+            self._drain_locked()
             seqs: list[int] = []
             if isinstance(loaded, torch.Tensor):
                 # Most loaders write the tensor they were just handed: no address lookup for that one.
@@ -592,40 +665,56 @@ class CallCoverage:
                 seqs = [self.current_seq]
             if not seqs:
                 self.unattributed_writes += 1
-            label = param_name
-            if shard is not None:
-                label += f":{shard}"
-            if expert is not None:
-                label += f":{expert}"
-            entries = self._entries
-            for seq in seqs:
-                self._attributed.add(seq)
-                entry = entries.get(seq)
-                if entry is None:
-                    continue
-                if nonlocal_expert:
-                    entry["offrank"] = True
-                    continue
-                # A tuple, not a list: entries stay untracked by the cyclic GC (see `_Call.observe`).
-                wrote = entry.get("wrote") or ()
-                if label not in wrote and len(wrote) < _MAX_WROTE_LABELS:
-                    entry["wrote"] = (*wrote, label)
+            self._credit(seqs, param_name, loaded, shard, expert, local_expert, expert_param)
+
+    def _credit(
+        self,
+        seqs: list[int],
+        param_name: str,
+        loaded: Any,
+        shard: Any,
+        expert: Any,
+        local_expert: int | None,
+        expert_param: bool,
+    ) -> None:
+        """A write of `loaded` into `param_name`, attributed to the incoming tensors `seqs` (the caller holds the
+        lock): their entries' `wrote` labels and the parameter's coverage."""
+        torch = _torch()
+        nonlocal_expert = expert_param and local_expert is not None and local_expert < 0
+        label = param_name
+        if shard is not None:
+            label += f":{shard}"
+        if expert is not None:
+            label += f":{expert}"
+        entries = self._entries
+        for seq in seqs:
+            self._attributed.add(seq)
+            entry = entries.get(seq)
+            if entry is None:
+                continue
             if nonlocal_expert:
-                return
-            coverage = self._params.get(param_name)
-            if coverage is None:
-                return
-            coverage.writes += 1
-            if isinstance(loaded, torch.Tensor):
-                # The loader's own input, not the incoming tensor: a loader that dequantizes (scale applied)
-                # hands on a float tensor and is not a cast.
-                loaded_dtype = _dtype_name(loaded.dtype)
-                if crosses_quantization(loaded_dtype, coverage.dtype):
-                    coverage.cast_from = _add(coverage.cast_from, str(loaded_dtype))
-            if shard is not None:
-                coverage.shards_written = _add(coverage.shards_written, str(shard))
-            if local_expert is not None and local_expert >= 0:
-                coverage.experts_written = _add(coverage.experts_written, local_expert)
+                entry["offrank"] = True
+                continue
+            # A tuple, not a list: entries stay untracked by the cyclic GC (see `_Call.observe`).
+            wrote = entry.get("wrote") or ()
+            if label not in wrote and len(wrote) < _MAX_WROTE_LABELS:
+                entry["wrote"] = (*wrote, label)
+        if nonlocal_expert:
+            return
+        coverage = self._params.get(param_name)
+        if coverage is None:
+            return
+        coverage.writes += 1
+        if isinstance(loaded, torch.Tensor):
+            # The loader's own input, not the incoming tensor: a loader that dequantizes (scale applied)
+            # hands on a float tensor and is not a cast.
+            loaded_dtype = _dtype_name(loaded.dtype)
+            if crosses_quantization(loaded_dtype, coverage.dtype):
+                coverage.cast_from = _add(coverage.cast_from, str(loaded_dtype))
+        if shard is not None:
+            coverage.shards_written = _add(coverage.shards_written, str(shard))
+        if local_expert is not None and local_expert >= 0:
+            coverage.experts_written = _add(coverage.experts_written, local_expert)
 
     def detach(self) -> None:
         """Stop recording (the loaders stay installed until their wrapping is restored) and drop the tensors."""
@@ -637,6 +726,9 @@ class CallCoverage:
             owned.restore()
         self._pending.clear()
         self._pending_tensors.clear()
+        self.bucket_seqs, self.bucket_names, self.bucket_tensors, self.bucket_bytes = [], [], [], 0
+        self._logged = []
+        self.last_in_bucket = False
         self._recent.clear()
         self._fingerprints.clear()
         self._evicted.clear()
