@@ -58,10 +58,10 @@ class Experts(nn.Module):
 
 
 class Mixed(nn.Module):
-    """Every kind of write the bucket must reproduce: stacked shards (one written late), experts (local and off rank), plain
-    writes, one tensor written into two parameters (tied), an FP8 parameter written from BF16 (a cast), a big
-    tensor between small ones (not bucketed), writes of earlier tensors at the end (found by address), a write
-    from a worker thread, and names the engine drops."""
+    """Every kind of write the bucket must reproduce: stacked shards (one written late), experts (local and off
+    rank), plain writes, one tensor written into two parameters (tied), an FP8 parameter written from BF16 (a
+    cast), a big tensor between small ones (not bucketed), writes of earlier tensors at the end (found by
+    address), a write from a worker thread, and names the engine drops."""
 
     def __init__(self, small: int) -> None:
         super().__init__()
@@ -241,3 +241,32 @@ def test_a_write_from_another_thread_while_tensors_wait_in_the_bucket(tapped: No
     assert [t.name for t in record.tensors] == [name for name, _ in stream]
     assert all(t.wrote == [t.name] for t in record.tensors), [t for t in record.tensors if t.wrote != [t.name]]
     assert all(p.writes == 1 for p in record.params.values())
+
+
+# ---- describe_batch's one-dtype batch (the common bucket): maps instead of a loop per tensor ------------------
+
+_DTYPES = [torch.float32, torch.bfloat16, torch.float16, torch.float64, torch.int32, torch.uint8, torch.bool]
+_DTYPES += [torch.float8_e4m3fn, torch.float8_e5m2]
+
+
+@pytest.mark.parametrize("algorithm", ["xxh3_128", "sha256"])
+@pytest.mark.parametrize("dtype", _DTYPES, ids=str)
+def test_a_batch_of_one_dtype_is_described_as_one_tensor_at_a_time(dtype: torch.dtype, algorithm: str) -> None:
+    from weightcheck.tap.digesting import describe_batch, describe_tensor
+
+    pytest.importorskip("xxhash")
+    generator = torch.Generator().manual_seed(3)
+    values = [torch.randn(n, generator=generator) * 3 for n in (1, 7, 64, 1000)]
+    values += [torch.zeros(5), -torch.zeros(5), torch.full((3,), -1e-3), torch.full((4,), 65504.0)]
+    if dtype.is_floating_point:
+        for bad in (float("nan"), float("inf"), -float("inf")):
+            planted = torch.randn(9, generator=generator)
+            planted[4] = bad
+            values.append(planted)
+    cases = [value.to(dtype) for value in values]
+    reference = [describe_tensor(t, algorithm) for t in cases]
+    assert describe_batch(cases, algorithm) == reference
+    # Into the tap's own entries (shape already set, a tuple): the same values, the entry's shape kept.
+    entries = [{"t": "tensor", "dtype": None, "shape": tuple(t.shape), algorithm: None} for t in cases]
+    describe_batch(cases, algorithm, into=entries)
+    assert [{**e, "shape": list(e["shape"])} for e in entries] == [{"t": "tensor", **r} for r in reference]

@@ -34,6 +34,7 @@ import contextlib
 import functools
 import gc
 import inspect
+import operator
 import re
 import sys
 import threading
@@ -91,6 +92,7 @@ def gc_paused() -> Iterator[None]:
             gc.enable()
 
 
+_NBYTES = operator.attrgetter("nbytes")
 _NONE: frozenset[Any] = frozenset()  # the sets below until their first element (no allocation per parameter)
 
 
@@ -432,11 +434,9 @@ class CallCoverage:
             if logged:
                 self._apply_logged(logged, seqs, tensors)
             if seqs:
-                self._pending.extend(seqs)
-                self._pending_tensors.extend(tensors)
-                pending, queued = self._pending, self._pending_tensors
-                self._pending, self._pending_tensors = [], []
-                self._file(pending, queued)
+                self._index_pending()  # (older small tensors that came through `note_incoming`)
+                if not self._file_bulk(seqs, tensors):
+                    self._file(seqs, tensors)
 
     def _apply_logged(self, logged: list[tuple[Any, ...]], seqs: list[int], tensors: list[Any]) -> None:
         """The logged writes, each as `record_plain_write` / `record_write` would have recorded it then (each
@@ -473,6 +473,42 @@ class CallCoverage:
         self._pending, self._pending_tensors = [], []
         with gc_paused():
             self._file(pending, tensors)
+
+    def _file_bulk(self, seqs: list[int], tensors: list[Any]) -> bool:
+        """`_file` of bucket tensors (CPU, exactly `torch.Tensor`) in the common case, with C-level maps instead
+        of a loop: every tensor contiguous, in a storage of its own that no filed range shares, and every
+        tensor leaving the recent window already attributed (nothing to fingerprint). False, having changed
+        nothing, when that is not so: `_file` then does it one tensor at a time."""
+        tensor_type = _torch().Tensor
+        count = len(seqs)
+        try:
+            if not all(map(tensor_type.is_contiguous, tensors)):
+                return False
+            starts = list(map(tensor_type.data_ptr, tensors))
+            sizes = map(tensor_type.element_size, tensors)
+            offsets = map(operator.mul, map(tensor_type.storage_offset, tensors), sizes)
+            keys = list(map(operator.sub, starts, offsets))  # the storage's address, as `untyped_storage()` gives
+            ends = list(map(operator.add, starts, map(_NBYTES, tensors)))
+        except (RuntimeError, TypeError, NotImplementedError, AttributeError):
+            return False
+        by_address = self._ranges.get(-1)
+        if by_address is None:
+            by_address = self._ranges[-1] = {}
+        if len(set(keys)) != count or not by_address.keys().isdisjoint(keys):
+            return False
+        recent, attributed = self._recent, self._attributed
+        overflow = len(recent) + count - _RECENT_FOR_VALUE_MATCH
+        leaving_old = min(max(overflow, 0), len(recent))
+        leaving_new = max(overflow, 0) - leaving_old
+        if any(recent[i][0] not in attributed for i in range(leaving_old)) or not attributed.issuperset(
+            seqs[:leaving_new]
+        ):
+            return False
+        by_address.update(zip(keys, zip(starts, ends, seqs, strict=True), strict=True))
+        for _ in range(leaving_old):
+            recent.popleft()
+        recent.extend(zip(seqs[leaving_new:], tensors[leaving_new:], strict=True))
+        return True
 
     def _file(self, pending: list[int], tensors: list[Any]) -> None:
         """`note_incoming`'s filing, for each queued tensor in arrival order."""

@@ -8,6 +8,9 @@ zero test reads the bytes once at memory speed and NaN/Inf presence comes from o
 
 from __future__ import annotations
 
+import collections
+import itertools
+import operator
 import time
 from typing import TYPE_CHECKING, Any
 
@@ -273,7 +276,13 @@ def describe_batch(
     strided = torch.strided
     simple = sys.byteorder == "little" and algorithm != "posmix128"
     cache = _fast_cache
-    for index, tensor in enumerate(tensors):
+    if simple and tensors and _one_fast_group(tensors, strided):
+        # The common batch (one dtype the pass handles, all CPU, strided, non-empty): checked by C-level maps.
+        groups[tensors[0].dtype] = list(range(len(tensors)))
+        tensors_to_sort: list[Any] = []
+    else:
+        tensors_to_sort = tensors
+    for index, tensor in enumerate(tensors_to_sort):
         dtype = tensor.dtype
         spec = cache[dtype] if dtype in cache else fast_dtype(dtype)
         # (The fast dtypes are real: no conjugate or negative views to resolve.)
@@ -314,30 +323,52 @@ def describe_batch(
         hashing += t1 - t0
         reducing += t2 - t1
         t0 = clock()
-        begin = 0
-        sign = (1 << (itemsize * 8 - 1)) | pattern if isinstance(pattern, int) else 0
-        for k, index in enumerate(members):
-            end = begin + counts[k] * itemsize
-            out = results[index]
-            out["dtype"] = st_name
-            out[algorithm] = digest(view[begin:end])
-            begin = end
-            u = u_max[k]
-            if pattern is None:
-                out["zeros"], out["nonfinite"] = u == 0, 0
-            elif s_max is None:  # float8: no NaN/Inf answer, as `tensor_stats`
-                out["zeros"], out["nonfinite"] = u == 0, None
-            elif s_max[k] >= pattern or u >= sign:  # type: ignore[operator]
-                out["zeros"], out["nonfinite"] = False, _exact_nonfinite(group[k])
-            else:
-                out["zeros"], out["nonfinite"] = u == 0, 0
-            if "shape" not in out or out["shape"] is None:
+        # Per tensor, with C-level maps (no Python frame per tensor): its slice of the buffer hashed, then the
+        # results set into its dict, key by key in the order the loop this replaced wrote them.
+        ends = list(itertools.accumulate(count * itemsize for count in counts))
+        hexes = list(map(digest, map(view.__getitem__, map(slice, [0, *ends[:-1]], ends))))
+        zeros = [u == 0 for u in u_max]
+        if pattern is None:
+            nonfinite: list[int | None] = [0] * len(members)
+        elif s_max is None:  # float8: no NaN/Inf answer, as `tensor_stats`
+            nonfinite = [None] * len(members)
+        else:
+            nonfinite = [0] * len(members)
+            sign = (1 << (itemsize * 8 - 1)) | pattern  # type: ignore[operator]
+            for k, (u, s_) in enumerate(zip(u_max, s_max, strict=True)):
+                if s_ >= pattern or u >= sign:  # type: ignore[operator]
+                    zeros[k], nonfinite[k] = False, _exact_nonfinite(group[k])
+        outs = results if len(members) == len(results) else [results[index] for index in members]
+        for key, values in (("dtype", itertools.repeat(st_name)), (algorithm, hexes), ("zeros", zeros)):
+            collections.deque(map(dict.__setitem__, outs, itertools.repeat(key), values), 0)
+        collections.deque(map(dict.__setitem__, outs, itertools.repeat("nonfinite"), nonfinite), 0)
+        for k, out in enumerate(outs):
+            if out.get("shape") is None:
                 out["shape"] = list(group[k].shape)
         hashing += clock() - t0
     if timings is not None:
         timings["digest"] = timings.get("digest", 0.0) + hashing
         timings["stats"] = timings.get("stats", 0.0) + reducing
     return results
+
+
+def _one_fast_group(tensors: list[Any], strided: Any) -> bool:
+    """True when every tensor has the first one's dtype, one the pass handles, and is CPU, strided, non-empty."""
+    first = tensors[0].dtype
+    dtypes = list(map(_DTYPE, tensors))
+    return (
+        dtypes.count(first) == len(dtypes)
+        and (_fast_cache[first] if first in _fast_cache else fast_dtype(first)) is not None
+        and all(map(_IS_CPU, tensors))
+        and all(map(operator.is_, map(_LAYOUT, tensors), itertools.repeat(strided)))
+        and all(map(_NUMEL, tensors))
+    )
+
+
+_DTYPE = operator.attrgetter("dtype")
+_IS_CPU = operator.attrgetter("is_cpu")
+_LAYOUT = operator.attrgetter("layout")
+_NUMEL = operator.methodcaller("numel")
 
 
 def _one_shot_hexdigest(algorithm: str) -> Any:
