@@ -270,3 +270,47 @@ def test_a_batch_of_one_dtype_is_described_as_one_tensor_at_a_time(dtype: torch.
     entries = [{"t": "tensor", "dtype": None, "shape": tuple(t.shape), algorithm: None} for t in cases]
     describe_batch(cases, algorithm, into=entries)
     assert [{**e, "shape": list(e["shape"])} for e in entries] == [{"t": "tensor", **r} for r in reference]
+
+
+class Uniform(nn.Module):
+    """One dtype in, each tensor written once as it comes (the bucket's common case, credited in one pass); one
+    parameter is FP8, so that the BF16 tensor written into it is a cast."""
+
+    def __init__(self, count: int) -> None:
+        super().__init__()
+        self.weights = nn.ParameterList(
+            nn.Parameter(torch.zeros(H, dtype=torch.float8_e4m3fn if i == 3 else torch.bfloat16), requires_grad=False)
+            for i in range(count)
+        )
+
+    def load_weights(self, weights: Any) -> None:
+        params = dict(self.named_parameters())
+        for name, tensor in weights:
+            if name in params:
+                param = params[name]
+                getattr(param, "weight_loader", default_loader)(param, tensor)
+
+
+def test_the_common_bucket_credits_each_write_and_a_cast(tmp_path: Path) -> None:
+    tap.set_engine_hooks(tap.EngineHooks(default_loader=default_loader))
+    tap.install(Uniform)
+    try:
+        out = []
+        for bucketed in (True, False):
+            root = tmp_path / str(bucketed)
+            tap.configure(root, synchronous_digest=not bucketed)
+            engine = Uniform(50)
+            generator = torch.Generator().manual_seed(5)
+            stream = [(f"weights.{i}", torch.randn(H, generator=generator).to(torch.bfloat16)) for i in range(50)]
+            for _ in range(2):
+                engine.load_weights(iter(stream))
+            tap.configure(None)
+            out.append([comparable(record_of(root, seq)) for seq in range(2)])
+    finally:
+        tap.uninstall(Uniform)
+        tap.set_engine_hooks(tap.EngineHooks())
+    assert out[0] == out[1]
+    _, tensors, params = out[0][1]
+    assert params["weights.3"]["cast_from"] == ["BF16"] and params["weights.4"]["cast_from"] == []
+    assert all(p["writes"] == 1 for p in params.values())
+    assert all(t["wrote"] == [t["name"]] for t in tensors)

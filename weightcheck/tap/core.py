@@ -706,22 +706,25 @@ class _Call:
             pool = _digest_pool(self.config)
             self.futures.append(pool.submit(_fill_digest, entry, tensor, self.algorithm, profile))
 
-    def _drained(self, seqs: list[int], names: list[Any], tensors: list[Any], nbytes: int) -> None:
+    def _drained(
+        self, seqs: list[int], names: list[Any], tensors: list[Any], nbytes: int, wrote: list[str] | None
+    ) -> None:
         """The coverage bucket's tensors (`CallCoverage.drain`, lock held): their entries, as `observe` makes
-        them, then into the digest batch."""
+        them (with the one parameter each wrote, when `wrote` says so), then into the digest batch."""
         call, algorithm = self.index, self.algorithm
+        labels = zip(wrote, strict=True) if wrote is not None else itertools.repeat(())  # (name,) each
         entries = [
             {
                 "t": "tensor",
                 "seq": seq,
                 "call": call,
                 "name": name if type(name) is str else str(name),
-                "wrote": (),
+                "wrote": label,
                 "dtype": None,
                 "shape": tuple(tensor.shape),
                 algorithm: None,
             }
-            for seq, name, tensor in zip(seqs, names, tensors, strict=True)
+            for seq, name, tensor, label in zip(seqs, names, tensors, labels, strict=False)
         ]
         self.entries.update(zip(seqs, entries, strict=True))
         self.names += len(seqs)
@@ -791,6 +794,10 @@ class _Call:
                     nbytes = tensor.nbytes
                     if nbytes <= _SMALL_TENSOR_BYTES:
                         with lock:
+                            # A full bucket is drained when the next tensor comes, not as it fills: by then the
+                            # writes of its last tensor are logged too (the drain's common case).
+                            if coverage.bucket_bytes >= _BATCH_BYTES or len(coverage.bucket_seqs) >= _BATCH_TENSORS:
+                                coverage._drain_locked()
                             seq = next(counter)
                             coverage.current_seq = seq
                             coverage._last = tensor
@@ -799,8 +806,6 @@ class _Call:
                             coverage.bucket_names.append(name)
                             coverage.bucket_tensors.append(tensor)
                             coverage.bucket_bytes += nbytes
-                            if coverage.bucket_bytes >= _BATCH_BYTES or len(coverage.bucket_seqs) >= _BATCH_TENSORS:
-                                coverage._drain_locked()
                         yield item
                         continue
                 observe(name, tensor)

@@ -93,6 +93,9 @@ def gc_paused() -> Iterator[None]:
 
 
 _NBYTES = operator.attrgetter("nbytes")
+_DTYPE_OF = operator.attrgetter("dtype")
+_FIRST = operator.itemgetter(0)
+_SECOND = operator.itemgetter(1)
 _NONE: frozenset[Any] = frozenset()  # the sets below until their first element (no allocation per parameter)
 
 
@@ -394,7 +397,7 @@ class CallCoverage:
         self.bucket_bytes = 0
         self.last_in_bucket = False  # `_last` is the bucket's newest tensor (its writes may be logged)
         self._logged: list[tuple[Any, ...]] = []
-        self.on_drain: Callable[[list[int], list[Any], list[Any], int], None] | None = None
+        self.on_drain: Callable[[list[int], list[Any], list[Any], int, list[str] | None], None] | None = None
 
     # ---- incoming tensors ---------------------------------------------------------------------------------
     def note_incoming(self, seq: int, tensor: torch.Tensor, nbytes: int | None = None) -> None:
@@ -429,14 +432,42 @@ class CallCoverage:
         self._logged = []
         self.last_in_bucket = False
         with gc_paused():
+            # The common bucket: each tensor written once, by a plain loader, as it came (one dtype). Its entries
+            # are made with their `wrote` label, and the writes credited in one pass.
+            wrote = self._one_plain_write_each(logged, seqs, tensors)
             if seqs and self.on_drain is not None:
-                self.on_drain(seqs, names, tensors, nbytes)
-            if logged:
+                self.on_drain(seqs, names, tensors, nbytes, wrote)
+            if wrote is not None:
+                self._credit_plain(seqs, wrote, tensors[0].dtype)
+            elif logged:
                 self._apply_logged(logged, seqs, tensors)
             if seqs:
                 self._index_pending()  # (older small tensors that came through `note_incoming`)
                 if not self._file_bulk(seqs, tensors):
                     self._file(seqs, tensors)
+
+    @staticmethod
+    def _one_plain_write_each(logged: list[tuple[Any, ...]], seqs: list[int], tensors: list[Any]) -> list[str] | None:
+        """The parameter names written, in bucket order, when the logged writes are one plain write of each bucket
+        tensor, in order, and the tensors have one dtype; else None."""
+        if not seqs or len(logged) != len(seqs) or set(map(len, logged)) != {2}:
+            return None
+        if list(map(_FIRST, logged)) != seqs:
+            return None
+        dtypes = list(map(_DTYPE_OF, tensors))
+        if dtypes.count(dtypes[0]) != len(dtypes):
+            return None
+        return list(map(_SECOND, logged))
+
+    def _credit_plain(self, seqs: list[int], wrote: list[str], dtype: Any) -> None:
+        """`_apply_logged` for `_one_plain_write_each`'s case (the entries already carry their label)."""
+        self._attributed.update(seqs)
+        loaded = _DTYPE_NAMES.get(dtype) or _dtype_name(dtype)
+        for coverage in map(self._params.get, wrote):
+            if coverage is not None:
+                coverage.writes += 1
+                if coverage.dtype != loaded and crosses_quantization(loaded, coverage.dtype):
+                    coverage.cast_from = _add(coverage.cast_from, str(loaded))
 
     def _apply_logged(self, logged: list[tuple[Any, ...]], seqs: list[int], tensors: list[Any]) -> None:
         """The logged writes, each as `record_plain_write` / `record_write` would have recorded it then (each
