@@ -314,3 +314,48 @@ def test_the_common_bucket_credits_each_write_and_a_cast(tmp_path: Path) -> None
     assert params["weights.3"]["cast_from"] == ["BF16"] and params["weights.4"]["cast_from"] == []
     assert all(p["writes"] == 1 for p in params.values())
     assert all(t["wrote"] == [t["name"]] for t in tensors)
+
+
+def test_digests_stay_with_their_tensors_when_loader_threads_drain_the_bucket(tmp_path: Path) -> None:
+    """Tensors that skip the bucket (a `torch.Tensor` subclass here) join the digest batch on the stream's thread
+    while loader threads drain the bucket into the same batch: every digest must still be its own tensor's."""
+    from weightcheck.digest import digest_tensor
+
+    class Threaded(nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.norms = nn.ParameterList(nn.Parameter(torch.zeros(H), requires_grad=False) for _ in range(2000))
+
+        def load_weights(self, weights: Any) -> None:
+            params = dict(self.named_parameters())
+            with ThreadPoolExecutor(3) as pool:
+                previous: tuple[str, torch.Tensor] | None = None
+                for name, tensor in weights:
+                    if previous is not None:  # written by a worker, the stream going on meanwhile
+                        param = params[previous[0]]
+                        pool.submit(getattr(param, "weight_loader", default_loader), param, previous[1])
+                    previous = (name, tensor)
+                assert previous is not None
+                param = params[previous[0]]
+                getattr(param, "weight_loader", default_loader)(param, previous[1])
+
+    tap.set_engine_hooks(tap.EngineHooks(default_loader=default_loader))
+    tap.install(Threaded)
+    tap.configure(tmp_path, digest_threads=2)
+    try:
+        generator = torch.Generator().manual_seed(7)
+        stream = []
+        for i in range(2000):
+            value = torch.randn(H, generator=generator)
+            stream.append((f"norms.{i}", nn.Parameter(value, requires_grad=False) if i % 3 == 0 else value))
+        Threaded().load_weights(iter(stream))
+    finally:
+        tap.uninstall(Threaded)
+        tap.configure(None)
+        tap.set_engine_hooks(tap.EngineHooks())
+    record = record_of(tmp_path, 0)
+    assert [t.name for t in record.tensors] == [name for name, _ in stream]
+    for entry, (_, tensor) in zip(record.tensors, stream, strict=True):
+        assert entry.hexdigest == digest_tensor(tensor.detach(), entry.algorithm).hexdigest, entry.name
+        assert entry.wrote == [entry.name]
+    assert record.calls[0].names == 2000

@@ -617,6 +617,7 @@ class _Call:
         default_loader = _default_loader_for(model)
         self.coverage = CallCoverage(sync_.entries, sync_.params, default_loader)
         self.coverage.on_drain = self._drained
+        self.lock = self.coverage._lock  # guards the bucket, the digest batch and the counts below
         # The stream's small CPU tensors take the bucket (`_lazy`): nothing but two appends per tensor.
         self.bucketed = not (self.keep_tensors or self.synchronous_digest)
         self.capture = _WarningCapture()
@@ -676,7 +677,8 @@ class _Call:
             self.algorithm: None,
         }
         self.entries[seq] = entry
-        self.names += 1
+        with self.lock:  # (a loader thread's write may drain the bucket meanwhile: `_drained` counts too)
+            self.names += 1
         if not isinstance(tensor, _TENSOR or _torch().Tensor):
             entry["error"] = f"not a tensor: {type(tensor).__name__}"
             return
@@ -691,17 +693,21 @@ class _Call:
             self.sync.kept[key] = tensor.detach().to("cpu", copy=True).contiguous()
             entry["tensor_key"] = key
         if profile is not None:
-            profile.tensors += 1
-            profile.bytes += nbytes
+            with self.lock:
+                profile.tensors += 1
+                profile.bytes += nbytes
             profile.add("bookkeeping", time.perf_counter() - started)
         if self.synchronous_digest:
             _fill_digest(entry, tensor, self.algorithm, profile)
         elif nbytes <= _SMALL_TENSOR_BYTES and tensor.is_cpu:
-            self.batch.append(entry)
-            self.batch_tensors.append(tensor)
-            self.batch_bytes += nbytes
-            if self.batch_bytes >= _BATCH_BYTES or len(self.batch) >= _BATCH_TENSORS:
-                self._flush_batch()
+            # The digest batch is shared with `_drained`, which a loader thread's write may run: both under the
+            # coverage lock, so that entries and tensors stay paired.
+            with self.lock:
+                self.batch.append(entry)
+                self.batch_tensors.append(tensor)
+                self.batch_bytes += nbytes
+                if self.batch_bytes >= _BATCH_BYTES or len(self.batch) >= _BATCH_TENSORS:
+                    self._flush_batch()
         else:
             pool = _digest_pool(self.config)
             self.futures.append(pool.submit(_fill_digest, entry, tensor, self.algorithm, profile))
@@ -740,7 +746,7 @@ class _Call:
 
     def _flush_batch(self) -> None:
         """Digest the waiting small tensors on this thread (handing thousands of tiny jobs to the digest threads
-        costs more in hand-offs and GIL waits than the digests themselves)."""
+        costs more in hand-offs and GIL waits than the digests themselves). The caller holds `self.lock`."""
         batch, tensors = self.batch, self.batch_tensors
         self.batch, self.batch_tensors, self.batch_bytes = [], [], 0
         if not batch:
@@ -819,7 +825,8 @@ class _Call:
             try:
                 self.coverage.drain()
             finally:
-                self._flush_batch()
+                with self.lock:
+                    self._flush_batch()
         finally:
             if profile is not None:
                 waited = time.perf_counter()
