@@ -359,3 +359,39 @@ def test_digests_stay_with_their_tensors_when_loader_threads_drain_the_bucket(tm
         assert entry.hexdigest == digest_tensor(tensor.detach(), entry.algorithm).hexdigest, entry.name
         assert entry.wrote == [entry.name]
     assert record.calls[0].names == 2000
+
+
+# ---- param lines reused from an earlier sync where the parameter's coverage is the same ----------------------
+
+
+def test_param_lines_are_reused_only_when_every_field_is_the_same() -> None:
+    from weightcheck.tap.coverage import ParamCoverage, param_line_bytes, param_lines
+    from weightcheck.tap.records import encode_bytes, encode_lines
+
+    def fresh() -> dict[str, ParamCoverage]:
+        return {
+            "b.plain": ParamCoverage("BF16", (4, 2), True, writes=1),
+            "a.stacked": ParamCoverage("BF16", (6, 2), True, 3, ["k", "q", "v"], {"v", "k", "q"}),
+            "c.experts": ParamCoverage("BF16", (8, 2), True, 2, ["w1", "w3"], {"w3", "w1"}, 4, {3, 0}),
+            "d.cast": ParamCoverage("F8_E4M3", (2,), True, 1, cast_from={"BF16"}),
+            "e.optional": ParamCoverage("F32", (), False, optional=True),
+        }
+
+    changes = [
+        lambda p: None,  # the same again: every line from the cache
+        lambda p: setattr(p["b.plain"], "writes", 2),
+        lambda p: setattr(p["a.stacked"], "shards_written", {"k", "q"}),
+        lambda p: setattr(p["c.experts"], "experts_written", {0}),
+        lambda p: setattr(p["c.experts"], "experts_local", 2),
+        lambda p: setattr(p["d.cast"], "cast_from", frozenset()),
+        lambda p: setattr(p["e.optional"], "optional", False),
+        lambda p: setattr(p["e.optional"], "tracked", True),
+        lambda p: setattr(p["b.plain"], "shape", (2, 4)),
+        lambda p: setattr(p["b.plain"], "dtype", "F16"),
+        lambda p: setattr(p["a.stacked"], "shards_expected", None),
+        lambda p: p.update({"0.new": ParamCoverage("F32", (1,), True)}),
+    ]
+    for change in changes:  # each sync: fresh coverage objects, as the tap makes them
+        params = fresh()
+        change(params)
+        assert param_line_bytes(params, encode_bytes) == encode_lines(param_lines(params))

@@ -35,7 +35,7 @@ from pathlib import Path
 from typing import Any
 
 from weightcheck.digest import live_algorithm
-from weightcheck.tap.coverage import CallCoverage, ModelWrapping, ParamCoverage, gc_paused, param_lines
+from weightcheck.tap.coverage import CallCoverage, ModelWrapping, ParamCoverage, gc_paused, param_line_bytes
 from weightcheck.tap.digesting import SMALL_TENSOR_BYTES as _SMALL_TENSOR_BYTES
 from weightcheck.tap.records import (
     RECORD_KIND,
@@ -501,7 +501,7 @@ def _write_record_now(current: _Sync, config: TapConfig, *, incomplete: bool, wi
     entries = list(current.entries.values()) if seqs == sorted(seqs) else [current.entries[s] for s in sorted(seqs)]
     # Schema 1.1 order (calls by index, params and states by name): the reader checks it, so a line duplicated,
     # swapped or moved after writing is detected (weightcheck/tap/records.py).
-    params = param_lines(current.params)
+    params = current.params
     states: list[dict[str, Any]] = []
     model = _STATE.model() if _STATE.model is not None and with_state else None
     if config.state and model is not None:
@@ -520,10 +520,10 @@ def _write_record_now(current: _Sync, config: TapConfig, *, incomplete: bool, wi
         yield encode_bytes(header)
         for call in sorted(current.calls, key=lambda line: int(line["call"])):
             yield encode_bytes(call)
-        # The per-tensor and per-parameter lines in one orjson call each (the same bytes as one call per line,
-        # at a fraction of the cost: `encode_lines`).
+        # The per-tensor lines in one orjson call (the same bytes as one call per line, at a fraction of the
+        # cost: `encode_lines`); the per-parameter lines as encoded at an earlier sync where they are the same.
         yield encode_lines(entries)
-        yield encode_lines(params)
+        yield param_line_bytes(params, encode_bytes)
         for state in states:
             yield encode_bytes(state)
         end: dict[str, Any] = {"t": "end", "calls": len(current.calls), "tensors": len(entries), "params": len(params)}

@@ -171,6 +171,53 @@ def param_lines(params: dict[str, ParamCoverage]) -> list[dict[str, Any]]:
     ]
 
 
+# Every field a param line is made of (all of `ParamCoverage`'s), read in one C call per parameter.
+_LINE_STATE = operator.attrgetter(
+    "dtype",
+    "shape",
+    "tracked",
+    "writes",
+    "shards_expected",
+    "shards_written",
+    "experts_local",
+    "experts_written",
+    "cast_from",
+    "optional",
+)
+# name -> (the fields its line was made of, the encoded line): a steady sync writes the same param lines again.
+_LINE_BYTES: dict[str, tuple[tuple[Any, ...], bytes]] = {}
+_MAX_CACHED_LINES = 1 << 20
+
+
+def param_line_bytes(params: dict[str, ParamCoverage], encode: Callable[[dict[str, Any]], bytes]) -> bytes:
+    """The encoded param lines (`encode` of each `param_lines` line), in name order. A line is a function of
+    the parameter's name and its coverage's fields, so a parameter whose fields equal those its cached line
+    was made of at an earlier sync reuses that line's bytes; the others are encoded (and cached)."""
+    names = list(params)
+    if names == _SORTED_NAMES[0]:
+        order = _SORTED_NAMES[1]
+    else:
+        order = sorted(names)
+        _SORTED_NAMES[:] = [names, order]
+    coverages = list(map(params.__getitem__, order))
+    states = list(map(_LINE_STATE, coverages))
+    cache = _LINE_BYTES
+    if len(cache) > _MAX_CACHED_LINES:
+        cache.clear()
+    known = list(map(cache.get, order))
+    if None not in known and list(map(_FIRST, known)) == states:  # the steady sync: every line as last time
+        return b"".join(map(_SECOND, known))
+    out: list[bytes] = []
+    for name, state, coverage, hit in zip(order, states, coverages, known, strict=True):
+        if hit is not None and hit[0] == state:
+            out.append(hit[1])
+        else:
+            line = encode(coverage.as_line(name))
+            cache[name] = (state, line)
+            out.append(line)
+    return b"".join(out)
+
+
 def _add(values: set[Any] | frozenset[Any], value: Any) -> set[Any]:
     """`values` with `value` added: a new set the first time (`_NONE`), else the same set."""
     if not isinstance(values, set):
