@@ -62,6 +62,8 @@ ENV_PROFILE = "WEIGHTCHECK_PROFILE"  # 1: write where the tap's time went (per s
 # reductions digest them all); bigger ones go to the digest threads one by one.
 _BATCH_BYTES = 16 << 20
 _BATCH_TENSORS = 4096
+# A drain of at least this many tensors, with none waiting in the batch, is digested at once (`_drained_whole`).
+_DIRECT_DIGEST_TENSORS = 256
 # Loggers whose warnings during a call are kept in the record ("Parameter X not found in params_dict").
 ENGINE_LOGGERS = ("sglang.srt",)
 _MAX_WARNINGS_PER_CALL = 50
@@ -719,6 +721,9 @@ class _Call:
         them (with the one parameter each wrote, when `wrote` says so), then into the digest batch."""
         call, algorithm = self.index, self.algorithm
         labels = zip(wrote, strict=True) if wrote is not None else itertools.repeat(())  # (name,) each
+        direct = not self.batch and len(seqs) >= _DIRECT_DIGEST_TENSORS
+        if direct and self._drained_whole(seqs, names, tensors, nbytes, labels):
+            return
         entries = [
             {
                 "t": "tensor",
@@ -743,6 +748,50 @@ class _Call:
         self.batch_bytes += nbytes
         if self.batch_bytes >= _BATCH_BYTES or len(self.batch) >= _BATCH_TENSORS:
             self._flush_batch()
+
+    def _drained_whole(
+        self, seqs: list[int], names: list[Any], tensors: list[Any], nbytes: int, labels: Iterable[Any]
+    ) -> bool:
+        """A big drain of one dtype (a full bucket) digested at once, each entry built whole (the same keys, in
+        the same order, as an entry filled in by `describe_batch`); False, having done nothing, otherwise."""
+        from weightcheck.tap.digesting import describe_columns
+
+        timings: dict[str, float] | None = {} if self.profile is not None else None
+        try:
+            with gc_paused():
+                columns = describe_columns(tensors, self.algorithm, timings)
+        except Exception as exc:  # the batch path digests them (one at a time if need be)
+            _fail("digesting a batch of tensors", exc)
+            return False
+        if columns is None:
+            return False
+        dtype, hexes, zeros, nonfinite = columns
+        call, algorithm = self.index, self.algorithm
+        entries = [
+            {
+                "t": "tensor",
+                "seq": seq,
+                "call": call,
+                "name": name if type(name) is str else str(name),
+                "wrote": label,
+                "dtype": dtype,
+                "shape": tuple(tensor.shape),
+                algorithm: hexed,
+                "zeros": zero,
+                "nonfinite": bad,
+            }
+            for seq, name, tensor, label, hexed, zero, bad in zip(
+                seqs, names, tensors, labels, hexes, zeros, nonfinite, strict=False
+            )
+        ]
+        self.entries.update(zip(seqs, entries, strict=True))
+        self.names += len(seqs)
+        if self.profile is not None:
+            self.profile.tensors += len(seqs)
+            self.profile.bytes += nbytes
+            if timings:
+                self.profile.add_timings(timings)
+        return True
 
     def _flush_batch(self) -> None:
         """Digest the waiting small tensors on this thread (handing thousands of tiny jobs to the digest threads
