@@ -395,3 +395,29 @@ def test_param_lines_are_reused_only_when_every_field_is_the_same() -> None:
         params = fresh()
         change(params)
         assert param_line_bytes(params, encode_bytes) == encode_lines(param_lines(params))
+
+
+def test_a_profiled_sync_counts_the_drains_as_bookkeeping(
+    tapped: None, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """`WEIGHTCHECK_PROFILE`: the bookkeeping the hook defers to the drains is counted when they run (less the
+    digest time they add, which is its own stage), and the tensor count includes the bucketed tensors."""
+    seen: list[float] = []
+    original = core._Call._drain_timer
+
+    def timer(self: Any, token: Any) -> Any:
+        before = self.profile.seconds["bookkeeping"]
+        out = original(self, token)
+        if token is not None:
+            seen.append(self.profile.seconds["bookkeeping"] - before)
+        return out
+
+    monkeypatch.setattr(core._Call, "_drain_timer", timer)
+    tap.configure(tmp_path, profile=True)
+    stream = mixed_stream(5000)
+    Mixed(5000).load_weights(iter(stream))
+    tap.configure(None)
+    record = record_of(tmp_path, 0)
+    assert record.profile is not None and record.profile["tensors"] == len(stream)
+    assert len(seen) >= 2 and all(added >= 0 for added in seen) and sum(seen) > 0  # at "big" and at the end
+    assert record.profile["seconds"]["bookkeeping"] >= sum(seen)

@@ -619,6 +619,8 @@ class _Call:
         default_loader = _default_loader_for(model)
         self.coverage = CallCoverage(sync_.entries, sync_.params, default_loader)
         self.coverage.on_drain = self._drained
+        if self.profile is not None:
+            self.coverage.drain_timer = self._drain_timer
         self.lock = self.coverage._lock  # guards the bucket, the digest batch and the counts below
         # The stream's small CPU tensors take the bucket (`_lazy`): nothing but two appends per tensor.
         self.bucketed = not (self.keep_tensors or self.synchronous_digest)
@@ -713,6 +715,18 @@ class _Call:
         else:
             pool = _digest_pool(self.config)
             self.futures.append(pool.submit(_fill_digest, entry, tensor, self.algorithm, profile))
+
+    def _drain_timer(self, token: Any) -> Any:
+        """`CallCoverage.drain_timer` (profiling): a drain's time, less the digest and statistics time it added
+        itself, is bookkeeping (what `observe` used to count per tensor)."""
+        profile = self.profile
+        assert profile is not None
+        digested = profile.seconds["digest"] + profile.seconds["stats"]
+        if token is None:
+            return time.perf_counter(), digested
+        started, digested_before = token
+        profile.add("bookkeeping", max(0.0, time.perf_counter() - started - (digested - digested_before)))
+        return None
 
     def _drained(
         self, seqs: list[int], names: list[Any], tensors: list[Any], nbytes: int, wrote: list[str] | None

@@ -445,6 +445,9 @@ class CallCoverage:
         self.last_in_bucket = False  # `_last` is the bucket's newest tensor (its writes may be logged)
         self._logged: list[tuple[Any, ...]] = []
         self.on_drain: Callable[[list[int], list[Any], list[Any], int, list[str] | None], None] | None = None
+        # `WEIGHTCHECK_PROFILE`: called with None as a drain starts (returns a token) and with that token when it
+        # ends, so that the drain's work (the hook's deferred bookkeeping) is counted where it is done.
+        self.drain_timer: Callable[[Any], Any] | None = None
 
     # ---- incoming tensors ---------------------------------------------------------------------------------
     def note_incoming(self, seq: int, tensor: torch.Tensor, nbytes: int | None = None) -> None:
@@ -478,6 +481,8 @@ class CallCoverage:
         self.bucket_seqs, self.bucket_names, self.bucket_tensors, self.bucket_bytes = [], [], [], 0
         self._logged = []
         self.last_in_bucket = False
+        timer = self.drain_timer
+        token = timer(None) if timer is not None else None
         with gc_paused():
             # The common bucket: each tensor written once, by a plain loader, as it came (one dtype). Its entries
             # are made with their `wrote` label, and the writes credited in one pass.
@@ -492,6 +497,8 @@ class CallCoverage:
                 self._index_pending()  # (older small tensors that came through `note_incoming`)
                 if not self._file_bulk(seqs, tensors):
                     self._file(seqs, tensors)
+        if timer is not None:
+            timer(token)
 
     @staticmethod
     def _one_plain_write_each(logged: list[tuple[Any, ...]], seqs: list[int], tensors: list[Any]) -> list[str] | None:
