@@ -35,7 +35,7 @@ from pathlib import Path
 from typing import Any
 
 from weightcheck.digest import live_algorithm
-from weightcheck.tap.coverage import CallCoverage, ModelWrapping, ParamCoverage, gc_paused, param_lines
+from weightcheck.tap.coverage import CallCoverage, ModelWrapping, ParamCoverage, gc_paused, param_line_bytes
 from weightcheck.tap.digesting import SMALL_TENSOR_BYTES as _SMALL_TENSOR_BYTES
 from weightcheck.tap.records import (
     RECORD_KIND,
@@ -62,6 +62,8 @@ ENV_PROFILE = "WEIGHTCHECK_PROFILE"  # 1: write where the tap's time went (per s
 # reductions digest them all); bigger ones go to the digest threads one by one.
 _BATCH_BYTES = 16 << 20
 _BATCH_TENSORS = 4096
+# A drain of at least this many tensors, with none waiting in the batch, is digested at once (`_drained_whole`).
+_DIRECT_DIGEST_TENSORS = 256
 # Loggers whose warnings during a call are kept in the record ("Parameter X not found in params_dict").
 ENGINE_LOGGERS = ("sglang.srt",)
 _MAX_WARNINGS_PER_CALL = 50
@@ -501,7 +503,7 @@ def _write_record_now(current: _Sync, config: TapConfig, *, incomplete: bool, wi
     entries = list(current.entries.values()) if seqs == sorted(seqs) else [current.entries[s] for s in sorted(seqs)]
     # Schema 1.1 order (calls by index, params and states by name): the reader checks it, so a line duplicated,
     # swapped or moved after writing is detected (weightcheck/tap/records.py).
-    params = param_lines(current.params)
+    params = current.params
     states: list[dict[str, Any]] = []
     model = _STATE.model() if _STATE.model is not None and with_state else None
     if config.state and model is not None:
@@ -520,10 +522,10 @@ def _write_record_now(current: _Sync, config: TapConfig, *, incomplete: bool, wi
         yield encode_bytes(header)
         for call in sorted(current.calls, key=lambda line: int(line["call"])):
             yield encode_bytes(call)
-        # The per-tensor and per-parameter lines in one orjson call each (the same bytes as one call per line,
-        # at a fraction of the cost: `encode_lines`).
+        # The per-tensor lines in one orjson call (the same bytes as one call per line, at a fraction of the
+        # cost: `encode_lines`); the per-parameter lines as encoded at an earlier sync where they are the same.
         yield encode_lines(entries)
-        yield encode_lines(params)
+        yield param_line_bytes(params, encode_bytes)
         for state in states:
             yield encode_bytes(state)
         end: dict[str, Any] = {"t": "end", "calls": len(current.calls), "tensors": len(entries), "params": len(params)}
@@ -616,6 +618,12 @@ class _Call:
         self.synchronous_digest = config.synchronous_digest
         default_loader = _default_loader_for(model)
         self.coverage = CallCoverage(sync_.entries, sync_.params, default_loader)
+        self.coverage.on_drain = self._drained
+        if self.profile is not None:
+            self.coverage.drain_timer = self._drain_timer
+        self.lock = self.coverage._lock  # guards the bucket, the digest batch and the counts below
+        # The stream's small CPU tensors take the bucket (`_lazy`): nothing but two appends per tensor.
+        self.bucketed = not (self.keep_tensors or self.synchronous_digest)
         self.capture = _WarningCapture()
         if not sync_.model:
             sync_.model = _model_info(model)
@@ -657,6 +665,7 @@ class _Call:
         profile = self.profile
         if profile is not None:
             started = time.perf_counter()
+        self.coverage.drain()  # the bucket's tensors came first: their entries go in first
         seq = next(self.counter)
         # Only atomic values and tuples (never lists) in an entry, so that the cyclic garbage collector stops
         # tracking it at its first pass: tens of thousands of tracked entries alive for the whole sync made
@@ -672,7 +681,8 @@ class _Call:
             self.algorithm: None,
         }
         self.entries[seq] = entry
-        self.names += 1
+        with self.lock:  # (a loader thread's write may drain the bucket meanwhile: `_drained` counts too)
+            self.names += 1
         if not isinstance(tensor, _TENSOR or _torch().Tensor):
             entry["error"] = f"not a tensor: {type(tensor).__name__}"
             return
@@ -687,24 +697,119 @@ class _Call:
             self.sync.kept[key] = tensor.detach().to("cpu", copy=True).contiguous()
             entry["tensor_key"] = key
         if profile is not None:
-            profile.tensors += 1
-            profile.bytes += nbytes
+            with self.lock:
+                profile.tensors += 1
+                profile.bytes += nbytes
             profile.add("bookkeeping", time.perf_counter() - started)
         if self.synchronous_digest:
             _fill_digest(entry, tensor, self.algorithm, profile)
         elif nbytes <= _SMALL_TENSOR_BYTES and tensor.is_cpu:
-            self.batch.append(entry)
-            self.batch_tensors.append(tensor)
-            self.batch_bytes += nbytes
-            if self.batch_bytes >= _BATCH_BYTES or len(self.batch) >= _BATCH_TENSORS:
-                self._flush_batch()
+            # The digest batch is shared with `_drained`, which a loader thread's write may run: both under the
+            # coverage lock, so that entries and tensors stay paired.
+            with self.lock:
+                self.batch.append(entry)
+                self.batch_tensors.append(tensor)
+                self.batch_bytes += nbytes
+                if self.batch_bytes >= _BATCH_BYTES or len(self.batch) >= _BATCH_TENSORS:
+                    self._flush_batch()
         else:
             pool = _digest_pool(self.config)
             self.futures.append(pool.submit(_fill_digest, entry, tensor, self.algorithm, profile))
 
+    def _drain_timer(self, token: Any) -> Any:
+        """`CallCoverage.drain_timer` (profiling): a drain's time, less the digest and statistics time it added
+        itself, is bookkeeping (what `observe` used to count per tensor)."""
+        profile = self.profile
+        assert profile is not None
+        digested = profile.seconds["digest"] + profile.seconds["stats"]
+        if token is None:
+            return time.perf_counter(), digested
+        started, digested_before = token
+        profile.add("bookkeeping", max(0.0, time.perf_counter() - started - (digested - digested_before)))
+        return None
+
+    def _drained(
+        self, seqs: list[int], names: list[Any], tensors: list[Any], nbytes: int, wrote: list[str] | None
+    ) -> None:
+        """The coverage bucket's tensors (`CallCoverage.drain`, lock held): their entries, as `observe` makes
+        them (with the one parameter each wrote, when `wrote` says so), then into the digest batch."""
+        call, algorithm = self.index, self.algorithm
+        labels = zip(wrote, strict=True) if wrote is not None else itertools.repeat(())  # (name,) each
+        direct = not self.batch and len(seqs) >= _DIRECT_DIGEST_TENSORS
+        if direct and self._drained_whole(seqs, names, tensors, nbytes, labels):
+            return
+        entries = [
+            {
+                "t": "tensor",
+                "seq": seq,
+                "call": call,
+                "name": name if type(name) is str else str(name),
+                "wrote": label,
+                "dtype": None,
+                "shape": tuple(tensor.shape),
+                algorithm: None,
+            }
+            for seq, name, tensor, label in zip(seqs, names, tensors, labels, strict=False)
+        ]
+        self.entries.update(zip(seqs, entries, strict=True))
+        self.names += len(seqs)
+        profile = self.profile
+        if profile is not None:
+            profile.tensors += len(seqs)
+            profile.bytes += nbytes
+        self.batch.extend(entries)
+        self.batch_tensors.extend(tensors)
+        self.batch_bytes += nbytes
+        if self.batch_bytes >= _BATCH_BYTES or len(self.batch) >= _BATCH_TENSORS:
+            self._flush_batch()
+
+    def _drained_whole(
+        self, seqs: list[int], names: list[Any], tensors: list[Any], nbytes: int, labels: Iterable[Any]
+    ) -> bool:
+        """A big drain of one dtype (a full bucket) digested at once, each entry built whole (the same keys, in
+        the same order, as an entry filled in by `describe_batch`); False, having done nothing, otherwise."""
+        from weightcheck.tap.digesting import describe_columns
+
+        timings: dict[str, float] | None = {} if self.profile is not None else None
+        try:
+            with gc_paused():
+                columns = describe_columns(tensors, self.algorithm, timings)
+        except Exception as exc:  # the batch path digests them (one at a time if need be)
+            _fail("digesting a batch of tensors", exc)
+            return False
+        if columns is None:
+            return False
+        dtype, hexes, zeros, nonfinite = columns
+        call, algorithm = self.index, self.algorithm
+        entries = [
+            {
+                "t": "tensor",
+                "seq": seq,
+                "call": call,
+                "name": name if type(name) is str else str(name),
+                "wrote": label,
+                "dtype": dtype,
+                "shape": tuple(tensor.shape),
+                algorithm: hexed,
+                "zeros": zero,
+                "nonfinite": bad,
+            }
+            for seq, name, tensor, label, hexed, zero, bad in zip(
+                seqs, names, tensors, labels, hexes, zeros, nonfinite, strict=False
+            )
+        ]
+        self.entries.update(zip(seqs, entries, strict=True))
+        self.names += len(seqs)
+        if self.profile is not None:
+            self.profile.tensors += len(seqs)
+            self.profile.bytes += nbytes
+            if timings:
+                self.profile.add_timings(timings)
+        return True
+
     def _flush_batch(self) -> None:
         """Digest the waiting small tensors on this thread (handing thousands of tiny jobs to the digest threads
-        costs more in hand-offs and GIL waits than the digests themselves)."""
+        costs more in hand-offs and GIL waits than the digests themselves). The caller holds `self.lock`."""
         batch, tensors = self.batch, self.batch_tensors
         self.batch, self.batch_tensors, self.batch_bytes = [], [], 0
         if not batch:
@@ -732,25 +837,46 @@ class _Call:
         return self._lazy(weights)
 
     def _observe_item(self, item: Any) -> None:
-        try:
-            name, tensor = item[0], item[1]
-        except (TypeError, IndexError, KeyError):
-            return
-        try:
-            self.observe(name, tensor)
-        except Exception as exc:
-            _fail("recording a tensor", exc)
+        for _ in self._lazy((item,)):
+            pass
 
     def _lazy(self, weights: Iterable[Any]) -> Iterator[Any]:
+        """Each item handed on as it comes. A small CPU tensor (the common case of a many-tensor stream) only
+        goes into the coverage bucket, under its lock: its entry, digest and filing wait for the bucket to be
+        drained (`CallCoverage.drain`: when it is full, before any other incoming tensor or write that needs
+        the index, and when the call ends). Everything else goes through `observe`."""
         observe = self.observe
+        coverage = self.coverage
+        lock = coverage._lock
+        counter = self.counter
+        tensor_type = _TENSOR if _TENSOR is not None else _torch().Tensor
+        bucketed = self.bucketed
         for item in weights:
-            # `_observe_item`, inlined: one frame less per tensor.
             try:
                 name, tensor = item[0], item[1]
             except (TypeError, IndexError, KeyError):
                 yield item
                 continue
             try:
+                # Exactly `torch.Tensor` (a subclass may lack storage or override the properties read here).
+                if bucketed and type(tensor) is tensor_type and tensor.is_cpu:
+                    nbytes = tensor.nbytes
+                    if nbytes <= _SMALL_TENSOR_BYTES:
+                        with lock:
+                            # A full bucket is drained when the next tensor comes, not as it fills: by then the
+                            # writes of its last tensor are logged too (the drain's common case).
+                            if coverage.bucket_bytes >= _BATCH_BYTES or len(coverage.bucket_seqs) >= _BATCH_TENSORS:
+                                coverage._drain_locked()
+                            seq = next(counter)
+                            coverage.current_seq = seq
+                            coverage._last = tensor
+                            coverage.last_in_bucket = True
+                            coverage.bucket_seqs.append(seq)
+                            coverage.bucket_names.append(name)
+                            coverage.bucket_tensors.append(tensor)
+                            coverage.bucket_bytes += nbytes
+                        yield item
+                        continue
                 observe(name, tensor)
             except Exception as exc:
                 _fail("recording a tensor", exc)
@@ -759,7 +885,11 @@ class _Call:
     def finish(self) -> None:
         profile = self.profile
         try:
-            self._flush_batch()
+            try:
+                self.coverage.drain()
+            finally:
+                with self.lock:
+                    self._flush_batch()
         finally:
             if profile is not None:
                 waited = time.perf_counter()

@@ -34,6 +34,7 @@ import contextlib
 import functools
 import gc
 import inspect
+import operator
 import re
 import sys
 import threading
@@ -91,6 +92,10 @@ def gc_paused() -> Iterator[None]:
             gc.enable()
 
 
+_NBYTES = operator.attrgetter("nbytes")
+_DTYPE_OF = operator.attrgetter("dtype")
+_FIRST = operator.itemgetter(0)
+_SECOND = operator.itemgetter(1)
 _NONE: frozenset[Any] = frozenset()  # the sets below until their first element (no allocation per parameter)
 
 
@@ -164,6 +169,53 @@ def param_lines(params: dict[str, ParamCoverage]) -> list[dict[str, Any]]:
         else c.as_line(name)
         for name, c in zip(order, map(params.__getitem__, order), strict=True)
     ]
+
+
+# Every field a param line is made of (all of `ParamCoverage`'s), read in one C call per parameter.
+_LINE_STATE = operator.attrgetter(
+    "dtype",
+    "shape",
+    "tracked",
+    "writes",
+    "shards_expected",
+    "shards_written",
+    "experts_local",
+    "experts_written",
+    "cast_from",
+    "optional",
+)
+# name -> (the fields its line was made of, the encoded line): a steady sync writes the same param lines again.
+_LINE_BYTES: dict[str, tuple[tuple[Any, ...], bytes]] = {}
+_MAX_CACHED_LINES = 1 << 20
+
+
+def param_line_bytes(params: dict[str, ParamCoverage], encode: Callable[[dict[str, Any]], bytes]) -> bytes:
+    """The encoded param lines (`encode` of each `param_lines` line), in name order. A line is a function of
+    the parameter's name and its coverage's fields, so a parameter whose fields equal those its cached line
+    was made of at an earlier sync reuses that line's bytes; the others are encoded (and cached)."""
+    names = list(params)
+    if names == _SORTED_NAMES[0]:
+        order = _SORTED_NAMES[1]
+    else:
+        order = sorted(names)
+        _SORTED_NAMES[:] = [names, order]
+    coverages = list(map(params.__getitem__, order))
+    states = list(map(_LINE_STATE, coverages))
+    cache = _LINE_BYTES
+    if len(cache) > _MAX_CACHED_LINES:
+        cache.clear()
+    known = list(map(cache.get, order))
+    if None not in known and list(map(_FIRST, known)) == states:  # the steady sync: every line as last time
+        return b"".join(map(_SECOND, known))
+    out: list[bytes] = []
+    for name, state, coverage, hit in zip(order, states, coverages, known, strict=True):
+        if hit is not None and hit[0] == state:
+            out.append(hit[1])
+        else:
+            line = encode(coverage.as_line(name))
+            cache[name] = (state, line)
+            out.append(line)
+    return b"".join(out)
 
 
 def _add(values: set[Any] | frozenset[Any], value: Any) -> set[Any]:
@@ -381,6 +433,21 @@ class CallCoverage:
         self._consumer = threading.get_ident()
         self.current_seq: int | None = None
         self.unattributed_writes = 0
+        # The bucket: small CPU tensors the stream handed on (`_Call`'s fast path appends them here, under the
+        # lock, and does nothing else per tensor), and the writes of the tensor just received, logged as
+        # tuples. `drain` turns them into what `note_incoming` and `record_write` would have made one by one:
+        # first `on_drain` (the caller's entries and digests), then the logged writes in order, then the
+        # filing. Any other write or incoming tensor drains first, so every lookup sees what it saw before.
+        self.bucket_seqs: list[int] = []
+        self.bucket_names: list[Any] = []
+        self.bucket_tensors: list[Any] = []
+        self.bucket_bytes = 0
+        self.last_in_bucket = False  # `_last` is the bucket's newest tensor (its writes may be logged)
+        self._logged: list[tuple[Any, ...]] = []
+        self.on_drain: Callable[[list[int], list[Any], list[Any], int, list[str] | None], None] | None = None
+        # `WEIGHTCHECK_PROFILE`: called with None as a drain starts (returns a token) and with that token when it
+        # ends, so that the drain's work (the hook's deferred bookkeeping) is counted where it is done.
+        self.drain_timer: Callable[[Any], Any] | None = None
 
     # ---- incoming tensors ---------------------------------------------------------------------------------
     def note_incoming(self, seq: int, tensor: torch.Tensor, nbytes: int | None = None) -> None:
@@ -391,6 +458,8 @@ class CallCoverage:
         which gives the same window and the same matches as filing it now, at a fraction of the per-tensor
         cost (the common write, of the tensor just received, needs no lookup)."""
         with self._lock:
+            self._drain_locked()
+            self.last_in_bucket = False
             self.current_seq = seq
             self._last = tensor
             pending = self._pending
@@ -398,6 +467,88 @@ class CallCoverage:
             self._pending_tensors.append(tensor)
             if nbytes is None or nbytes > _PENDING_TENSOR_BYTES or len(pending) >= _RECENT_FOR_VALUE_MATCH:
                 self._index_pending()
+
+    def drain(self) -> None:
+        """Process the bucket and the logged writes (see `__init__`)."""
+        with self._lock:
+            self._drain_locked()
+
+    def _drain_locked(self) -> None:
+        seqs, logged = self.bucket_seqs, self._logged
+        if not seqs and not logged:
+            return
+        names, tensors, nbytes = self.bucket_names, self.bucket_tensors, self.bucket_bytes
+        self.bucket_seqs, self.bucket_names, self.bucket_tensors, self.bucket_bytes = [], [], [], 0
+        self._logged = []
+        self.last_in_bucket = False
+        timer = self.drain_timer
+        token = timer(None) if timer is not None else None
+        with gc_paused():
+            # The common bucket: each tensor written once, by a plain loader, as it came (one dtype). Its entries
+            # are made with their `wrote` label, and the writes credited in one pass.
+            wrote = self._one_plain_write_each(logged, seqs, tensors)
+            if seqs and self.on_drain is not None:
+                self.on_drain(seqs, names, tensors, nbytes, wrote)
+            if wrote is not None:
+                self._credit_plain(seqs, wrote, tensors[0].dtype)
+            elif logged:
+                self._apply_logged(logged, seqs, tensors)
+            if seqs:
+                self._index_pending()  # (older small tensors that came through `note_incoming`)
+                if not self._file_bulk(seqs, tensors):
+                    self._file(seqs, tensors)
+        if timer is not None:
+            timer(token)
+
+    @staticmethod
+    def _one_plain_write_each(logged: list[tuple[Any, ...]], seqs: list[int], tensors: list[Any]) -> list[str] | None:
+        """The parameter names written, in bucket order, when the logged writes are one plain write of each bucket
+        tensor, in order, and the tensors have one dtype; else None."""
+        if not seqs or len(logged) != len(seqs) or set(map(len, logged)) != {2}:
+            return None
+        if list(map(_FIRST, logged)) != seqs:
+            return None
+        dtypes = list(map(_DTYPE_OF, tensors))
+        if dtypes.count(dtypes[0]) != len(dtypes):
+            return None
+        return list(map(_SECOND, logged))
+
+    def _credit_plain(self, seqs: list[int], wrote: list[str], dtype: Any) -> None:
+        """`_apply_logged` for `_one_plain_write_each`'s case (the entries already carry their label)."""
+        self._attributed.update(seqs)
+        loaded = _DTYPE_NAMES.get(dtype) or _dtype_name(dtype)
+        for coverage in map(self._params.get, wrote):
+            if coverage is not None:
+                coverage.writes += 1
+                if coverage.dtype != loaded and crosses_quantization(loaded, coverage.dtype):
+                    coverage.cast_from = _add(coverage.cast_from, str(loaded))
+
+    def _apply_logged(self, logged: list[tuple[Any, ...]], seqs: list[int], tensors: list[Any]) -> None:
+        """The logged writes, each as `record_plain_write` / `record_write` would have recorded it then (each
+        wrote the bucket tensor of its seq: the loader got the very object)."""
+        first = seqs[0]
+        contiguous = seqs[-1] - first == len(seqs) - 1
+        by_seq = None if contiguous else dict(zip(seqs, tensors, strict=True))
+        entries, params, attributed = self._entries, self._params, self._attributed
+        for write in logged:
+            seq = write[0]
+            tensor = tensors[seq - first] if by_seq is None else by_seq[seq]
+            if len(write) == 2:
+                param_name = write[1]
+                attributed.add(seq)
+                entry = entries.get(seq)
+                if entry is not None:
+                    wrote = entry.get("wrote") or ()
+                    if param_name not in wrote and len(wrote) < _MAX_WROTE_LABELS:
+                        entry["wrote"] = (*wrote, param_name)
+                coverage = params.get(param_name)
+                if coverage is not None:
+                    coverage.writes += 1
+                    dtype = _DTYPE_NAMES.get(tensor.dtype) or _dtype_name(tensor.dtype)
+                    if dtype != coverage.dtype and crosses_quantization(dtype, coverage.dtype):
+                        coverage.cast_from = _add(coverage.cast_from, str(dtype))
+            else:
+                self._credit([seq], write[1], tensor, *write[2:])
 
     def _index_pending(self) -> None:
         """File the queued incoming tensors, oldest first (the caller holds the lock)."""
@@ -407,6 +558,42 @@ class CallCoverage:
         self._pending, self._pending_tensors = [], []
         with gc_paused():
             self._file(pending, tensors)
+
+    def _file_bulk(self, seqs: list[int], tensors: list[Any]) -> bool:
+        """`_file` of bucket tensors (CPU, exactly `torch.Tensor`) in the common case, with C-level maps instead
+        of a loop: every tensor contiguous, in a storage of its own that no filed range shares, and every
+        tensor leaving the recent window already attributed (nothing to fingerprint). False, having changed
+        nothing, when that is not so: `_file` then does it one tensor at a time."""
+        tensor_type = _torch().Tensor
+        count = len(seqs)
+        try:
+            if not all(map(tensor_type.is_contiguous, tensors)):
+                return False
+            starts = list(map(tensor_type.data_ptr, tensors))
+            sizes = map(tensor_type.element_size, tensors)
+            offsets = map(operator.mul, map(tensor_type.storage_offset, tensors), sizes)
+            keys = list(map(operator.sub, starts, offsets))  # the storage's address, as `untyped_storage()` gives
+            ends = list(map(operator.add, starts, map(_NBYTES, tensors)))
+        except (RuntimeError, TypeError, NotImplementedError, AttributeError):
+            return False
+        by_address = self._ranges.get(-1)
+        if by_address is None:
+            by_address = self._ranges[-1] = {}
+        if len(set(keys)) != count or not by_address.keys().isdisjoint(keys):
+            return False
+        recent, attributed = self._recent, self._attributed
+        overflow = len(recent) + count - _RECENT_FOR_VALUE_MATCH
+        leaving_old = min(max(overflow, 0), len(recent))
+        leaving_new = max(overflow, 0) - leaving_old
+        if any(recent[i][0] not in attributed for i in range(leaving_old)) or not attributed.issuperset(
+            seqs[:leaving_new]
+        ):
+            return False
+        by_address.update(zip(keys, zip(starts, ends, seqs, strict=True), strict=True))
+        for _ in range(leaving_old):
+            recent.popleft()
+        recent.extend(zip(seqs[leaving_new:], tensors[leaving_new:], strict=True))
+        return True
 
     def _file(self, pending: list[int], tensors: list[Any]) -> None:
         """`note_incoming`'s filing, for each queued tensor in arrival order."""
@@ -543,6 +730,10 @@ class CallCoverage:
         """`record_write` for a plain `(param, loaded_weight)` loader of a parameter that is not an expert's: the
         common write, of the tensor just received, in a few steps; anything else takes `record_write`."""
         with self._lock:
+            if loaded is self._last and self.last_in_bucket:
+                self._logged.append((self.current_seq, param_name))
+                return
+            self._drain_locked()
             if loaded is not self._last or loaded is None:
                 fast = False
             else:
@@ -573,8 +764,11 @@ class CallCoverage:
         expert_param: bool,
     ) -> None:
         torch = _torch()
-        nonlocal_expert = expert_param and local_expert is not None and local_expert < 0
         with self._lock:
+            if loaded is self._last and self.last_in_bucket:
+                self._logged.append((self.current_seq, param_name, shard, expert, local_expert, expert_param))
+                return
+            self._drain_locked()
             seqs: list[int] = []
             if isinstance(loaded, torch.Tensor):
                 # Most loaders write the tensor they were just handed: no address lookup for that one.
@@ -592,40 +786,56 @@ class CallCoverage:
                 seqs = [self.current_seq]
             if not seqs:
                 self.unattributed_writes += 1
-            label = param_name
-            if shard is not None:
-                label += f":{shard}"
-            if expert is not None:
-                label += f":{expert}"
-            entries = self._entries
-            for seq in seqs:
-                self._attributed.add(seq)
-                entry = entries.get(seq)
-                if entry is None:
-                    continue
-                if nonlocal_expert:
-                    entry["offrank"] = True
-                    continue
-                # A tuple, not a list: entries stay untracked by the cyclic GC (see `_Call.observe`).
-                wrote = entry.get("wrote") or ()
-                if label not in wrote and len(wrote) < _MAX_WROTE_LABELS:
-                    entry["wrote"] = (*wrote, label)
+            self._credit(seqs, param_name, loaded, shard, expert, local_expert, expert_param)
+
+    def _credit(
+        self,
+        seqs: list[int],
+        param_name: str,
+        loaded: Any,
+        shard: Any,
+        expert: Any,
+        local_expert: int | None,
+        expert_param: bool,
+    ) -> None:
+        """A write of `loaded` into `param_name`, attributed to the incoming tensors `seqs` (the caller holds the
+        lock): their entries' `wrote` labels and the parameter's coverage."""
+        torch = _torch()
+        nonlocal_expert = expert_param and local_expert is not None and local_expert < 0
+        label = param_name
+        if shard is not None:
+            label += f":{shard}"
+        if expert is not None:
+            label += f":{expert}"
+        entries = self._entries
+        for seq in seqs:
+            self._attributed.add(seq)
+            entry = entries.get(seq)
+            if entry is None:
+                continue
             if nonlocal_expert:
-                return
-            coverage = self._params.get(param_name)
-            if coverage is None:
-                return
-            coverage.writes += 1
-            if isinstance(loaded, torch.Tensor):
-                # The loader's own input, not the incoming tensor: a loader that dequantizes (scale applied)
-                # hands on a float tensor and is not a cast.
-                loaded_dtype = _dtype_name(loaded.dtype)
-                if crosses_quantization(loaded_dtype, coverage.dtype):
-                    coverage.cast_from = _add(coverage.cast_from, str(loaded_dtype))
-            if shard is not None:
-                coverage.shards_written = _add(coverage.shards_written, str(shard))
-            if local_expert is not None and local_expert >= 0:
-                coverage.experts_written = _add(coverage.experts_written, local_expert)
+                entry["offrank"] = True
+                continue
+            # A tuple, not a list: entries stay untracked by the cyclic GC (see `_Call.observe`).
+            wrote = entry.get("wrote") or ()
+            if label not in wrote and len(wrote) < _MAX_WROTE_LABELS:
+                entry["wrote"] = (*wrote, label)
+        if nonlocal_expert:
+            return
+        coverage = self._params.get(param_name)
+        if coverage is None:
+            return
+        coverage.writes += 1
+        if isinstance(loaded, torch.Tensor):
+            # The loader's own input, not the incoming tensor: a loader that dequantizes (scale applied)
+            # hands on a float tensor and is not a cast.
+            loaded_dtype = _dtype_name(loaded.dtype)
+            if crosses_quantization(loaded_dtype, coverage.dtype):
+                coverage.cast_from = _add(coverage.cast_from, str(loaded_dtype))
+        if shard is not None:
+            coverage.shards_written = _add(coverage.shards_written, str(shard))
+        if local_expert is not None and local_expert >= 0:
+            coverage.experts_written = _add(coverage.experts_written, local_expert)
 
     def detach(self) -> None:
         """Stop recording (the loaders stay installed until their wrapping is restored) and drop the tensors."""
@@ -637,6 +847,9 @@ class CallCoverage:
             owned.restore()
         self._pending.clear()
         self._pending_tensors.clear()
+        self.bucket_seqs, self.bucket_names, self.bucket_tensors, self.bucket_bytes = [], [], [], 0
+        self._logged = []
+        self.last_in_bucket = False
         self._recent.clear()
         self._fingerprints.clear()
         self._evicted.clear()

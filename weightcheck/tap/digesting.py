@@ -8,6 +8,9 @@ zero test reads the bytes once at memory speed and NaN/Inf presence comes from o
 
 from __future__ import annotations
 
+import collections
+import itertools
+import operator
 import time
 from typing import TYPE_CHECKING, Any
 
@@ -265,7 +268,6 @@ def describe_batch(
     With `into` (one dict per tensor), the results are written into those dicts, which are returned."""
     import sys
 
-    import numpy as np
     import torch
 
     results: list[dict[str, Any]] = into if into is not None else [{} for _ in tensors]
@@ -273,7 +275,13 @@ def describe_batch(
     strided = torch.strided
     simple = sys.byteorder == "little" and algorithm != "posmix128"
     cache = _fast_cache
-    for index, tensor in enumerate(tensors):
+    if simple and tensors and _one_fast_group(tensors, strided):
+        # The common batch (one dtype the pass handles, all CPU, strided, non-empty): checked by C-level maps.
+        groups[tensors[0].dtype] = list(range(len(tensors)))
+        tensors_to_sort: list[Any] = []
+    else:
+        tensors_to_sort = tensors
+    for index, tensor in enumerate(tensors_to_sort):
         dtype = tensor.dtype
         spec = cache[dtype] if dtype in cache else fast_dtype(dtype)
         # (The fast dtypes are real: no conjugate or negative views to resolve.)
@@ -295,49 +303,107 @@ def describe_batch(
     hashing = reducing = 0.0
     digest = _one_shot_hexdigest(algorithm)
     for dtype, members in groups.items():
-        t0 = clock()
-        st_name, itemsize, pattern = cache[dtype]  # type: ignore[misc]
         group = [tensors[i] for i in members]
-        # One copy of the batch into a contiguous buffer (small tensors: it stays in cache for what follows).
-        flat = torch._utils._flatten_dense_tensors(group).detach()
-        data = flat.view(torch.uint8).numpy()
-        view = memoryview(data)
-        counts = [t.numel() for t in group]
-        starts = np.zeros(len(group), dtype=np.int64)
-        if len(group) > 1:
-            np.cumsum(counts[:-1], out=starts[1:])
-        t1 = clock()
-        u_name, s_name = _INT_NAMES[itemsize]
-        u_max = np.maximum.reduceat(data.view(u_name), starts).tolist()
-        s_max = np.maximum.reduceat(data.view(s_name), starts).tolist() if isinstance(pattern, int) else None
-        t2 = clock()
-        hashing += t1 - t0
-        reducing += t2 - t1
+        st_name, hexes, zeros, nonfinite, spent = _group_columns(group, dtype, algorithm, digest, clock)
         t0 = clock()
-        begin = 0
-        sign = (1 << (itemsize * 8 - 1)) | pattern if isinstance(pattern, int) else 0
-        for k, index in enumerate(members):
-            end = begin + counts[k] * itemsize
-            out = results[index]
-            out["dtype"] = st_name
-            out[algorithm] = digest(view[begin:end])
-            begin = end
-            u = u_max[k]
-            if pattern is None:
-                out["zeros"], out["nonfinite"] = u == 0, 0
-            elif s_max is None:  # float8: no NaN/Inf answer, as `tensor_stats`
-                out["zeros"], out["nonfinite"] = u == 0, None
-            elif s_max[k] >= pattern or u >= sign:  # type: ignore[operator]
-                out["zeros"], out["nonfinite"] = False, _exact_nonfinite(group[k])
-            else:
-                out["zeros"], out["nonfinite"] = u == 0, 0
-            if "shape" not in out or out["shape"] is None:
+        # The results set into each tensor's dict with C-level maps, key by key in the order the per-tensor
+        # loop this replaced wrote them.
+        outs = results if len(members) == len(results) else [results[index] for index in members]
+        for key, values in (("dtype", itertools.repeat(st_name)), (algorithm, hexes), ("zeros", zeros)):
+            collections.deque(map(dict.__setitem__, outs, itertools.repeat(key), values), 0)
+        collections.deque(map(dict.__setitem__, outs, itertools.repeat("nonfinite"), nonfinite), 0)
+        for k, out in enumerate(outs):
+            if out.get("shape") is None:
                 out["shape"] = list(group[k].shape)
-        hashing += clock() - t0
+        hashing += spent[0] + clock() - t0
+        reducing += spent[1]
     if timings is not None:
         timings["digest"] = timings.get("digest", 0.0) + hashing
         timings["stats"] = timings.get("stats", 0.0) + reducing
     return results
+
+
+def describe_columns(
+    tensors: list[Any], algorithm: str, timings: dict[str, float] | None = None
+) -> tuple[str, list[str], list[bool], list[int | None]] | None:
+    """`describe_batch` of a batch of one dtype (its common case), as columns: (dtype name, hex digests, all
+    bytes zero, NaN/Inf counts), one value per tensor; None when the batch is not of that kind (then
+    `describe_batch`). For callers that build each tensor's record in one go rather than fill it in."""
+    import sys
+
+    import torch
+
+    if not tensors or sys.byteorder != "little" or algorithm == "posmix128":
+        return None
+    if not _one_fast_group(tensors, torch.strided):
+        return None
+    clock = time.perf_counter if timings is not None else _no_clock
+    digest = _one_shot_hexdigest(algorithm)
+    st_name, hexes, zeros, nonfinite, spent = _group_columns(tensors, tensors[0].dtype, algorithm, digest, clock)
+    if timings is not None:
+        timings["digest"] = timings.get("digest", 0.0) + spent[0]
+        timings["stats"] = timings.get("stats", 0.0) + spent[1]
+    return st_name, hexes, zeros, nonfinite
+
+
+def _group_columns(
+    group: list[Any], dtype: Any, algorithm: str, digest: Any, clock: Any
+) -> tuple[str, list[str], list[bool], list[int | None], tuple[float, float]]:
+    """The one-pass description of tensors of one fast dtype (CPU, strided, non-empty): one flatten into a
+    buffer, each tensor's slice hashed, the reductions done per segment by `np.maximum.reduceat`. Returns
+    (dtype name, hex digests, zeros, nonfinite, (hashing seconds, reducing seconds))."""
+    import numpy as np
+    import torch
+
+    t0 = clock()
+    st_name, itemsize, pattern = _fast_cache[dtype]  # type: ignore[misc]
+    # One copy of the batch into a contiguous buffer (small tensors: it stays in cache for what follows).
+    flat = torch._utils._flatten_dense_tensors(group).detach()
+    data = flat.view(torch.uint8).numpy()
+    view = memoryview(data)
+    counts = [t.numel() for t in group]
+    starts = np.zeros(len(group), dtype=np.int64)
+    if len(group) > 1:
+        np.cumsum(counts[:-1], out=starts[1:])
+    t1 = clock()
+    u_name, s_name = _INT_NAMES[itemsize]
+    u_max = np.maximum.reduceat(data.view(u_name), starts).tolist()
+    s_max = np.maximum.reduceat(data.view(s_name), starts).tolist() if isinstance(pattern, int) else None
+    t2 = clock()
+    # Per tensor, with C-level maps (no Python frame per tensor): its slice of the buffer hashed.
+    ends = list(itertools.accumulate(count * itemsize for count in counts))
+    hexes = list(map(digest, map(view.__getitem__, map(slice, [0, *ends[:-1]], ends))))
+    zeros = [u == 0 for u in u_max]
+    if pattern is None:
+        nonfinite: list[int | None] = [0] * len(group)
+    elif s_max is None:  # float8: no NaN/Inf answer, as `tensor_stats`
+        nonfinite = [None] * len(group)
+    else:
+        nonfinite = [0] * len(group)
+        sign = (1 << (itemsize * 8 - 1)) | pattern  # type: ignore[operator]
+        for k, (u, s_) in enumerate(zip(u_max, s_max, strict=True)):
+            if s_ >= pattern or u >= sign:  # type: ignore[operator]
+                zeros[k], nonfinite[k] = False, _exact_nonfinite(group[k])
+    return st_name, hexes, zeros, nonfinite, ((t1 - t0) + (clock() - t2), t2 - t1)
+
+
+def _one_fast_group(tensors: list[Any], strided: Any) -> bool:
+    """True when every tensor has the first one's dtype, one the pass handles, and is CPU, strided, non-empty."""
+    first = tensors[0].dtype
+    dtypes = list(map(_DTYPE, tensors))
+    return (
+        dtypes.count(first) == len(dtypes)
+        and (_fast_cache[first] if first in _fast_cache else fast_dtype(first)) is not None
+        and all(map(_IS_CPU, tensors))
+        and all(map(operator.is_, map(_LAYOUT, tensors), itertools.repeat(strided)))
+        and all(map(_NUMEL, tensors))
+    )
+
+
+_DTYPE = operator.attrgetter("dtype")
+_IS_CPU = operator.attrgetter("is_cpu")
+_LAYOUT = operator.attrgetter("layout")
+_NUMEL = operator.methodcaller("numel")
 
 
 def _one_shot_hexdigest(algorithm: str) -> Any:
