@@ -17,7 +17,14 @@ from typing import Any
 import click
 
 from weightcheck.findings import EXIT_ERROR, Result, Severity
-from weightcheck.frontend import debug_requested, lint_options, prepare_result, report_internal_errors
+from weightcheck.frontend import (
+    debug_requested,
+    escape_undecodable_output,
+    lint_options,
+    prepare_result,
+    report_crash,
+    report_internal_errors,
+)
 from weightcheck.reporters import FORMATS, render
 from weightcheck.settings import Settings, SettingsError, load_settings, resolve_run_settings
 from weightcheck.version import __version__
@@ -539,11 +546,7 @@ def _load_commands() -> None:
 def main() -> None:
     from weightcheck.deps import MissingDependency
 
-    # A file name that is not UTF-8 comes back from os.listdir as a lone surrogate: reported as an escape
-    # (`\udcff`, valid inside a JSON string), never an encoding crash of the report writer.
-    for stream in (sys.stdout, sys.stderr):
-        if hasattr(stream, "reconfigure"):
-            stream.reconfigure(errors="backslashreplace")
+    escape_undecodable_output()
     try:
         cli.main(standalone_mode=False)
     except click.exceptions.Exit as exc:
@@ -561,11 +564,7 @@ def main() -> None:
     except BrokenPipeError:
         sys.exit(EXIT_ERROR)
     except Exception as exc:  # internal error: exit 2, short message, no silent pass
-        if debug_requested():
-            import traceback
-
-            traceback.print_exc()
-        click.echo(f"weightcheck: internal error: {type(exc).__name__}: {exc} (--debug shows the traceback)", err=True)
+        report_crash(exc)
         sys.exit(EXIT_ERROR)
 
 

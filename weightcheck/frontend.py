@@ -18,6 +18,24 @@ def debug_requested() -> bool:
     return "--debug" in sys.argv[1:] or os.environ.get("WEIGHTCHECK_DEBUG", "") not in ("", "0")
 
 
+def escape_undecodable_output() -> None:
+    """A file name that is not UTF-8 comes back from os.listdir as a lone surrogate: reported as an escape
+    (`\\udcff`, valid inside a JSON string), never an encoding crash of the report writer."""
+    for stream in (sys.stdout, sys.stderr):
+        if hasattr(stream, "reconfigure"):
+            stream.reconfigure(errors="backslashreplace")
+
+
+def report_crash(exc: BaseException) -> None:
+    """An internal error outside any rule: one short line on stderr (the traceback too with --debug); the
+    caller exits 2, never a pass."""
+    if debug_requested():
+        import traceback
+
+        traceback.print_exception(exc)
+    print(f"weightcheck: internal error: {type(exc).__name__}: {exc} (--debug shows the traceback)", file=sys.stderr)
+
+
 def lint_options(settings: Settings, **given: Any) -> dict[str, Any]:
     """The options of one lint run: the command line's (`given`, by parameter name) over the settings'."""
     from weightcheck.progress import choose_mode

@@ -22,7 +22,14 @@ import sys
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from weightcheck.frontend import debug_requested, lint_options, prepare_result, report_internal_errors
+from weightcheck.frontend import (
+    debug_requested,
+    escape_undecodable_output,
+    lint_options,
+    prepare_result,
+    report_crash,
+    report_internal_errors,
+)
 
 if TYPE_CHECKING:
     from weightcheck.findings import Result
@@ -130,13 +137,11 @@ def _plain_lint(args: list[str]) -> tuple[Result, Settings, dict[str, Any]]:
     return result, settings, params
 
 
-def _report(result: Result, settings: Settings, params: dict[str, Any]) -> int:
+def _report(result: Result, settings: Settings, params: dict[str, Any], output: Any) -> int:
     """Write the report as the click CLI's `finish` does (no triage options on this path); the exit code."""
     from weightcheck.findings import Severity
     from weightcheck.reporters import render
 
-    path = params.get("output")
-    output = sys.stdout if path is None or path == "-" else open(path, "w", errors="backslashreplace")  # noqa: SIM115
     try:
         verbose = bool(params.get("verbose"))
         render(result, settings.format, output, color=params.get("color"), verbose=verbose, quiet=False)
@@ -148,44 +153,29 @@ def _report(result: Result, settings: Settings, params: dict[str, Any]) -> int:
     return result.exit_code(Severity.parse(settings.fail_on), exit_zero=bool(params.get("exit_zero")))
 
 
-def _output_writable(path: str | None) -> bool:
-    """Whether `-o FILE` can be opened for writing (else the click CLI reports it in its words)."""
+def _open_output(path: str | None) -> Any:
+    """`-o FILE` opened as click's `File("w", errors="backslashreplace")` opens it; stdout for none or `-`."""
     if path is None or path == "-":
-        return True
-    target = Path(path)
-    if target.is_dir():
-        return False
-    if target.exists():
-        return os.access(target, os.W_OK)
-    return os.access(target.parent if str(target.parent) else Path("."), os.W_OK | os.X_OK)
+        return sys.stdout
+    return open(path, "w", errors="backslashreplace")  # closed by _report
 
 
 def main() -> None:
     args = sys.argv[1:]
     if args[:1] == ["lint"]:
-        for stream in (sys.stdout, sys.stderr):  # as `weightcheck.cli.main`: report non-UTF-8 names as escapes
-            if hasattr(stream, "reconfigure"):
-                stream.reconfigure(errors="backslashreplace")
+        escape_undecodable_output()  # as `weightcheck.cli.main`
         try:
             result, settings, params = _plain_lint(args[1:])
-            if not _output_writable(params.get("output")):
-                raise _NotPlain
+            output = _open_output(params.get("output"))  # a file it cannot open: click's words for that
         except Exception:  # _NotPlain, a usage error, a missing dependency, a bug: the click CLI reruns it
             pass
         else:
             try:
-                code = _report(result, settings, params)
+                code = _report(result, settings, params, output)
             except BrokenPipeError:
                 code = 2
             except Exception as exc:  # as `weightcheck.cli.main`: exit 2 with a short message, never a pass
-                if debug_requested():
-                    import traceback
-
-                    traceback.print_exc()
-                print(
-                    f"weightcheck: internal error: {type(exc).__name__}: {exc} (--debug shows the traceback)",
-                    file=sys.stderr,
-                )
+                report_crash(exc)
                 code = 2
             sys.exit(code)
     from weightcheck.cli import main as click_main
