@@ -81,7 +81,7 @@ class Inventory:
         notes: list[str] | None = None,
         expected: list[ExpectedModule] | Callable[[], list[ExpectedModule]] | None = None,
         runs: list[ExpectedRun] | None = None,
-        run_names: list[list[str]] | None = None,
+        run_names: list[Sequence[str]] | None = None,
     ) -> None:
         # runs: from_config's expectation one name template at a time (`patterns.expand_runs`), each module
         # name once (run_names: each run's names()); None when the modules come from stored tensors.
@@ -212,7 +212,7 @@ def from_config(pattern: Pattern, config: dict[str, Any]) -> Inventory:
     """Config-only mode: the modules the pattern and the config's dimensions imply, no tensors."""
     runs, notes = expand_runs(pattern, config)
     names = [run.names() for run in runs]
-    modules = RunModules(runs, names)
+    modules = RunModules(runs)
 
     def expected() -> list[ExpectedModule]:
         return [m for run in runs for m in run.modules()]
@@ -234,9 +234,8 @@ class RunModules(Mapping[str, ModuleInfo]):
     which is the `*`'s (before, after) of the expert runs that can make it (`_by_split`). Only walking every
     module makes them all (`_where`, once)."""
 
-    def __init__(self, runs: list[ExpectedRun], names: list[Sequence[str]]) -> None:
-        """`names`: each run's `names()`."""
-        self._runs, self._names = runs, names
+    def __init__(self, runs: list[ExpectedRun]) -> None:
+        self._runs = runs
         self._single: dict[str, tuple[int, ExpectedRun, int | None]] = {}  # the last run wins, as in a dict
         self._by_split: dict[tuple[str, str], list[tuple[int, ExpectedRun]]] = {}
         self._splittable = True  # False: a lookup makes every name (see _split_ok)
@@ -256,11 +255,11 @@ class RunModules(Mapping[str, ModuleInfo]):
         """Every name -> (run, expert id), in order (a name made twice: its first place, its last run)."""
         if self._where_all is None:
             where: dict[str, tuple[ExpectedRun, int | None]] = {}
-            for run, run_names in zip(self._runs, self._names, strict=True):
+            for run in self._runs:
                 if run.experts is None:
                     where[run.name] = (run, run.expert)
                 else:
-                    where.update(zip(run_names, zip(repeat(run, len(run.experts)), run.experts, strict=True),
+                    where.update(zip(run.names(), zip(repeat(run, len(run.experts)), run.experts, strict=True),
                                      strict=True))  # fmt: skip
             self._where_all = where
         return self._where_all
@@ -309,7 +308,8 @@ class RunModules(Mapping[str, ModuleInfo]):
         shapes: dict[str, int] = {}  # shape -> the digit run that holds the `*`
         for (before, after), members in self._by_split.items():
             shape = f"{_DIGIT_RUN.sub('#', before)}#{_DIGIT_RUN.sub('#', after)}"
-            if shapes.setdefault(shape, len(_DIGIT_RUN.findall(before))) != len(_DIGIT_RUN.findall(before)):
+            slot = len(_DIGIT_RUN.findall(before))
+            if shapes.setdefault(shape, slot) != slot:
                 return self._count_distinct()
             if len(members) > 1:
                 seen: set[int] = set()
