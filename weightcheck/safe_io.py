@@ -241,6 +241,19 @@ def _unique_pairs(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
     return out
 
 
+def _loads(raw: bytes | str) -> Any:
+    """The document, by orjson for a large text; the stdlib parser gives the reference verdict and message (it
+    accepts a superset of what orjson accepts, with the same result on strict JSON), and reads small texts."""
+    if len(raw) >= SMALL_JSON_BYTES:
+        try:
+            return fast_json_loads(raw)
+        except ValueError:
+            pass
+    doc = json.loads(raw)
+    json.dumps(doc, ensure_ascii=False).encode("utf-8")  # a lone surrogate cannot be encoded
+    return doc
+
+
 def parse_json(raw: bytes | str, name: str, *, unique_keys: bool = False, max_keys: int | None = None) -> Any:
     """Parse JSON text (depth bounded by the parsers). Raises UnsafePath(kind="invalid") with the parser's message.
 
@@ -253,15 +266,7 @@ def parse_json(raw: bytes | str, name: str, *, unique_keys: bool = False, max_ke
     if max_keys is not None and tokens > max_keys:
         raise UnsafePath(name, f"about {tokens} keys, more than the {max_keys} weightcheck reads", "too-large")
     try:
-        try:
-            if len(raw) < SMALL_JSON_BYTES:
-                raise ValueError("small: the stdlib parser")
-            doc = fast_json_loads(raw)
-        except ValueError:
-            # The stdlib parser gives the reference verdict and message (and accepts a superset of what orjson
-            # accepts, with the same result on strict JSON).
-            doc = json.loads(raw)
-            json.dumps(doc, ensure_ascii=False).encode("utf-8")  # a lone surrogate cannot be encoded
+        doc = _loads(raw)
         if unique_keys and tokens != _all_keys(doc):
             json.loads(raw, object_pairs_hook=_unique_pairs)
     except _DuplicateKey as dup:
