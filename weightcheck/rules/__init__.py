@@ -50,7 +50,6 @@ FAMILIES = {
 }
 
 
-
 def cleandoc(doc: str) -> str:
     """`inspect.cleandoc` (tabs expanded, the common indentation of the lines after the first removed, blank
     lines at both ends dropped), here because importing `inspect` (ast, dis, tokenize) is ~7 ms of a
@@ -64,6 +63,7 @@ def cleandoc(doc: str) -> str:
     while lines and not lines[0]:
         lines.pop(0)
     return "\n".join(lines)
+
 
 @dataclass(frozen=True)
 class Rule:
@@ -129,7 +129,6 @@ class Rule:
 
 
 _REGISTRY: dict[str, Rule] = {}
-_NAMES: set[str] = set()  # the registered rules' names (a name is unique, as a code is)
 _LOADED = False
 
 
@@ -175,10 +174,9 @@ def rule(
 def register(new: Rule) -> None:
     if new.code in _REGISTRY:
         raise ValueError(f"rule code {new.code} registered twice")
-    if new.name in _NAMES:
+    if any(r.name == new.name for r in _REGISTRY.values()):
         raise ValueError(f"rule name {new.name} registered twice")
     _REGISTRY[new.code] = new
-    _NAMES.add(new.name)
 
 
 class UnknownRuleCode(KeyError):
@@ -243,7 +241,6 @@ def all_rules() -> dict[str, Rule]:
         _LOADED = True
         if INTERNAL_ERROR_RULE.code not in _REGISTRY:
             _REGISTRY[INTERNAL_ERROR_RULE.code] = INTERNAL_ERROR_RULE
-            _NAMES.add(INTERNAL_ERROR_RULE.name)
         for module in RULE_MODULES:
             try:
                 importlib.import_module(module)
