@@ -44,7 +44,7 @@ def main() -> int:
         files = generate_sglang()
     else:
         files = generate(tuple(args.model_types) or ARCHITECTURES)
-        if args.model_types:  # partial run: keep the index of everything
+        if args.model_types:  # partial run: keep the index of everything (the TOMLs' twin is always whole)
             files.pop("index.json")
     stale = []
     if not args.model_types:  # the README's covered list, from the index and the SGLang registry halves

@@ -18,7 +18,8 @@ from weightcheck.findings import Severity
 SHIPPED = Path(patterns.__file__).resolve().parent.parent / "patterns"
 
 _CACHES = ("builtin_patterns", "builtin_families", "builtin_pattern", "generated_index", "_generated_doc",
-           "generated_pattern", "_overlaid", "engine_source_facts", "_producer_linear", "_handwritten_doc")  # fmt: skip
+           "generated_pattern", "_overlaid", "engine_source_facts", "_producer_linear", "_handwritten_doc",
+           "_handwritten_twins")  # fmt: skip
 
 
 def _clear() -> None:

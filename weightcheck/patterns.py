@@ -27,11 +27,6 @@ from typing import Any, NamedTuple, overload
 
 from weightcheck.lightclass import dataclass, field
 
-if sys.version_info >= (3, 11):
-    import tomllib
-else:  # pragma: no cover
-    import tomli as tomllib
-
 # `experts`: stacked 3-D expert parameters (gpt-oss `mlp.experts.gate_up_proj` [E, ...]), not a Linear.
 KINDS = {"linear", "router", "embedding", "norm", "conv", "other", "experts"}
 _MODULE_KEYS = {"kind", "shape", "bias", "params", "optional", "when", "quantized_by", "fused", "dtype"}
@@ -314,18 +309,77 @@ def load_pattern_file(path: str | Path) -> Pattern:
     path = Path(path)
     try:
         text = path.read_text(encoding="utf-8")
-        doc = json.loads(text) if path.suffix == ".json" else tomllib.loads(text)
+        doc = json.loads(text) if path.suffix == ".json" else toml_loads(text)
     except (OSError, UnicodeDecodeError, ValueError) as exc:  # TOMLDecodeError and JSONDecodeError too
         raise PatternError(f"{path}: {exc}") from None
     return parse_pattern(doc, str(path))
 
 
+def toml_loads(text: str) -> dict[str, Any]:
+    """`tomllib.loads`, imported on first use (see `_shipped_doc`)."""
+    if sys.version_info >= (3, 11):
+        import tomllib
+    else:  # pragma: no cover
+        import tomli as tomllib
+    return tomllib.loads(text)
+
+
+# ---- the parsed twin of the shipped hand-written TOML files --------------------------------------------
+# patterns/generated/handwritten.json holds, for each shipped TOML file, its exact text and the document
+# tomllib parses from it (written by `python -m tools.archgen.twins`; tests/test_pattern_twins.py fails when
+# it is stale). A file whose text is exactly the twin's takes the twin's document; any other text (an edited
+# checkout, a file the twin does not know) is parsed as TOML, so the TOML files stay the only source. Why:
+# importing tomllib (and the datetime, string and typing modules it imports) was ~8 ms of a ~0.15 s
+# config-only lint, and the JSON parse of the twin is a fraction of a millisecond.
+HANDWRITTEN_TWIN = "handwritten.json"
+
+
+@lru_cache(maxsize=1)
+def _handwritten_twins() -> dict[str, Any]:
+    folder = _pattern_dir()
+    if folder is None:
+        return {}
+    try:
+        doc = json.loads((folder / "generated" / HANDWRITTEN_TWIN).read_text(encoding="utf-8"))
+    except (OSError, UnicodeDecodeError, ValueError):  # no twin, or a broken one: the TOML files are read
+        return {}
+    files = doc.get("files") if isinstance(doc, dict) else None
+    return files if isinstance(files, dict) else {}
+
+
+def _twin_doc(file: Path, text: str) -> dict[str, Any] | None:
+    """The twin's parsed document of shipped TOML `file` when its text is exactly `text`, else None."""
+    twin = _handwritten_twins().get(file.name)
+    if isinstance(twin, dict) and twin.get("toml") == text and isinstance(twin.get("doc"), dict):
+        return twin["doc"]
+    return None
+
+
+def _shipped_doc(path: str | Path) -> dict[str, Any]:
+    """The parsed document of a shipped hand-written TOML file (the twin's, or the file parsed)."""
+    file = Path(path)
+    text = file.read_text(encoding="utf-8")
+    found = _twin_doc(file, text)
+    return found if found is not None else toml_loads(text)
+
+
 def _pattern_dir() -> Path | None:
-    # Source checkout: patterns/ at the repository root. Installed: packaged as weightcheck._patterns.
-    local = Path(__file__).resolve().parent.parent / "patterns"
+    return find_pattern_dir(Path(__file__).resolve().parent)
+
+
+def find_pattern_dir(here: Path) -> Path | None:
+    """The shipped patterns folder of the weightcheck package in folder `here`. Source checkout: patterns/ at
+    the repository root. Installed: packaged as weightcheck._patterns."""
+    local = here.parent / "patterns"
     if local.is_dir():
         return local
-    from importlib import resources  # installed copies only: a source checkout never pays for the import
+    # An installed copy on disk (a wheel, `pip install .`) has the package folder itself: read it directly.
+    # importlib.resources pulls in zipfile, tempfile, shutil, lzma and bz2, ~10 ms of a config-only lint; it
+    # stays for the copies it exists for (a zip import, a custom loader).
+    packaged = here / "_patterns"
+    if packaged.is_dir():
+        return packaged
+    from importlib import resources
 
     try:
         return Path(str(resources.files("weightcheck._patterns")))
@@ -373,11 +427,15 @@ def builtin_families() -> dict[str, FamilyHead]:
             text = file.read_text(encoding="utf-8")
         except (OSError, UnicodeDecodeError) as exc:
             raise PatternError(f"{file}: {exc}") from None
-        nxt = _NEXT_TABLE.search(text)
-        try:
-            fam = tomllib.loads(text[: nxt.start()] if nxt else text).get("family")
-        except ValueError:
-            fam = None
+        twin = _twin_doc(file, text)
+        if twin is not None:
+            fam = twin.get("family")
+        else:
+            nxt = _NEXT_TABLE.search(text)
+            try:
+                fam = toml_loads(text[: nxt.start()] if nxt else text).get("family")
+            except ValueError:
+                fam = None
         if not isinstance(fam, dict) or not isinstance(fam.get("name"), str):
             fam = load_pattern_file(file)  # not a shipped shape: the whole file, with its own error
             fam = {"name": fam.name, "model_types": fam.model_types, "architectures": fam.architectures}
@@ -519,7 +577,7 @@ def overlay_doc(generated: dict[str, Any], hand: dict[str, Any]) -> dict[str, An
 
 @lru_cache(maxsize=64)
 def _handwritten_doc(path: str) -> dict[str, Any]:
-    return tomllib.loads(Path(path).read_text(encoding="utf-8"))
+    return _shipped_doc(path)
 
 
 def overlaid(name: str, model_type: Any = None) -> Pattern:

@@ -1120,6 +1120,9 @@ def generate(model_types: tuple[str, ...] = ARCHITECTURES, out: Path = GENERATED
     index["failed"] = failed
     index["skipped"] = dict(sorted(SKIPPED.items()))
     files["index.json"] = dump(index)
+    from tools.archgen.twins import TWIN_NAME, twin_text
+
+    files[TWIN_NAME] = twin_text(out.parent)  # the hand-written TOMLs' parsed twin lives beside them
     return files
 
 
