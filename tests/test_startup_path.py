@@ -171,12 +171,24 @@ def test_rule_docs_are_cleaned_as_inspect_does() -> None:
         assert rules.cleandoc(text) == inspect.cleandoc(text), text
 
 
+def test_rule_examples_are_dedented_as_textwrap_does() -> None:
+    import textwrap
+
+    texts = [text for r in rules.all_rules().values() for text in (r.bad, r.good)]
+    texts += ["", "\n", "  a\n    b\n", "\ta\n\t\tb\n", "  a\n\tb\n", "    \n  a\n  \t\n   b",
+              " \t a\n \t  b\n \t\n", "a\n  b", "  x\r\n  y\r\n", "   \n\n"]  # fmt: skip
+    for text in texts:
+        assert rules.dedent(text) == textwrap.dedent(text), repr(text)
+
+
 def test_config_only_lint_starts_without_the_heavy_imports() -> None:
-    """Plain config-only lint through the console entry imports none of click, dataclasses, inspect, orjson (nor
-    torch, transformers, compressed-tensors: tests/test_light_imports.py); a regression shows here first."""
+    """Plain config-only lint through the console entry imports none of click, dataclasses, inspect, orjson,
+    textwrap, tomllib (nor torch, transformers, compressed-tensors: tests/test_light_imports.py); a regression
+    shows here first."""
     probe = (
         "import atexit, sys; atexit.register(lambda: sys.stderr.write('loaded: ' + ','.join(sorted(m for m in "
-        "('click', 'dataclasses', 'inspect', 'orjson') if m in sys.modules)) + '\\n')); sys.argv[0] = 'weightcheck'; "
+        "('click', 'dataclasses', 'inspect', 'orjson', 'textwrap', 'tomllib') if m in sys.modules)) + '\\n')); "
+        "sys.argv[0] = 'weightcheck'; "
         "from weightcheck.launch import main; main()"
     )
     target = ROOT / "sample_configs" / "qwen3-30b-a3b-fp8-block"

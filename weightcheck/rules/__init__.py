@@ -10,7 +10,6 @@ Codes are never reused: a retired rule stays in the registry with `retired=True`
 from __future__ import annotations
 
 import importlib
-import textwrap
 from collections.abc import Callable, Iterable, Iterator, Mapping
 from typing import TYPE_CHECKING, Any
 
@@ -65,6 +64,28 @@ def cleandoc(doc: str) -> str:
     return "\n".join(lines)
 
 
+def dedent(text: str) -> str:
+    """`textwrap.dedent` (lines of only spaces and tabs emptied, the common leading spaces and tabs of the other
+    lines removed), here because importing textwrap (and compiling its wrapping regexes) is ~1 ms of a
+    config-only lint's start-up; tests/test_startup_path.py checks it against textwrap's on every rule."""
+    lines = ["" if not line.strip(" \t") else line for line in text.split("\n")]
+    margin: str | None = None
+    for line in lines:
+        if not line:
+            continue
+        indent = line[: len(line) - len(line.lstrip(" \t"))]
+        if margin is None or margin.startswith(indent):
+            margin = indent
+        elif not indent.startswith(margin):
+            common = 0
+            while common < len(margin) and margin[common] == indent[common]:
+                common += 1
+            margin = margin[:common]
+    if margin:
+        lines = [line[len(margin) :] for line in lines]  # every non-empty line starts with the margin
+    return "\n".join(lines)
+
+
 @dataclass(frozen=True)
 class Rule:
     """A registered rule: its stable code and name, severity, docs, bad/good examples and check."""
@@ -116,6 +137,8 @@ class Rule:
         return f"make it look like the rule's good example: {first}" if first else ""
 
     def explain(self) -> str:
+        import textwrap
+
         fix = f"Fix:\n{textwrap.indent(self.fix_text(), '    ')}\n\n" if self.fix_text() else ""
         also = ""
         if self.also:
@@ -129,6 +152,9 @@ class Rule:
 
 
 _REGISTRY: dict[str, Rule] = {}
+# name -> code of every registered rule: `register` is the only writer of both (a scan of the registry per
+# new rule was ~8,000 comparisons at start-up).
+_CODE_OF_NAME: dict[str, str] = {}
 _LOADED = False
 
 
@@ -156,8 +182,8 @@ def rule(
                 severity=severity,
                 summary=summary,
                 doc=cleandoc(fn.__doc__ or ""),
-                bad=textwrap.dedent(bad),
-                good=textwrap.dedent(good),
+                bad=dedent(bad),
+                good=dedent(good),
                 check=fn,
                 needs=frozenset(needs),
                 command=command,
@@ -174,9 +200,10 @@ def rule(
 def register(new: Rule) -> None:
     if new.code in _REGISTRY:
         raise ValueError(f"rule code {new.code} registered twice")
-    if any(r.name == new.name for r in _REGISTRY.values()):
+    if new.name in _CODE_OF_NAME:
         raise ValueError(f"rule name {new.name} registered twice")
     _REGISTRY[new.code] = new
+    _CODE_OF_NAME[new.name] = new.code
 
 
 class UnknownRuleCode(KeyError):
@@ -206,8 +233,8 @@ def metadata_rule(
         severity=severity,
         summary=summary,
         doc=cleandoc(doc),
-        bad=textwrap.dedent(bad),
-        good=textwrap.dedent(good),
+        bad=dedent(bad),
+        good=dedent(good),
         check=None,
         needs=needs,
         command=command,
@@ -240,7 +267,7 @@ def all_rules() -> dict[str, Rule]:
     if not _LOADED:
         _LOADED = True
         if INTERNAL_ERROR_RULE.code not in _REGISTRY:
-            _REGISTRY[INTERNAL_ERROR_RULE.code] = INTERNAL_ERROR_RULE
+            register(INTERNAL_ERROR_RULE)
         for module in RULE_MODULES:
             try:
                 importlib.import_module(module)
