@@ -9,7 +9,10 @@ Qwen3-30B-A3B-FP8 config (`sample_configs/qwen3-30b-a3b-fp8-block`, a 145-entry 
 and the Qwen3-235B-A22B-style config of bench_lint_real.py (94 layers x 128 experts, 283 entries).
 
 `--python PY`: floor and lint run with that interpreter and the weightcheck installed in its environment (a
-plain `pip install .`: an editable install's start-up hook adds ~20 ms to the floor as well).
+plain `pip install .`: an editable install's start-up hook adds ~20 ms to the floor as well). Lint then runs
+that environment's `weightcheck` console script, as a user types it (`python -m` adds runpy, ~5 ms).
+`--baseline-python PY`: the baseline is the weightcheck installed with that interpreter (e.g. a plain install
+of an older commit in another venv), run the same way.
 
 `--baseline-tree DIR`: a directory holding another checkout's `weightcheck/` (and `patterns/`), e.g.
 `mkdir /tmp/base && git archive <commit> weightcheck patterns | tar -x -C /tmp/base`.
@@ -37,14 +40,23 @@ LINT = "-m weightcheck lint"
 PYTHON = [sys.executable]  # `--python`: another interpreter (a plain, non-editable install) for every command
 
 
-def cpu_seconds(code: str, target: Path, tree: Path | None) -> float:
-    """User + system CPU seconds of one `python -c code target --format json` process."""
+def _console_script(python: str) -> str | None:
+    script = Path(python).parent / "weightcheck"
+    return str(script) if script.is_file() else None
+
+
+def cpu_seconds(code: str, target: Path, tree: Path | None, python: str | None = None) -> float:
+    """User + system CPU seconds of one `python -c code target --format json` process (lint: `python -m
+    weightcheck lint`, or with `python` given, that environment's console script)."""
     env = dict(os.environ)
     env.pop("PYTHONDONTWRITEBYTECODE", None)  # as installed: compiled bytecode is cached
     if tree is not None:
         env["PYTHONPATH"] = str(tree)
-    if code is LINT:
-        args = [PYTHON[0], "-m", "weightcheck", "lint", str(target.resolve()), "--format", "json"]
+    script = _console_script(python) if python else None
+    if code is LINT and script:
+        args = [script, "lint", str(target.resolve()), "--format", "json"]
+    elif code is LINT:
+        args = [python or PYTHON[0], "-m", "weightcheck", "lint", str(target.resolve()), "--format", "json"]
     else:
         args = [PYTHON[0], "-c", code, str(target.resolve())]
     # cwd outside every tree: `python -c` puts the working directory first on sys.path, which would shadow
@@ -68,6 +80,7 @@ def main() -> None:
         help="run floor and lint with this interpreter and the weightcheck installed there (no source tree): "
         "an editable install's start-up hook costs the floor ~20 ms that a plain `pip install` does not",
     )
+    ap.add_argument("--baseline-python", type=Path, help="baseline: the weightcheck installed with this interpreter")
     args = ap.parse_args()
     if args.python:
         PYTHON[0] = str(args.python)
@@ -79,18 +92,22 @@ def main() -> None:
         "Qwen3-235B-A22B-style FP8 (94x128, 283 entries)": qwen3_235b_fp8(work),
     }
     trees = {"floor": None, "lint": None if args.python else ROOT}
+    pythons = {"lint": str(args.python) if args.python else None}
     if args.baseline_tree:
         trees["baseline"] = args.baseline_tree.resolve()
+    elif args.baseline_python:
+        trees["baseline"] = None
+        pythons["baseline"] = str(args.baseline_python)
     for key, tree in trees.items():  # warm the bytecode caches before timing
         if key != "floor":
-            cpu_seconds(LINT, next(iter(inputs.values())), tree)
+            cpu_seconds(LINT, next(iter(inputs.values())), tree, pythons.get(key))
     print(f"load average at start: {os.getloadavg()[0]:.2f}")
-    print("| input | floor | lint | ratio |" + (" baseline | ratio |" if args.baseline_tree else ""))
+    print("| input | floor | lint | ratio |" + (" baseline | ratio |" if "baseline" in trees else ""))
     for label, target in inputs.items():
         times: dict[str, list[float]] = {k: [] for k in trees}
         for _ in range(args.repeat):
             for key, tree in trees.items():
-                times[key].append(cpu_seconds(FLOOR if key == "floor" else LINT, target, tree))
+                times[key].append(cpu_seconds(FLOOR if key == "floor" else LINT, target, tree, pythons.get(key)))
         med = {k: statistics.median(v) for k, v in times.items()}
         row = f"| {label} | {med['floor']:.3f} s | {med['lint']:.3f} s | {med['lint'] / med['floor']:.1f}x |"
         if "baseline" in med:
