@@ -49,7 +49,9 @@ def fused_enabled(environ: Any = None) -> bool:
 tl: Any = None  # triton.language, bound when the kernel is first built (Triton resolves it in this module)
 
 
-def _posmix_kernel(words_ptr: Any, out_ptr: Any, n_words: Any, BLOCK: tl.constexpr) -> None:
+# No annotations but BLOCK's: Triton's compiler (not its interpreter) resolves each annotation as a global of
+# this module, and `Any` is not one it accepts (a GPU run failed so; tests/test_fused_digest_cuda.py).
+def _posmix_kernel(words_ptr, out_ptr, n_words, BLOCK: tl.constexpr):  # type: ignore[no-untyped-def]
     pid = tl.program_id(0).to(tl.int64)
     offs = pid * BLOCK + tl.arange(0, BLOCK)  # int64: tensors past 2^31 words
     mask = offs < n_words

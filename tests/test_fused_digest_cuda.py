@@ -1,0 +1,94 @@
+"""The fused posmix128 kernel compiled for a real GPU (not Triton's interpreter): bit for bit the CPU reference
+on every recorded dtype, on sizes of one block to many, on views, and through the tap's own entry points.
+
+Skipped where no CUDA device is present (CI has none); run on a GPU with
+`python -m pytest -q tests/test_fused_digest_cuda.py` (the README's GPU figures came with a run of it)."""
+
+from __future__ import annotations
+
+import pytest
+
+torch = pytest.importorskip("torch")
+if not torch.cuda.is_available():
+    pytest.skip("needs a CUDA device", allow_module_level=True)
+pytest.importorskip("triton")
+
+from weightcheck.devdigest import posmix128_bytes, posmix128_tensor  # noqa: E402
+from weightcheck.fuseddigest import ENV_FUSED, _kernel, posmix128_fused  # noqa: E402
+from weightcheck.tensors import safetensors_dtype  # noqa: E402
+
+
+@pytest.fixture(autouse=True)
+def compiled(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.delenv("TRITON_INTERPRET", raising=False)
+    monkeypatch.delenv(ENV_FUSED, raising=False)
+    _kernel.cache_clear()
+
+
+def _stored(tensor: torch.Tensor) -> bytes:
+    from safetensors.torch import save
+
+    blob = save({"t": tensor.contiguous()})
+    return blob[8 + int.from_bytes(blob[:8], "little") :]
+
+
+def _dtypes() -> list[torch.dtype]:
+    names = ["bool", "uint8", "int8", "int16", "uint16", "float16", "bfloat16", "int32", "uint32", "float32",
+             "complex64", "float64", "int64", "uint64", "float8_e4m3fn", "float8_e5m2", "float8_e8m0fnu",
+             "float8_e4m3fnuz", "float8_e5m2fnuz"]  # fmt: skip
+    return [getattr(torch, n) for n in names if hasattr(torch, n) and safetensors_dtype(getattr(torch, n))]
+
+
+def _random(dtype: torch.dtype, shape: tuple[int, ...], seed: int) -> torch.Tensor:
+    generator = torch.Generator().manual_seed(seed)
+    size = 1
+    for d in shape:
+        size *= d
+    width = torch.empty((), dtype=dtype).element_size()
+    raw = torch.randint(0, 256, (size * width,), dtype=torch.uint8, generator=generator)
+    if dtype == torch.bool:
+        return (raw % 2).to(torch.bool).reshape(shape)
+    return raw.view(dtype).reshape(shape)
+
+
+@pytest.mark.parametrize("dtype", _dtypes(), ids=str)
+@pytest.mark.parametrize("shape", [(1,), (3,), (7, 5), (2, 3, 67), (4099,), (3, 1 << 20)], ids=str)
+def test_fused_on_the_gpu_equals_the_cpu_reference(dtype: torch.dtype, shape: tuple[int, ...]) -> None:
+    host = _random(dtype, shape, seed=sum(shape) + len(str(dtype)))
+    reference = posmix128_tensor(host)  # eager torch kernels on the CPU
+    device = host.cuda()
+    assert posmix128_fused(device) == reference
+    assert posmix128_fused(device, block_words=64) == reference  # many programs, atomics in any order
+    assert posmix128_tensor(device) == reference  # the dispatch the tap uses: fused on CUDA
+    if host.numel() <= 1 << 16:
+        assert reference == posmix128_bytes(_stored(host))
+
+
+def test_the_eager_gpu_path_agrees_when_the_fused_kernel_is_off(monkeypatch: pytest.MonkeyPatch) -> None:
+    host = _random(torch.bfloat16, (257, 129), seed=5)
+    fused = posmix128_tensor(host.cuda())
+    monkeypatch.setenv(ENV_FUSED, "0")
+    assert posmix128_tensor(host.cuda()) == fused == posmix128_tensor(host)
+
+
+def test_views_on_the_gpu() -> None:
+    host = _random(torch.bfloat16, (64, 48), seed=1)
+    device = host.cuda()
+    assert posmix128_fused(device.t()) == posmix128_tensor(host.t()) != posmix128_fused(device)
+    assert posmix128_fused(device[3:40:2]) == posmix128_tensor(host[3:40:2])
+    flat = _random(torch.uint8, (4099,), seed=2)
+    assert posmix128_fused(flat.cuda()[1:]) == posmix128_bytes(bytes(flat[1:].numpy()))  # off a word boundary
+    one = _random(torch.float32, (1 << 20,), seed=3)
+    changed = one.clone()
+    changed.view(torch.int32)[-1] ^= 1
+    assert posmix128_fused(one.cuda()) != posmix128_fused(changed.cuda())
+
+
+def test_the_tap_records_the_same_digest_on_the_gpu_as_on_the_host() -> None:
+    from weightcheck.tap.digesting import describe_tensor
+
+    for dtype in (torch.bfloat16, torch.float32, torch.float8_e4m3fn, torch.int8):
+        host = _random(dtype, (33, 65), seed=7)
+        on_gpu, on_host = describe_tensor(host.cuda(), "posmix128"), describe_tensor(host, "posmix128")
+        assert on_gpu["posmix128"] == on_host["posmix128"] is not None
+        assert (on_gpu["dtype"], on_gpu["shape"]) == (on_host["dtype"], on_host["shape"])
