@@ -344,6 +344,13 @@ def digest_throughputs(
     out["posmix128, torch kernels"] = measured(posmix128_tensor)
     if device.type == "cuda" and triton_available():
         out["posmix128, fused Triton kernel"] = measured(posmix128_fused)
+        from weightcheck.fuseddigest import fused_lanes
+        from weightcheck.posmix import _byte_view
+
+        for block in (1024, 4096, 16384):  # the lanes only, one wait per pass: what the tap's device batch does
+            out[f"posmix128 fused lanes, no per-tensor wait, BLOCK={block} words"] = measured(
+                lambda t, block=block: fused_lanes(_byte_view(t), block)
+            )
     return out
 
 

@@ -92,3 +92,25 @@ def test_the_tap_records_the_same_digest_on_the_gpu_as_on_the_host() -> None:
         on_gpu, on_host = describe_tensor(host.cuda(), "posmix128"), describe_tensor(host, "posmix128")
         assert on_gpu["posmix128"] == on_host["posmix128"] is not None
         assert (on_gpu["dtype"], on_gpu["shape"]) == (on_host["dtype"], on_host["shape"])
+
+
+def test_the_device_batch_on_the_gpu_records_what_describe_tensor_records_on_the_host() -> None:
+    from weightcheck.tap.devicebatch import _DTYPES, DeviceBatch
+    from weightcheck.tap.digesting import describe_tensor
+
+    batch = DeviceBatch()
+    cases: list[tuple[dict, torch.Tensor]] = []
+    for name in _DTYPES:
+        host = _random(getattr(torch, name), (129, 33), seed=len(name))
+        if host.is_floating_point():
+            host[0, 0], host[1, 1] = float("nan"), float("inf")
+        for tensor in (host, host.t(), torch.zeros(5, dtype=host.dtype), host[:0], host.reshape(-1)[:7]):
+            entry: dict = {}
+            assert DeviceBatch.takes(tensor.cuda())
+            batch.add(entry, tensor.cuda())
+            cases.append((entry, tensor))
+    batch.collect("posmix128")
+    for entry, tensor in cases:
+        want = describe_tensor(tensor, "posmix128")
+        got = {k: entry[k] for k in ("dtype", "posmix128", "zeros", "nonfinite")}
+        assert got == {k: want[k] for k in got} and list(entry["shape"]) == want["shape"], (tensor.dtype, tensor.shape)

@@ -46,8 +46,6 @@ def posmix128_tensor(tensor: torch.Tensor, chunk_words: int | None = None) -> st
     int64 scalars come back). Equal to `posmix128_bytes` of the same bytes, on every device."""
     import sys
 
-    import torch
-
     if sys.byteorder != "little":  # the word reading below assumes the host's little-endian layout
         raise TypeError("posmix128 on a big-endian host is not supported")
     if tensor.device.type == "cuda" and chunk_words is None:
@@ -55,6 +53,28 @@ def posmix128_tensor(tensor: torch.Tensor, chunk_words: int | None = None) -> st
         if fused is not None:
             return fused
     data = _byte_view(tensor)
+    a, b = eager_lanes(data, chunk_words).tolist()
+    return finalize(int(a), int(b), data.numel())
+
+
+def device_lanes(data: torch.Tensor) -> torch.Tensor:
+    """posmix128's two lane sums over the flat uint8 tensor `data` as an int64[2] tensor on its device, by the
+    fused kernel on CUDA where it is available (else the eager kernels); nothing waits for the device."""
+    if data.device.type == "cuda" and not _fused_failed:
+        from weightcheck.fuseddigest import fused_enabled, fused_lanes, triton_available
+
+        if fused_enabled() and triton_available():
+            try:
+                return fused_lanes(data)
+            except Exception as exc:
+                _fused_unavailable(exc)
+    return eager_lanes(data)
+
+
+def eager_lanes(data: torch.Tensor, chunk_words: int | None = None) -> torch.Tensor:
+    """`device_lanes` by the eager torch kernels (any device)."""
+    import torch
+
     n_bytes = data.numel()
     n_full = n_bytes // 4
     if chunk_words is None:
@@ -78,8 +98,7 @@ def posmix128_tensor(tensor: torch.Tensor, chunk_words: int | None = None) -> st
         da, db = _lanes_torch(word, n_full)
         a += da
         b += db
-    pair = torch.stack([a, b]).tolist()
-    return finalize(int(pair[0]), int(pair[1]), n_bytes)
+    return torch.stack([a, b])
 
 
 _fused_failed = False
@@ -88,7 +107,6 @@ _fused_failed = False
 def _fused_digest(tensor: torch.Tensor) -> str | None:
     """The one-kernel Triton digest (`weightcheck.fuseddigest`) when Triton is there and not turned off; None
     to use the eager kernels (also after the fused kernel failed once: logged, never raised)."""
-    global _fused_failed
     if _fused_failed:
         return None
     from weightcheck.fuseddigest import fused_enabled, posmix128_fused, triton_available
@@ -98,13 +116,16 @@ def _fused_digest(tensor: torch.Tensor) -> str | None:
     try:
         return posmix128_fused(tensor)
     except Exception as exc:  # a Triton that cannot compile here: the eager kernels give the same digest
-        import logging
-
-        _fused_failed = True
-        logging.getLogger("weightcheck.digest").warning(
-            "fused posmix128 kernel unavailable (%s); using torch kernels", exc
-        )
+        _fused_unavailable(exc)
         return None
+
+
+def _fused_unavailable(exc: Exception) -> None:
+    global _fused_failed
+    import logging
+
+    _fused_failed = True
+    logging.getLogger("weightcheck.digest").warning("fused posmix128 kernel unavailable (%s); using torch kernels", exc)
 
 
 # ---- numpy (host bytes: checkpoints on disk) -------------------------------------------------------------

@@ -90,11 +90,18 @@ def posmix128_fused(tensor: torch.Tensor, block_words: int = BLOCK_WORDS) -> str
     `TRITON_INTERPRET=1`). Equal to `weightcheck.devdigest.posmix128_tensor` and `posmix128_bytes`."""
     import sys
 
-    import torch
-
     if sys.byteorder != "little":
         raise TypeError("posmix128 on a big-endian host is not supported")
     data = _byte_view(tensor)
+    a, b = fused_lanes(data, block_words).tolist()
+    return finalize(int(a), int(b), data.numel())
+
+
+def fused_lanes(data: torch.Tensor, block_words: int = BLOCK_WORDS) -> torch.Tensor:
+    """The two lane sums of posmix128 over the flat uint8 tensor `data`, as an int64[2] tensor on its device;
+    nothing waits for the device (`finalize` of the two values and `data.numel()` is the digest)."""
+    import torch
+
     n_bytes = data.numel()
     n_full = n_bytes // 4
     lanes = torch.zeros(2, dtype=torch.int64, device=data.device)
@@ -103,14 +110,12 @@ def posmix128_fused(tensor: torch.Tensor, block_words: int = BLOCK_WORDS) -> str
         words = body.view(torch.int32) if data.data_ptr() % 4 == 0 else body.clone().view(torch.int32)
         grid = (triton_cdiv(n_full, block_words),)
         _kernel()[grid](words, lanes, n_full, BLOCK=block_words)
-    a, b = lanes.tolist()
     tail = n_bytes - n_full * 4
     if tail:
         weights = torch.tensor([1, 1 << 8, 1 << 16, 1 << 24][:tail], dtype=torch.int64, device=data.device)
         word = (data[n_full * 4 :].to(torch.int64) * weights).sum().reshape(1)
-        da, db = _lanes_torch(word, n_full)
-        a, b = a + int(da), b + int(db)
-    return finalize(int(a), int(b), n_bytes)
+        lanes += torch.stack(_lanes_torch(word, n_full))
+    return lanes
 
 
 def triton_cdiv(a: int, b: int) -> int:

@@ -36,6 +36,7 @@ from typing import Any
 
 from weightcheck.digest import live_algorithm
 from weightcheck.tap.coverage import CallCoverage, ModelWrapping, ParamCoverage, gc_paused, param_line_bytes
+from weightcheck.tap.devicebatch import DeviceBatch
 from weightcheck.tap.digesting import SMALL_TENSOR_BYTES as _SMALL_TENSOR_BYTES
 from weightcheck.tap.records import (
     RECORD_KIND,
@@ -624,6 +625,10 @@ class _Call:
         self.lock = self.coverage._lock  # guards the bucket, the digest batch and the counts below
         # The stream's small CPU tensors take the bucket (`_lazy`): nothing but two appends per tensor.
         self.bucketed = not (self.keep_tensors or self.synchronous_digest)
+        # GPU tensors, with the on-device digest: queued on the device, collected once (`weightcheck.tap.devicebatch`).
+        self.device_batch: DeviceBatch | None = None
+        if config.digest == "posmix128" and not self.synchronous_digest:
+            self.device_batch = DeviceBatch()
         self.capture = _WarningCapture()
         if not sync_.model:
             sync_.model = _model_info(model)
@@ -712,9 +717,24 @@ class _Call:
                 self.batch_bytes += nbytes
                 if self.batch_bytes >= _BATCH_BYTES or len(self.batch) >= _BATCH_TENSORS:
                     self._flush_batch()
+        elif self.device_batch is not None and self.device_batch.takes(tensor):
+            self._queue_on_device(entry, tensor)
         else:
             pool = _digest_pool(self.config)
             self.futures.append(pool.submit(_fill_digest, entry, tensor, self.algorithm, profile))
+
+    def _queue_on_device(self, entry: dict[str, Any], tensor: Any) -> None:
+        """A GPU tensor's digest and statistics, queued on its device (`DeviceBatch`); the digest threads' path
+        if the kernels cannot be queued."""
+        assert self.device_batch is not None
+        profile = self.profile
+        started = time.perf_counter() if profile is not None else 0.0
+        try:
+            self.device_batch.add(entry, tensor)
+        except Exception:  # digested the per-tensor way, which records any error in the entry
+            self.futures.append(_digest_pool(self.config).submit(_fill_digest, entry, tensor, self.algorithm, profile))
+        if profile is not None:
+            profile.add("digest", time.perf_counter() - started)
 
     def _drain_timer(self, token: Any) -> Any:
         """`CallCoverage.drain_timer` (profiling): a drain's time, less the digest and statistics time it added
@@ -896,6 +916,8 @@ class _Call:
             for future in self.futures:
                 future.result()
             self.futures.clear()
+            if self.device_batch is not None and self.device_batch.pending:
+                self.device_batch.collect(self.algorithm)
             if profile is not None:
                 finishing = time.perf_counter()
                 profile.add("wait", finishing - waited)

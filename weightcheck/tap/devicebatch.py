@@ -1,0 +1,106 @@
+"""Digests and statistics of a call's GPU tensors with one device-to-host copy per call, not several per tensor.
+
+With the on-device digest (`posmix128`), each incoming CUDA tensor of a dtype below is digested (the fused
+kernel, `weightcheck.fuseddigest`, or the eager kernels) and reduced for its statistics on its own device, into
+device scalars, on the engine's thread and stream: nothing waits for the GPU. When the call ends, one copy brings
+every tensor's values back and their entries are filled, with exactly what `describe_tensor` records.
+
+Why: the digest threads waited for the GPU several times per tensor (the digest's two lanes, then min/max, each a
+device-to-host copy queued behind the engine's own copies on the stream). On an H100 that was +34 % (1 GB) to
++50 % (10 GB) of `load_weights` (benchmarks/bench_tap.py --device cuda), for kernels that take a few percent.
+
+Stream order keeps this right: the kernels are queued on the stream the engine loads on, after the tensor was
+made and before anything the engine does to it or its memory afterwards.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+# torch dtype name -> (safetensors name, NaN/Inf possible). Dtypes whose statistics `tensor_stats` computes
+# with plain reductions on every device; the others (float8, complex) keep the per-tensor path.
+_DTYPES: dict[str, tuple[str, bool]] = {
+    "float32": ("F32", True),
+    "float16": ("F16", True),
+    "bfloat16": ("BF16", True),
+    "float64": ("F64", True),
+    "int8": ("I8", False),
+    "uint8": ("U8", False),
+    "int16": ("I16", False),
+    "int32": ("I32", False),
+    "int64": ("I64", False),
+    "bool": ("BOOL", False),
+}
+
+
+class DeviceBatch:
+    """The device values of one call's GPU tensors, until `collect` fills their entries."""
+
+    def __init__(self) -> None:
+        # (entry, dtype name, byte count, NaN/Inf possible, element count, [lane a, lane b, any byte set, finite])
+        self.pending: list[tuple[dict[str, Any], str, int, bool, int, Any]] = []
+
+    @staticmethod
+    def takes(tensor: Any) -> bool:
+        """A dense CUDA tensor of a dtype above (the others keep the per-tensor path)."""
+        import torch
+
+        return (
+            tensor.device.type == "cuda"
+            and tensor.layout is torch.strided
+            and str(tensor.dtype).removeprefix("torch.") in _DTYPES
+            and not (tensor.is_conj() or tensor.is_neg())
+        )
+
+    def add(self, entry: dict[str, Any], tensor: Any) -> None:
+        """Queue the tensor's digest and statistics on its device (raises what the kernels raise)."""
+        import torch
+
+        from weightcheck.devdigest import device_lanes
+        from weightcheck.posmix import _byte_view
+
+        st_name, floating = _DTYPES[str(tensor.dtype).removeprefix("torch.")]
+        data = _byte_view(tensor)
+        lanes = device_lanes(data)
+        numel = tensor.numel()
+        if numel == 0:
+            values = lanes
+        else:
+            nonzero = data.any().reshape(1).to(torch.int64)
+            if floating:
+                finite = torch.isfinite(tensor.detach()).sum().reshape(1)
+            else:
+                finite = torch.full((1,), numel, dtype=torch.int64, device=data.device)
+            values = torch.cat((lanes, nonzero, finite))
+        entry["dtype"], entry["shape"] = st_name, tuple(tensor.shape)
+        self.pending.append((entry, st_name, data.numel(), floating, numel, values))
+
+    def collect(self, algorithm: str) -> None:
+        """Fill every queued entry (one copy per device); on a device error, each entry says it could not be
+        digested, as `describe_tensor` does."""
+        import torch
+
+        from weightcheck.posmix import finalize
+
+        pending, self.pending = self.pending, []
+        by_device: dict[Any, list[tuple[dict[str, Any], str, int, bool, int, Any]]] = {}
+        for item in pending:
+            by_device.setdefault(item[5].device, []).append(item)
+        for items in by_device.values():
+            try:
+                flat = torch.cat([item[5] for item in items]).tolist()
+            except (RuntimeError, TypeError, ValueError) as exc:
+                for entry, *_ in items:
+                    entry.update({algorithm: None, "zeros": None, "nonfinite": None})
+                    entry["error"] = f"cannot digest: {exc}"[:300]
+                continue
+            at = 0
+            for entry, _name, n_bytes, _floating, numel, _values in items:
+                entry[algorithm] = finalize(flat[at], flat[at + 1], n_bytes)
+                if numel == 0:  # as `tensor_stats`: nothing to judge
+                    entry["zeros"], entry["nonfinite"] = None, 0
+                    at += 2
+                    continue
+                entry["zeros"] = flat[at + 2] == 0
+                entry["nonfinite"] = numel - flat[at + 3]
+                at += 4
