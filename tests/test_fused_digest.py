@@ -90,3 +90,40 @@ def test_float4_packed_dtype() -> None:
         pytest.skip("torch has no float4_e2m1fn_x2")
     tensor = _random(torch.uint8, (5, 9), seed=4).view(torch.float4_e2m1fn_x2)
     assert posmix128_fused(tensor) == posmix128_tensor(tensor) == posmix128_bytes(_stored(tensor.view(torch.uint8)))
+
+
+# ---- the tap's kernel: the digest and the statistics in one pass (weightcheck.tap.devicebatch) -------------
+
+
+def _special_values() -> list[tuple[str, torch.Tensor]]:
+    from test_tap_devicebatch import special_tensors
+
+    return special_tensors()
+
+
+@pytest.mark.parametrize(("label", "tensor"), _special_values(), ids=[label for label, _ in _special_values()])
+def test_the_tap_kernel_gives_the_digest_and_the_statistics(label: str, tensor: torch.Tensor) -> None:
+    from weightcheck.fuseddigest import fused_lanes_and_stats
+    from weightcheck.posmix import _byte_view, finalize
+    from weightcheck.tap.devicebatch import _FUSED_STATS, DeviceBatch
+    from weightcheck.tap.digesting import describe_tensor
+
+    name = str(tensor.dtype).removeprefix("torch.")
+    if name not in _FUSED_STATS or tensor.numel() == 0:
+        pytest.skip("not the fused kernel's (float64 and empty tensors take the eager reductions)")
+    data = _byte_view(tensor)
+    for block in (64, 1024):  # one program, and many with a masked last block
+        a, b, set_words, nonfinite = fused_lanes_and_stats(data, *_FUSED_STATS[name], block_words=block).tolist()
+        assert finalize(a, b, data.numel()) == posmix128_tensor(tensor)
+        assert (set_words == 0) == (not bool(data.any()))
+        want = int((~torch.isfinite(tensor)).sum()) if tensor.is_floating_point() else 0
+        assert nonfinite == want
+    entry: dict = {}
+    batch = DeviceBatch()
+    batch.add(entry, tensor)  # under the interpreter the batch takes the fused kernel on CPU too
+    assert batch.pending[0][3] is True  # it did: the 4th value counts NaN/Inf
+    batch.collect("posmix128")
+    want_entry = describe_tensor(tensor, "posmix128")
+    assert {k: entry[k] for k in ("dtype", "posmix128", "zeros", "nonfinite")} == {
+        k: want_entry[k] for k in ("dtype", "posmix128", "zeros", "nonfinite")
+    }

@@ -109,6 +109,10 @@ def test_the_device_batch_on_the_gpu_records_what_describe_tensor_records_on_the
             assert DeviceBatch.takes(tensor.cuda())
             batch.add(entry, tensor.cuda())
             cases.append((entry, tensor))
+    from weightcheck.tap.devicebatch import _FUSED_STATS
+
+    fused = [item[3] for item in batch.pending]  # True: the fused digest-and-statistics kernel ran (no fallback)
+    assert fused == [str(t.dtype).removeprefix("torch.") in _FUSED_STATS and t.numel() > 0 for _, t in cases]
     batch.collect("posmix128")
     for entry, tensor in cases:
         want = describe_tensor(tensor, "posmix128")

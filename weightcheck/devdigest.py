@@ -28,6 +28,7 @@ dtype and shape are kept next to the digest (`TensorDigest`), as for the other a
 
 from __future__ import annotations
 
+import os
 from typing import TYPE_CHECKING, Any
 
 from weightcheck.posmix import M1, M2, G, S, _byte_view, _lanes_torch, finalize
@@ -55,6 +56,21 @@ def posmix128_tensor(tensor: torch.Tensor, chunk_words: int | None = None) -> st
     data = _byte_view(tensor)
     a, b = eager_lanes(data, chunk_words).tolist()
     return finalize(int(a), int(b), data.numel())
+
+
+def fused_usable(device_type: str) -> bool:
+    """The fused kernels can run on this device: CUDA (or any device under Triton's interpreter, as the tests
+    run them), Triton importable, not turned off, and not failed before in this process."""
+    if _fused_failed or not (device_type == "cuda" or os.environ.get("TRITON_INTERPRET") == "1"):
+        return False
+    from weightcheck.fuseddigest import fused_enabled, triton_available
+
+    return fused_enabled() and triton_available()
+
+
+def fused_failed(exc: Exception) -> None:
+    """A fused kernel raised: logged once, and the eager kernels used from now on."""
+    _fused_unavailable(exc)
 
 
 def device_lanes(data: torch.Tensor) -> torch.Tensor:

@@ -31,6 +31,9 @@ if TYPE_CHECKING:
 ENV_FUSED = "WEIGHTCHECK_FUSED_DIGEST"
 # Words per Triton program: 16 KiB of input per block on a GPU (and few programs under the interpreter).
 BLOCK_WORDS = 4096
+# The tap's kernel (digest and statistics): 1,024 words per program measured fastest of 1,024/4,096/16,384 for
+# the digest alone on an H100 (343 vs 323 vs 246 GB/s over a 1 GB stream, benchmarks/bench_tap.py).
+STATS_BLOCK_WORDS = 1024
 
 
 def triton_available() -> bool:
@@ -70,6 +73,40 @@ def _posmix_kernel(words_ptr, out_ptr, n_words, BLOCK: tl.constexpr):  # type: i
     tl.atomic_add(out_ptr + 1, b.to(tl.int64, bitcast=True))
 
 
+# The digest with the tap's statistics in the same pass (`weightcheck.tap.devicebatch`): out[2] counts the words
+# with a bit set (all bytes zero: 0), out[3] the NaN/Inf values of a float of WIDTH bytes (2 or 4) whose
+# exponent-all-ones pattern is PATTERN (a value is NaN/Inf exactly when its sign-cleared bits are >= PATTERN);
+# WIDTH 0: no NaN/Inf count (integers, bool).
+def _posmix_stats_kernel(words_ptr, out_ptr, n_words, WIDTH: tl.constexpr, PATTERN: tl.constexpr,  # type: ignore[no-untyped-def]
+                         BLOCK: tl.constexpr):  # fmt: skip
+    pid = tl.program_id(0).to(tl.int64)
+    offs = pid * BLOCK + tl.arange(0, BLOCK)
+    mask = offs < n_words
+    w32 = tl.load(words_ptr + offs, mask=mask, other=0).to(tl.uint32, bitcast=True)
+    word = w32.to(tl.uint64)
+    k = offs.to(tl.uint64) * 0x9E3779B97F4A7C15 + 0x632BE59BD9B4E019
+    k = k ^ (k >> 31)
+    x = (word ^ k) * 0xBF58476D1CE4E5B9
+    x = x ^ (x >> 29)
+    x = x * 0x94D049BB133111EB
+    x = x ^ (x >> 32)
+    x = tl.where(mask, x, 0)
+    a = tl.sum(x, axis=0)
+    b = tl.sum(x * (k | 1), axis=0)
+    tl.atomic_add(out_ptr, a.to(tl.int64, bitcast=True))
+    tl.atomic_add(out_ptr + 1, b.to(tl.int64, bitcast=True))
+    set_words = tl.sum(tl.where(mask & (w32 != 0), 1, 0), axis=0)
+    tl.atomic_add(out_ptr + 2, set_words.to(tl.int64))
+    if WIDTH == 2:
+        low = (w32 & 0x7FFF) >= PATTERN
+        high = ((w32 >> 16) & 0x7FFF) >= PATTERN
+        bad = tl.where(mask & low, 1, 0) + tl.where(mask & high, 1, 0)
+        tl.atomic_add(out_ptr + 3, tl.sum(bad, axis=0).to(tl.int64))
+    if WIDTH == 4:
+        bad = tl.where(mask & ((w32 & 0x7FFFFFFF) >= PATTERN), 1, 0)
+        tl.atomic_add(out_ptr + 3, tl.sum(bad, axis=0).to(tl.int64))
+
+
 # The kernel's literals are devdigest's constants (Triton needs literals there); checked at import.
 assert (G, S, M1, M2) == (0x9E3779B97F4A7C15, 0x632BE59BD9B4E019, 0xBF58476D1CE4E5B9, 0x94D049BB133111EB)
 
@@ -83,6 +120,17 @@ def _kernel() -> Any:
 
     tl = triton.language
     return triton.jit(_posmix_kernel)
+
+
+@functools.lru_cache(maxsize=1)
+def _stats_kernel() -> Any:
+    """`_posmix_stats_kernel`, jitted on first use (as `_kernel`)."""
+    global tl
+    import triton
+    import triton.language
+
+    tl = triton.language
+    return triton.jit(_posmix_stats_kernel)
 
 
 def posmix128_fused(tensor: torch.Tensor, block_words: int = BLOCK_WORDS) -> str:
@@ -120,3 +168,33 @@ def fused_lanes(data: torch.Tensor, block_words: int = BLOCK_WORDS) -> torch.Ten
 
 def triton_cdiv(a: int, b: int) -> int:
     return -(-a // b)
+
+
+def fused_lanes_and_stats(data: torch.Tensor, width: int, pattern: int, block_words: int = STATS_BLOCK_WORDS) -> Any:
+    """posmix128's two lanes, the count of 4-byte words with a bit set and the count of NaN/Inf values (floats of
+    `width` 2 or 4 bytes with exponent pattern `pattern`; `width` 0: none counted) over the flat uint8 tensor
+    `data`, as an int64[4] tensor on its device, in one kernel (the last 1-3 bytes by torch); nothing waits for
+    the device. The element count of `data` must be whole elements of `width` bytes."""
+    import torch
+
+    n_bytes = data.numel()
+    n_full = n_bytes // 4
+    out = torch.zeros(4, dtype=torch.int64, device=data.device)
+    if n_full:
+        body = data[: n_full * 4]
+        words = body.view(torch.int32) if data.data_ptr() % 4 == 0 else body.clone().view(torch.int32)
+        grid = (triton_cdiv(n_full, block_words),)
+        _stats_kernel()[grid](words, out, n_full, WIDTH=width, PATTERN=pattern, BLOCK=block_words)
+    tail = n_bytes - n_full * 4
+    if tail:  # a whole 16-bit value (width 2) or 1-3 bytes of a 1-byte dtype: counted with torch
+        rest = data[n_full * 4 :]
+        weights = torch.tensor([1, 1 << 8, 1 << 16, 1 << 24][:tail], dtype=torch.int64, device=data.device)
+        word = (rest.to(torch.int64) * weights).sum().reshape(1)
+        extra = [*_lanes_torch(word, n_full), (word != 0).sum()]
+        if width == 2:
+            value = word & 0x7FFF
+            extra.append((value >= pattern).sum())
+        else:
+            extra.append(torch.zeros((), dtype=torch.int64, device=data.device))
+        out += torch.stack(extra)
+    return out

@@ -33,11 +33,23 @@ _DTYPES: dict[str, tuple[str, bool]] = {
 }
 
 
+# dtype name -> (float width in bytes, exponent-all-ones pattern) for the fused digest-and-statistics kernel
+# (`weightcheck.fuseddigest.fused_lanes_and_stats`); width 0: no NaN/Inf to count. float64 (its pattern needs
+# 64-bit words) takes the eager reductions.
+_FUSED_STATS: dict[str, tuple[int, int]] = {
+    "float32": (4, 0x7F800000),
+    "float16": (2, 0x7C00),
+    "bfloat16": (2, 0x7F80),
+    **dict.fromkeys(("int8", "uint8", "int16", "int32", "int64", "bool"), (0, 0)),
+}
+
+
 class DeviceBatch:
     """The device values of one call's GPU tensors, until `collect` fills their entries."""
 
     def __init__(self) -> None:
-        # (entry, dtype name, byte count, NaN/Inf possible, element count, [lane a, lane b, any byte set, finite])
+        # (entry, dtype name, byte count, whether the 4th value counts NaN/Inf (else finite values), element
+        # count, [lane a, lane b, nonzero, NaN/Inf or finite count] on the device)
         self.pending: list[tuple[dict[str, Any], str, int, bool, int, Any]] = []
 
     @staticmethod
@@ -59,21 +71,42 @@ class DeviceBatch:
         from weightcheck.devdigest import device_lanes
         from weightcheck.posmix import _byte_view
 
-        st_name, floating = _DTYPES[str(tensor.dtype).removeprefix("torch.")]
+        name = str(tensor.dtype).removeprefix("torch.")
+        st_name, floating = _DTYPES[name]
         data = _byte_view(tensor)
-        lanes = device_lanes(data)
         numel = tensor.numel()
-        if numel == 0:
-            values = lanes
-        else:
-            nonzero = data.any().reshape(1).to(torch.int64)
-            if floating:
-                finite = torch.isfinite(tensor.detach()).sum().reshape(1)
+        values = self._fused(data, name) if numel else None
+        counts_nonfinite = values is not None
+        if values is None:
+            lanes = device_lanes(data)
+            if numel == 0:
+                values = lanes
             else:
-                finite = torch.full((1,), numel, dtype=torch.int64, device=data.device)
-            values = torch.cat((lanes, nonzero, finite))
+                nonzero = data.any().reshape(1).to(torch.int64)
+                if floating:
+                    finite = torch.isfinite(tensor.detach()).sum().reshape(1)
+                else:
+                    finite = torch.full((1,), numel, dtype=torch.int64, device=data.device)
+                values = torch.cat((lanes, nonzero, finite))
         entry["dtype"], entry["shape"] = st_name, tuple(tensor.shape)
-        self.pending.append((entry, st_name, data.numel(), floating, numel, values))
+        self.pending.append((entry, st_name, data.numel(), counts_nonfinite, numel, values))
+
+    @staticmethod
+    def _fused(data: Any, name: str) -> Any:
+        """[lane a, lane b, words with a bit set, NaN/Inf count] from one fused kernel, or None (not usable
+        here, or it failed: logged once, the eager kernels from then on)."""
+        from weightcheck.devdigest import fused_failed, fused_usable
+
+        spec = _FUSED_STATS.get(name)
+        if spec is None or not fused_usable(data.device.type):
+            return None
+        from weightcheck.fuseddigest import fused_lanes_and_stats
+
+        try:
+            return fused_lanes_and_stats(data, *spec)
+        except Exception as exc:
+            fused_failed(exc)
+            return None
 
     def collect(self, algorithm: str) -> None:
         """Fill every queued entry (one copy per device); on a device error, each entry says it could not be
@@ -95,12 +128,13 @@ class DeviceBatch:
                     entry["error"] = f"cannot digest: {exc}"[:300]
                 continue
             at = 0
-            for entry, _name, n_bytes, _floating, numel, _values in items:
+            for entry, _name, n_bytes, counts_nonfinite, numel, _values in items:
                 entry[algorithm] = finalize(flat[at], flat[at + 1], n_bytes)
                 if numel == 0:  # as `tensor_stats`: nothing to judge
                     entry["zeros"], entry["nonfinite"] = None, 0
                     at += 2
                     continue
                 entry["zeros"] = flat[at + 2] == 0
-                entry["nonfinite"] = numel - flat[at + 3]
+                # The fused kernel counts NaN/Inf values; the eager reductions count finite ones.
+                entry["nonfinite"] = flat[at + 3] if counts_nonfinite else numel - flat[at + 3]
                 at += 4
