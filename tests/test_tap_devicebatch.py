@@ -139,3 +139,26 @@ def test_kernels_that_cannot_be_queued_fall_back_to_the_digest_threads(
 
     monkeypatch.setattr(DeviceBatch, "add", broken)
     assert run(tmp_path / "fallback", synchronous=False) == run(tmp_path / "reference", synchronous=True)
+
+
+def test_the_engine_state_through_the_device_batch_is_the_one_at_a_time_state(monkeypatch: pytest.MonkeyPatch) -> None:
+    from torch import nn
+
+    from weightcheck.tap.state import engine_state
+
+    model = Mixed(12)
+    with torch.no_grad():
+        for index, param in enumerate(model.parameters()):
+            param.copy_(torch.randn(param.shape).to(param.dtype)) if index % 3 else param.zero_()
+    model.register_buffer("steps", torch.arange(5))
+    model.extra = nn.Linear(3, 2).to(torch.bfloat16)
+    model.extra.weight.data[0, 0] = float("nan")
+    reference = engine_state(model, "posmix128")  # CPU tensors: `takes` refuses them, one at a time
+    monkeypatch.setattr(
+        DeviceBatch, "takes", staticmethod(lambda t: str(t.dtype).removeprefix("torch.") in _DTYPES)
+    )
+    batched = engine_state(model, "posmix128")
+    normalize = [{**line, "shape": list(line["shape"])} for line in batched]
+    assert normalize == reference
+    assert [list(line) for line in batched] == [list(line) for line in reference]  # the same key order
+    assert any(line["nonfinite"] for line in batched) and any(line["zeros"] for line in batched)

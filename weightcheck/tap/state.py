@@ -34,10 +34,14 @@ def engine_state(model: Any, algorithm: str) -> list[dict[str, Any]]:
     """One `{"t": "state", ...}` line per parameter and buffer of `model` (the digest under `algorithm`)."""
     import torch
 
+    from weightcheck.tap.devicebatch import DeviceBatch
     from weightcheck.tap.digesting import describe_tensor
 
     lines: list[dict[str, Any]] = []
     seen: set[int] = set()
+    # GPU tensors under the on-device digest: queued on the device and collected with one copy (as the tap does
+    # for incoming tensors), instead of a wait for the GPU per parameter.
+    batch = DeviceBatch() if algorithm == "posmix128" else None
     for module_name, module in model.named_modules():
         sharded = _is_sharded(module)
         tensors = [("param", n, t) for n, t in module.named_parameters(recurse=False)]
@@ -48,11 +52,19 @@ def engine_state(model: Any, algorithm: str) -> list[dict[str, Any]]:
             seen.add(id(tensor))
             name = f"{module_name}.{leaf}" if module_name else leaf
             line: dict[str, Any] = {"t": "state", "name": name, "kind": kind, "sharded": sharded}
+            lines.append(line)
+            if batch is not None and batch.takes(tensor):
+                try:
+                    batch.add(line, tensor)
+                    continue
+                except Exception:  # described one at a time below, which records any error
+                    pass
             try:
                 described = describe_tensor(tensor, algorithm)
             except Exception as exc:  # an exotic tensor subclass: say so rather than fail the record
                 described = {"dtype": str(tensor.dtype), "shape": list(tensor.shape), algorithm: None}
                 described["error"] = f"cannot digest: {exc}"[:300]
             line.update(described)
-            lines.append(line)
+    if batch is not None and batch.pending:
+        batch.collect(algorithm)
     return lines
