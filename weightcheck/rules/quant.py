@@ -767,6 +767,7 @@ def quant_companion_shape(ctx: LintContext) -> None:
                 ws, expected = weight.shape, module.expected.shape if module.expected is not None else None
                 if (
                     len(ws) == 2
+                    and len(inv.shape) == 2  # before the grid is computed, in _shape_problem's order
                     and inv.shape == (-(-ws[0] // block[0]), -(-ws[1] // block[1]))
                     and (not expected or ws == tuple(expected))
                 ):
