@@ -109,13 +109,12 @@ class Checkpoint:
         be read (missing, refused, corrupt) so that a lost shard is not also reported as lost layers.
         Ghost index entries (shard readable, key absent) are excluded. Computed once (rules share it)."""
         if self._names is None:
-            names: set[str] = set()
-            for report in self.shards.values():
-                names.update(report.tensors)
+            # all_tensors() holds every shard's names once (built anyway; one C-level pass over its keys)
+            names = frozenset(self.all_tensors())
             unreadable = {s for s in self.indexed_shards if s not in self.shards or not self.shards[s].names_known}
             if unreadable:
-                names.update(k for k, s in self.weight_map.items() if s in unreadable)
-            self._names = frozenset(names)
+                names = names.union(k for k, s in self.weight_map.items() if s in unreadable)
+            self._names = names
         return self._names
 
     def sorted_names(self) -> list[str]:

@@ -128,8 +128,9 @@ def _plain_lint(args: list[str]) -> tuple[Result, Settings, dict[str, Any]]:
     if settings.baseline or settings.validate_with == "compressed-tensors":
         raise _NotPlain  # a baseline file to read, a dependency to require: the click CLI's handling
     from weightcheck.collapse import full_lists
-    from weightcheck.linting import lint_many
+    from weightcheck.linting import lint_many, retain_until_exit
 
+    retain_until_exit()  # console_main ends with os._exit: freeing lint's data on return would be wasted work
     options = lint_options(settings, pattern=params.get("pattern"), progress=params.get("progress"))
     with full_lists(bool(params.get("verbose"))):  # -v: every name pattern, not "(+N more patterns)"
         result = lint_many(targets, select=settings.select, ignore=settings.ignore, options=options)

@@ -305,21 +305,23 @@ def group_by_template(names: Iterable[str]) -> dict[Template, list[tuple[str, tu
     """Names grouped by template, each with its slot values."""
     groups: dict[Template, list[tuple[str, tuple[str, ...]]]] = defaultdict(list)
     tails: dict[str, tuple[str, str, str] | None] = {}
-    # layer-container prefix -> tail -> (append to the template's list, expert id or None): a name whose
-    # prefix and tail were seen costs two lookups, no new key strings (this loop runs once per name).
+    # what precedes the first `.layers.` -> tail -> (append to the template's list, expert id or None): a name
+    # whose head and tail were seen costs two lookups, no new key strings (this loop runs once per name).
     seen: dict[str, dict[str, tuple[Callable[[tuple[str, tuple[str, ...]]], None], str | None]]] = {}
     for name in names:
-        # Inlined fast path of name_template for `<prefix>.layers.<i>.<tail>` (most names of a checkpoint).
-        i = name.find(".layers.")
-        if i > 0:
-            idx, _, tail = name[i + 8 :].partition(".")
+        # Inlined fast path of name_template for `<prefix>.layers.<i>.<tail>` (most names of a checkpoint):
+        # two partitions make the pieces (head, id, tail) without slicing the name twice, and the head keys
+        # `seen` (the template's prefix, head + ".layers.", is made only when a new tail is met).
+        head, sep, rest = name.partition(".layers.")
+        if head and sep:
+            idx, _, tail = rest.partition(".")
             if tail and idx.isascii() and idx.isdigit():
-                pfx = name[: i + 8]
-                per = seen.get(pfx)
+                per = seen.get(head)
                 if per is None:
-                    per = seen[pfx] = {}
+                    per = seen[head] = {}
                 hit = per.get(tail)
                 if hit is None:
+                    pfx = head + sep
                     got = tails.get(tail, False)
                     if got is False:
                         got = tails[tail] = _tail_template(tail)

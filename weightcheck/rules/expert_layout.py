@@ -11,17 +11,15 @@ class's own `load_weights` on each layout, not by reading its source.
 
 from __future__ import annotations
 
-from operator import itemgetter
 from typing import Any
 
 from weightcheck.collapse import summarize
 from weightcheck.findings import Severity
 from weightcheck.names import is_stacked_expert, layer_tail
 from weightcheck.rules import LintContext, rule, templates_of
+from weightcheck.rules.arch import tensor_ranks
 from weightcheck.rules.quant import analysis_of
 from weightcheck.structure import EXPERT_COUNT_KEYS, config_int
-
-_shape_of = itemgetter(2)  # a TensorInfo's shape
 
 
 def _tail(name: str, prefix: str) -> str | None:
@@ -91,7 +89,7 @@ def expert_layout_unread(ctx: LintContext) -> None:
     head = pattern.layer_prefix + "."
     # Whether any tensor is 3-D, in C-level passes over the headers' entries: when none is (every per-expert
     # checkpoint), no template member is a stack, and the ~90k expert members are not looked at one by one.
-    any_3d = 3 in set(map(len, map(_shape_of, tensors.values())))
+    any_3d = 3 in tensor_ranks(ctx)
 
     def take(tail: str | None, members: list[tuple[str, tuple[str, ...]]]) -> None:
         if tail is None:

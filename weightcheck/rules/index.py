@@ -5,6 +5,8 @@ from __future__ import annotations
 import math
 import re
 from collections import defaultdict
+from itertools import repeat
+from operator import eq
 
 from weightcheck.checkpoint import INDEX_NAME
 from weightcheck.collapse import summarize
@@ -44,7 +46,32 @@ def _located(ctx: LintContext) -> tuple[dict[str, str], int]:
 def _index_is_shards(ctx: LintContext) -> bool:
     """weight_map maps every tensor of the readable indexed shards, and nothing else, to its shard: then no
     entry is a ghost (WC202: each entry's shard holds its key) and no stored tensor is unindexed (WC203)."""
-    return ctx.memo("index-is-shards", lambda: bool(ctx.ckpt.weight_map) and _located(ctx)[0] == ctx.ckpt.weight_map)
+
+    def compute() -> bool:
+        if not ctx.ckpt.weight_map:
+            return False
+        return _index_tiles_shards(ctx) or _located(ctx)[0] == ctx.ckpt.weight_map
+
+    return ctx.memo("index-is-shards", compute)
+
+
+def _index_tiles_shards(ctx: LintContext) -> bool:
+    """The clean checkpoint's answer without building `_located`'s dict: weight_map has as many entries as the
+    readable indexed shards hold tensors, and maps each of those tensors to its own shard (one C-level pass
+    per shard). Then no name is in two of those shards (weight_map gives a name one shard), so their names
+    are exactly weight_map's keys: `_located` would equal weight_map, with no name held twice. False says
+    nothing (the callers then ask `_located`)."""
+
+    def compute() -> bool:
+        ckpt = ctx.ckpt
+        weight_map = ckpt.weight_map
+        readable = [s for s in ckpt.indexed_shards if _readable(ctx, s)]
+        if not weight_map or len(weight_map) != sum(len(ckpt.shards[s].tensors) for s in readable):
+            return False
+        get = weight_map.get
+        return all(all(map(eq, map(get, ckpt.shards[s].tensors), repeat(s))) for s in readable)
+
+    return ctx.memo("index-tiles-shards", compute)
 
 
 @rule(
@@ -65,6 +92,8 @@ def indexed_shard_missing(ctx: LintContext) -> None:
     if ctx.options.get("index_only"):
         return
     missing = {r.name for r in ctx.ckpt.refused if r.kind == "missing"}
+    if not missing:  # every indexed shard is there: no need to walk weight_map (92k entries on DeepSeek-V3)
+        return
     by_shard: dict[str, list[str]] = defaultdict(list)
     for key, shard in ctx.ckpt.weight_map.items():
         if shard in missing:
@@ -179,7 +208,7 @@ def tensor_in_several_shards(ctx: LintContext) -> None:
     there is no index) are considered."""
     ckpt = ctx.ckpt
     indexed = ckpt.index is not None and bool(ckpt.weight_map)
-    if indexed and len(_located(ctx)[0]) == _located(ctx)[1]:  # the same test over the shared dict
+    if indexed and (_index_tiles_shards(ctx) or len(_located(ctx)[0]) == _located(ctx)[1]):  # the same test, shared
         return
     considered = ckpt.indexed_shards if indexed else ckpt.files_on_disk
     reports = [(s, ckpt.shards[s]) for s in considered if s in ckpt.shards]
@@ -243,10 +272,11 @@ def index_total_size(ctx: LintContext) -> None:
         return
     actual = sum(r.data_end for r in reports)
     # A tensor stored twice (WC204) counts once in total_size (every indexed shard is readable here, so
-    # `_located` saw them all: equal sizes mean no name is held twice, and the loop would subtract nothing).
+    # `_located` saw them all: equal sizes mean no name is held twice, and the loop would subtract nothing;
+    # `_index_tiles_shards` says the same without that dict).
     seen: set[str] = set()
-    located, total_held = _located(ctx)
-    for r in reports if len(located) != total_held else ():
+    held_twice = not _index_tiles_shards(ctx) and len(_located(ctx)[0]) != _located(ctx)[1]
+    for r in reports if held_twice else ():
         for key in r.tensors.keys() & seen:
             actual -= r.tensors[key].nbytes
         seen.update(r.tensors)

@@ -700,6 +700,13 @@ def quant_companion_missing(ctx: LintContext) -> None:
         if not module.quantized:
             continue
         params = module.params.keys()
+        # Block FP8's usual module (weight + weight_scale_inv, no weight_packed) needs nothing more: the weight
+        # branch below is satisfied by weight_scale_inv, and the scale-without-weight branch needs a
+        # weight_scale and no weight. Three lookups instead of the walk (46k modules on DeepSeek-V3).
+        if "weight_scale_inv" in params and "weight_packed" not in params and (
+            "weight" in params or "weight_scale" not in params
+        ):
+            continue
         needed: list[str] = []
         if "weight_packed" in params:
             needed = ["weight_scale"]
@@ -746,8 +753,25 @@ def quant_companion_shape(ctx: LintContext) -> None:
     if qa is None or qa.inventory is None or qa.inventory.from_config_only:
         return
     scheme = next((s for s in qa.spec.schemes if s.quantizes_weights), None)
+    block = qa.spec.weight_block_size or (scheme.block_structure if scheme is not None else None)
     bad: dict[str, list[str]] = defaultdict(list)
     for module in qa.inventory.modules.values():
+        if not module.quantized:
+            continue  # no companion to compare, and the expected-shape test is for quantized weights only
+        p = module.params
+        if block and "weight_packed" not in p:
+            # A block-FP8 module whose scale grid fits its weight and whose weight has the pattern's shape is
+            # what _shape_problem passes; tested here without its per-call lookups (46k modules on DeepSeek-V3).
+            weight, inv = p.get("weight"), p.get("weight_scale_inv", p.get("weight_scale"))
+            if weight is not None and inv is not None:
+                ws, expected = weight.shape, module.expected.shape if module.expected is not None else None
+                if (
+                    len(ws) == 2
+                    and len(inv.shape) == 2  # before the grid is computed, in _shape_problem's order
+                    and inv.shape == (-(-ws[0] // block[0]), -(-ws[1] // block[1]))
+                    and (not expected or ws == tuple(expected))
+                ):
+                    continue
         msg = _shape_problem(qa, module, scheme)
         if msg:
             bad[msg].append(module.name)
