@@ -252,7 +252,9 @@ def _hash_and_reduce(
 
     Per slice this is two C calls and a few integer operations: the 64-bit word view is made once per tensor
     and the OR is tested against the top exponent bit repeated in every lane instead of being folded to the
-    element width (the fold and the per-slice views were ~0.2 of a read pass in the tap's load)."""
+    element width. Where there is no NaN/Inf question (integers, bool, float8), the OR only answers "all bytes
+    zero", so it stops at the first nonzero slice: such a tensor (most of the bytes of a packed-integer or FP8
+    checkpoint) costs its hash alone. The returned OR is then nonzero exactly when some byte is."""
     import numpy as np
 
     bits = itemsize * 8
@@ -275,19 +277,20 @@ def _hash_and_reduce(
         update(data[start:end])
         if timed:
             t1 = clock()
-        seen = int(reduce(words[start >> 3 : end >> 3]))
-        ored |= seen
-        if seen & top:  # values of magnitude >= 2 (or NaN/Inf) here: the exact maxima decide, while in cache
-            piece = data[start:end]
-            u_max = max(u_max, int(piece.view(u_name).max()))
-            s_max = max(s_max, int(piece.view(s_name).max()))
+        if top or not ored:
+            seen = int(reduce(words[start >> 3 : end >> 3]))
+            ored |= seen
+            if seen & top:  # values of magnitude >= 2 (or NaN/Inf) here: the exact maxima decide, while in cache
+                piece = data[start:end]
+                u_max = max(u_max, int(piece.view(u_name).max()))
+                s_max = max(s_max, int(piece.view(s_name).max()))
         if timed:
             hashing += t1 - t0
             reducing += clock() - t1
     if whole < data.size:  # the last bytes short of a word (whole elements: itemsize divides 8)
         tail = data[whole:]
         update(tail)
-        seen = int.from_bytes(tail.tobytes(), "little")
+        seen = int.from_bytes(tail.tobytes(), "little") if top or not ored else 0
         ored |= seen
         if seen & top:
             u_max = max(u_max, int(tail.view(u_name).max()))
