@@ -112,7 +112,7 @@ def describe_tensor(tensor: torch.Tensor, algorithm: str = "sha256") -> dict[str
 # mostly far below 2) holds no NaN/Inf, and only the other slices pay for the two maxima, while still in the
 # cache. One reduction instead of two per slice is what brings the pass to ~one read pass.
 
-_PASS_SLICE_BYTES = 1 << 20
+_PASS_SLICE_BYTES = 1 << 20  # a multiple of 8: slices start on a 64-bit word (`_hash_and_reduce`)
 # Tensors at most this big are digested in batches (`describe_batch`): one flatten and a few vectorized
 # reductions per batch instead of a dozen small operations per tensor.
 SMALL_TENSOR_BYTES = 1 << 18
