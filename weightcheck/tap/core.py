@@ -247,7 +247,9 @@ def configure(
     """Turn the tap on (records under `directory`) or off (`None`). Closes a sync left open.
 
     `digest`: "sha256", "xxh3_128" or "posmix128" (on the tensor's device); default
-    `weightcheck.digest.live_algorithm()` (xxh3_128 when xxhash is installed, `WEIGHTCHECK_DIGEST` overrides)."""
+    `weightcheck.digest.live_algorithm()` (xxh3_128 when xxhash is installed, `WEIGHTCHECK_DIGEST` overrides).
+    `digest_threads`: threads digesting large tensors beside the load; 0 digests each on the loading thread as
+    it passes; default `default_digest_threads()` (0 on at most 2 cores, else min(4, cores))."""
     if isinstance(directory, TapConfig) or directory is None:
         config = directory
     else:
