@@ -16,7 +16,10 @@ Side by side in the same run it also times the baseline that bounds any full dig
 with tap off plus **one extra read pass** over the same bytes (numpy `any` over each tensor's byte view, at
 memory speed), and reports the tap's added time as a multiple of that pass's added time, in wall time and in
 process CPU time (all threads: on a shared machine the wall-time ratio also measures how busy the other
-cores were, and its denominator is smaller than the load's run-to-run spread). Finally it times
+cores were, and its denominator is smaller than the load's run-to-run spread), from the medians and from the
+least-disturbed rounds (minima), and the same for the other way of digesting in the same rounds (digest threads
+beside the load, or each tensor on the loading thread as it passes: the tap's default on at most 2 cores).
+Finally it times
 the digests alone over the streamed tensors: xxh3_128 (host bytes) and `posmix128` (torch integer kernels
 on the tensor's device, `weightcheck.devdigest`).
 
@@ -354,12 +357,27 @@ def digest_throughputs(
     return out
 
 
+def added_ratio(series: list[float], baseline: dict[str, list[float]], pick: Any) -> float:
+    """(pick(series) - pick(off)) / (pick(read) - pick(off)): the added time as a multiple of one read pass's."""
+    off = pick(baseline["off"])
+    return (pick(series) - off) / max(pick(baseline["read"]) - off, 1e-9)
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--gb", type=float, default=1.0, help="checkpoint size in GB (default 1.0)")
     parser.add_argument("--repeats", type=int, default=5)
+    parser.add_argument(
+        "--byte-rounds",
+        type=int,
+        default=None,
+        help="alternating rounds of the byte-overhead loads (default 3 × --repeats: the ratio's denominator, one "
+        "read pass, is smaller than a shared machine's run-to-run spread of the load)",
+    )
     parser.add_argument("--engine", choices=("generic", "sglang"), default="generic")
-    parser.add_argument("--threads", type=int, default=None, help="digest threads (default: min(4, cores))")
+    parser.add_argument(
+        "--threads", type=int, default=None, help="digest threads (default: the tap's, 0 on at most 2 cores)"
+    )
     parser.add_argument(
         "--digest", choices=("xxh3_128", "sha256", "posmix128"), default=None, help="default: the tap's default"
     )
@@ -446,11 +464,17 @@ def main() -> int:
 
     algorithm = live_algorithm(args.digest)
 
-    cpu_seconds: dict[str, list[float]] = {"off": [], "read": [], "on": [], "state": []}
+    from weightcheck.tap.core import default_digest_threads
 
-    def load_once(enabled: bool, read_pass: bool = False, state: bool = False) -> float:
+    threads = args.threads if args.threads is not None else default_digest_threads()
+    # The other way of digesting, side by side: digest threads beside the load, or each tensor on the loading
+    # thread as it passes (0 threads: the default on at most 2 cores).
+    other_threads = 2 if threads == 0 else 0
+    cpu_seconds: dict[str, list[float]] = {"off": [], "read": [], "on": [], "other": [], "state": []}
+
+    def load_once(enabled: bool, read_pass: bool = False, other: bool = False, state: bool = False) -> float:
         if enabled:
-            tap.configure(records, digest_threads=args.threads, digest=algorithm, state=state)
+            tap.configure(records, digest_threads=other_threads if other else threads, digest=algorithm, state=state)
         else:
             tap.configure(None)
         synchronize()
@@ -459,7 +483,7 @@ def main() -> int:
         synchronize()
         # Process CPU time (all threads, the digest threads included) as well as wall time: on a shared machine
         # the wall-time ratio says how busy the other cores were; the CPU-time ratio, how much work was added.
-        key = ("state" if state else "on") if enabled else "read" if read_pass else "off"
+        key = ("state" if state else "other" if other else "on") if enabled else "read" if read_pass else "off"
         cpu_seconds[key].append(time.process_time() - cpu_started)
         return time.perf_counter() - started
 
@@ -471,7 +495,9 @@ def main() -> int:
     on: list[float] = []
     read: list[float] = []
     with_state: list[float] = []
-    for _ in range(args.repeats):
+    on_other: list[float] = []
+    rounds = args.byte_rounds or 3 * args.repeats
+    for _ in range(rounds):
         shutil.rmtree(records, ignore_errors=True)
         off.append(load_once(False))
         read.append(load_once(False, read_pass=True))
@@ -479,11 +505,13 @@ def main() -> int:
             shutil.rmtree(records, ignore_errors=True)
             with_state.append(load_once(True, state=True))
         shutil.rmtree(records, ignore_errors=True)
-        on.append(load_once(True))
+        on_other.append(load_once(True, other=True))
+        shutil.rmtree(records, ignore_errors=True)
+        on.append(load_once(True))  # last: verify reads this record
     tap.configure(None)
     tap.uninstall(klass)
-    # Its own folder: the stream's records (verified below) must outlive it.
-    small = None if args.no_small else small_tensor_overhead(work / "small-records", args.small, 64, args.repeats)
+    # Its own folder: it removes it when done, and verify below reads the last tapped load's record.
+    small = None if args.no_small else small_tensor_overhead(work / "records-small", args.small, 64, args.repeats)
 
     # The digests alone over the streamed tensors (on the engine's device), against the device's copy.
     tensors = [t for _, t in checkpoint_stream()]
@@ -521,9 +549,10 @@ def main() -> int:
         "tensors": checked_tensors,
         "cpu_cores": cpu,
         "torch_threads": torch.get_num_threads(),
-        "digest_threads": args.threads or min(4, cpu),
+        "digest_threads": threads,
         "digest": algorithm,
         "repeats": args.repeats,
+        "byte_rounds": rounds,
         "load_off_s": off,
         "load_on_s": on,
         "load_off_median_s": median_off,
@@ -539,8 +568,14 @@ def main() -> int:
         "read_pass_added_s": median_read - median_off,
         "tap_added_vs_read_pass": (median_on - median_off) / max(median_read - median_off, 1e-9),
         "cpu_s": cpu_seconds,
-        "tap_added_vs_read_pass_cpu": (statistics.median(cpu_seconds["on"]) - statistics.median(cpu_seconds["off"]))
-        / max(statistics.median(cpu_seconds["read"]) - statistics.median(cpu_seconds["off"]), 1e-9),
+        "tap_added_vs_read_pass_cpu": added_ratio(cpu_seconds["on"], cpu_seconds, statistics.median),
+        # The least-disturbed rounds (each series' minimum): on a shared machine the others' load only adds time.
+        "tap_added_vs_read_pass_min": added_ratio(on, {"off": off, "read": read}, min),
+        "tap_added_vs_read_pass_cpu_min": added_ratio(cpu_seconds["on"], cpu_seconds, min),
+        "other_digest_threads": other_threads,
+        "load_other_s": on_other,
+        "other_added_vs_read_pass": added_ratio(on_other, {"off": off, "read": read}, statistics.median),
+        "other_added_vs_read_pass_cpu": added_ratio(cpu_seconds["other"], cpu_seconds, statistics.median),
         "load_average": os.getloadavg()[0] if hasattr(os, "getloadavg") else None,
         "digest_gb_per_s": throughputs,
         "small_tensor_stream": small,
@@ -551,7 +586,8 @@ def main() -> int:
         "trainer_manifest_write_s": manifest_s,
     }
     print(f"engine {figures['engine']}, {size / 1e9:.2f} GB, {figures['tensors']} tensors, {cpu} cores, {device}")
-    print(f"digest {algorithm}, {figures['digest_threads']} digest threads, load average {figures['load_average']}")
+    way = f"{threads} digest threads" if threads else "digested on the loading thread (0 digest threads)"
+    print(f"digest {algorithm}, {way}, load average {figures['load_average']}")
     print()
     print("| measurement | value | target |")
     print("|---|---|---|")
@@ -580,6 +616,15 @@ def main() -> int:
         "| the same in CPU time (all threads: the work added, whatever the other cores were doing) "
         f"| {figures['tap_added_vs_read_pass_cpu']:.2f}× | |"
     )
+    print(
+        "| the same, least-disturbed rounds (each series' minimum), wall / CPU "
+        f"| {figures['tap_added_vs_read_pass_min']:.2f}× / {figures['tap_added_vs_read_pass_cpu_min']:.2f}× | |"
+    )
+    other_way = f"{other_threads} digest threads" if other_threads else "on the loading thread"
+    print(
+        f"| the other way, {other_way} (same rounds), wall / CPU "
+        f"| {figures['other_added_vs_read_pass']:.2f}× / {figures['other_added_vs_read_pass_cpu']:.2f}× | |"
+    )
     for name, gbps in throughputs.items():
         print(f"| {name} on {device} | {gbps:.2f} GB/s | |" if isinstance(gbps, float) else f"| {name} | {gbps} | |")
     if device.type != "cuda":
@@ -587,14 +632,14 @@ def main() -> int:
     print()
     print("| measurement | seconds |")
     print("|---|---|")
-    print(f"| load_weights, tap off (median of {args.repeats}) | {median_off:.3f} |")
-    print(f"| load_weights, tap on, digest-only (median of {args.repeats}) | {median_on:.3f} |")
+    print(f"| load_weights, tap off (median of {rounds}) | {median_off:.3f} |")
+    print(f"| load_weights, tap on, digest-only (median of {rounds}) | {median_on:.3f} |")
     print(f"| tap overhead | {figures['tap_overhead_pct']:+.1f} % |")
     if with_state:
         state_median = statistics.median(with_state)
-        print(f"| load_weights, tap on + engine state (median of {args.repeats}) | {state_median:.3f} |")
+        print(f"| load_weights, tap on + engine state (median of {rounds}) | {state_median:.3f} |")
         print(f"| tap + engine-state overhead | {figures['tap_with_state_overhead_pct']:+.1f} % |")
-    print(f"| load_weights + one extra read pass, tap off (median of {args.repeats}) | {median_read:.3f} |")
+    print(f"| load_weights + one extra read pass, tap off (median of {rounds}) | {median_read:.3f} |")
     if verify_ckpt is not None:
         print(f"| verify: errors against the checkpoint and the manifest | {len(verify_errors)} |")
         print(f"| verify against the checkpoint (hashes it) | {verify_ckpt:.3f} |")

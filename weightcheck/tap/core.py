@@ -82,6 +82,8 @@ class TapConfig:
     keep_tensors: bool = False  # also save every incoming tensor (CPU copy) next to the record
     strict: bool = False  # let tap failures raise into the engine
     synchronous_digest: bool = False  # digest before handing each tensor on (senders that reuse buffers)
+    # Threads digesting the large tensors while the load goes on; 0: each on the loading thread as it passes
+    # (`default_digest_threads`: the default where the process has at most 2 cores).
     digest_threads: int = 2
     engine: str | None = None  # engine id in the record; default host:port from SGLang, else the host name
     # Digest algorithm (`weightcheck.digest.live_algorithm`): the trainer manifest must use the same one.
@@ -99,15 +101,15 @@ def config_from_env(environ: Mapping[str, str] | None = None) -> TapConfig | Non
     if not directory:
         return None
     try:
-        threads = int(env.get(ENV_THREADS, "") or min(4, os.cpu_count() or 1))
+        threads = int(env.get(ENV_THREADS, "") or default_digest_threads())
     except ValueError:
-        threads = 2
+        threads = default_digest_threads()
     return TapConfig(
         directory=Path(directory),
         keep_tensors=_truthy(env.get(ENV_TENSORS)),
         strict=_truthy(env.get(ENV_STRICT)),
         synchronous_digest=_truthy(env.get(ENV_SYNC_DIGEST)),
-        digest_threads=max(1, threads),
+        digest_threads=max(0, threads),
         engine=env.get(ENV_ENGINE) or None,
         digest=live_algorithm(environ=env),
         state=_truthy(env.get(ENV_STATE)),
@@ -246,7 +248,9 @@ def configure(
     """Turn the tap on (records under `directory`) or off (`None`). Closes a sync left open.
 
     `digest`: "sha256", "xxh3_128" or "posmix128" (on the tensor's device); default
-    `weightcheck.digest.live_algorithm()` (xxh3_128 when xxhash is installed, `WEIGHTCHECK_DIGEST` overrides)."""
+    `weightcheck.digest.live_algorithm()` (xxh3_128 when xxhash is installed, `WEIGHTCHECK_DIGEST` overrides).
+    `digest_threads`: threads digesting large tensors beside the load; 0 digests each on the loading thread as
+    it passes; default `default_digest_threads()` (0 on at most 2 cores, else min(4, cores))."""
     if isinstance(directory, TapConfig) or directory is None:
         config = directory
     else:
@@ -255,7 +259,7 @@ def configure(
             keep_tensors=keep_tensors,
             strict=strict,
             synchronous_digest=synchronous_digest,
-            digest_threads=max(1, digest_threads or min(4, os.cpu_count() or 1)),
+            digest_threads=default_digest_threads() if digest_threads is None else max(0, digest_threads),
             engine=engine,
             digest=live_algorithm(digest),
             state=state,
@@ -274,6 +278,18 @@ def configure(
             atexit.register(_flush_at_exit)
             _STATE.exit_hook = True
     return config
+
+
+def default_digest_threads() -> int:
+    """Digest threads when none are asked for: min(4, cores), or 0 (digest on the loading thread) where this
+    process may run on at most 2 cores. There a digest thread only takes turns with the engine's own threads
+    (torch's copy uses every core) and reads each tensor again once it has left the cache: on 2 cores it cost
+    ~1.4 read passes of CPU against ~1.1 digesting each tensor as it passes (`benchmarks/bench_tap.py`)."""
+    try:
+        cores = len(os.sched_getaffinity(0))
+    except (AttributeError, OSError):  # not on Linux
+        cores = os.cpu_count() or 1
+    return 0 if cores <= 2 else min(4, cores)
 
 
 def _flush_at_exit() -> None:
@@ -719,6 +735,8 @@ class _Call:
                     self._flush_batch()
         elif self.device_batch is not None and self.device_batch.takes(tensor):
             self._queue_on_device(entry, tensor)
+        elif not self.config.digest_threads:  # no digest threads: on this thread, while its bytes are in cache
+            _fill_digest(entry, tensor, self.algorithm, profile)
         else:
             pool = _digest_pool(self.config)
             self.futures.append(pool.submit(_fill_digest, entry, tensor, self.algorithm, profile))
@@ -732,7 +750,11 @@ class _Call:
         try:
             self.device_batch.add(entry, tensor)
         except Exception:  # digested the per-tensor way, which records any error in the entry
-            self.futures.append(_digest_pool(self.config).submit(_fill_digest, entry, tensor, self.algorithm, profile))
+            if self.config.digest_threads:
+                pool = _digest_pool(self.config)
+                self.futures.append(pool.submit(_fill_digest, entry, tensor, self.algorithm, profile))
+            else:
+                _fill_digest(entry, tensor, self.algorithm, profile)
         if profile is not None:
             profile.add("digest", time.perf_counter() - started)
 

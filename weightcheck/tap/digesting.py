@@ -106,13 +106,13 @@ def describe_tensor(tensor: torch.Tensor, algorithm: str = "sha256") -> dict[str
 # sign-cleared bits are >= P: a positive one shows as max(s) >= P, a negative one as max(u) >= SIGN | P.
 # All bytes zero is max(u) == 0. Only a tensor that has NaN/Inf pays for the exact count (as before).
 #
-# Most slices need neither maximum: one OR over the slice's 64-bit words (folded to the element width) is zero
-# exactly when every byte is zero, and a NaN/Inf of either sign has every exponent bit set, its top one
-# included, which is set only in values of magnitude >= 2. So a slice whose OR lacks the top exponent bit
-# (weights are mostly far below 2) holds no NaN/Inf, and only the other slices pay for the two maxima, while
-# still in the cache. One reduction instead of two per slice is what brings the pass to ~one read pass.
+# Most slices need neither maximum: one OR over the slice's 64-bit words is zero exactly when every byte is
+# zero, and a NaN/Inf of either sign has every exponent bit set, its top one included, which is set only in
+# values of magnitude >= 2. So a slice whose OR lacks the top exponent bit in every element lane (weights are
+# mostly far below 2) holds no NaN/Inf, and only the other slices pay for the two maxima, while still in the
+# cache. One reduction instead of two per slice is what brings the pass to ~one read pass.
 
-_PASS_SLICE_BYTES = 1 << 20
+_PASS_SLICE_BYTES = 1 << 20  # a multiple of 8: slices start on a 64-bit word (`_hash_and_reduce`)
 # Tensors at most this big are digested in batches (`describe_batch`): one flatten and a few vectorized
 # reductions per batch instead of a dozen small operations per tensor.
 SMALL_TENSOR_BYTES = 1 << 18
@@ -217,30 +217,8 @@ def describe_one_pass(tensor: torch.Tensor, algorithm: str, timings: dict[str, f
         out["zeros"], out["nonfinite"] = None, 0  # as `tensor_stats`: nothing to judge
         return out
     data = flat.view(torch.uint8).numpy()
-    u_name, s_name = _INT_NAMES[itemsize]
-    bits = itemsize * 8
-    u_max = s_max = ored = 0
-    # The top exponent bit: bit bits-2 for every IEEE float here (bf16/f16 14, f32 30, f64 62).
-    top_exponent = 1 << (bits - 2) if isinstance(pattern, int) else 0
-    hashing = reducing = 0.0
-    clock = time.perf_counter if timings is not None else _no_clock
-    for start in range(0, data.size, _PASS_SLICE_BYTES):
-        piece = data[start : start + _PASS_SLICE_BYTES]
-        t0 = clock()
-        hasher.update(piece)
-        t1 = clock()
-        seen = _fold(_or_bytes(piece), bits)
-        ored |= seen
-        if seen & top_exponent:  # values of magnitude >= 2 here: the exact maxima decide NaN/Inf
-            u_max = max(u_max, int(piece.view(u_name).max()))
-            s_max = max(s_max, int(piece.view(s_name).max()))
-        t2 = clock()
-        hashing += t1 - t0
-        reducing += t2 - t1
+    ored, u_max, s_max = _hash_and_reduce(data, hasher, itemsize, pattern, timings)
     out[algorithm] = hasher.hexdigest()
-    if timings is not None:
-        timings["digest"] = timings.get("digest", 0.0) + hashing
-        timings["stats"] = timings.get("stats", 0.0) + reducing
     zeros = ored == 0
     if pattern is None:
         out["zeros"], out["nonfinite"] = zeros, 0
@@ -255,6 +233,72 @@ def describe_one_pass(tensor: torch.Tensor, algorithm: str, timings: dict[str, f
 
 def _no_clock() -> float:
     return 0.0
+
+
+def _lanes(value: int, bits: int) -> int:
+    """`value` repeated in every `bits`-wide lane of a 64-bit word (an element's bit pattern, per element)."""
+    word = 0
+    for shift in range(0, 64, bits):
+        word |= value << shift
+    return word
+
+
+def _hash_and_reduce(
+    data: Any, hasher: Any, itemsize: int, pattern: int | str | None, timings: dict[str, float] | None
+) -> tuple[int, int, int]:
+    """Feed `data` (a tensor's bytes, a uint8 array) to `hasher` and return (the OR of its 64-bit little-endian
+    words, the last partial one zero-padded; the unsigned and the signed maximum of the elements of the slices
+    whose OR has the top exponent bit set in some lane, else 0), slice by slice while each is in cache.
+
+    Per slice this is two C calls and a few integer operations: the 64-bit word view is made once per tensor
+    and the OR is tested against the top exponent bit repeated in every lane instead of being folded to the
+    element width. Where there is no NaN/Inf question (integers, bool, float8), the OR only answers "all bytes
+    zero", so it stops at the first nonzero slice: such a tensor (most of the bytes of a packed-integer or FP8
+    checkpoint) costs its hash alone. The returned OR is then nonzero exactly when some byte is."""
+    import numpy as np
+
+    bits = itemsize * 8
+    top = _lanes(1 << (bits - 2), bits) if isinstance(pattern, int) else 0
+    u_name, s_name = _INT_NAMES[itemsize]
+    whole = data.size - data.size % 8
+    words = data[:whole].view("<u8")
+    update = hasher.update
+    reduce = np.bitwise_or.reduce
+    step = _PASS_SLICE_BYTES
+    ored = u_max = s_max = 0
+    hashing = reducing = 0.0
+    timed = timings is not None
+    clock = time.perf_counter
+    t0 = t1 = 0.0
+    for start in range(0, whole, step):
+        end = min(start + step, whole)
+        if timed:
+            t0 = clock()
+        update(data[start:end])
+        if timed:
+            t1 = clock()
+        if top or not ored:
+            seen = int(reduce(words[start >> 3 : end >> 3]))
+            ored |= seen
+            if seen & top:  # values of magnitude >= 2 (or NaN/Inf) here: the exact maxima decide, while in cache
+                piece = data[start:end]
+                u_max = max(u_max, int(piece.view(u_name).max()))
+                s_max = max(s_max, int(piece.view(s_name).max()))
+        if timed:
+            hashing += t1 - t0
+            reducing += clock() - t1
+    if whole < data.size:  # the last bytes short of a word (whole elements: itemsize divides 8)
+        tail = data[whole:]
+        update(tail)
+        seen = int.from_bytes(tail.tobytes(), "little") if top or not ored else 0
+        ored |= seen
+        if seen & top:
+            u_max = max(u_max, int(tail.view(u_name).max()))
+            s_max = max(s_max, int(tail.view(s_name).max()))
+    if timings is not None:
+        timings["digest"] = timings.get("digest", 0.0) + hashing
+        timings["stats"] = timings.get("stats", 0.0) + reducing
+    return ored, u_max, s_max
 
 
 def describe_batch(
@@ -423,24 +467,3 @@ def _one_shot_hexdigest(algorithm: str) -> Any:
         return str(hasher.hexdigest())
 
     return digest
-
-
-def _or_bytes(piece: Any) -> int:
-    """OR of a byte slice's 64-bit little-endian words, the last partial word zero-padded (one reduction)."""
-    import numpy as np
-
-    whole = piece.size - piece.size % 8
-    ored = int(np.bitwise_or.reduce(piece[:whole].view("<u8"))) if whole else 0
-    for shift, byte in enumerate(piece[whole:].tolist()):
-        ored |= byte << (8 * shift)
-    return ored
-
-
-def _fold(word: int, bits: int) -> int:
-    """The OR of a 64-bit word's `bits`-wide lanes (slices start on element boundaries, so lanes are elements)."""
-    mask = (1 << bits) - 1
-    folded = 0
-    while word:
-        folded |= word & mask
-        word >>= bits
-    return folded
