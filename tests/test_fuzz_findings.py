@@ -274,7 +274,7 @@ def test_record_with_a_duplicated_swapped_or_moved_line_is_wc720(
 
 def test_tap_writes_schema_1_1_order(corpus: Path) -> None:
     record = read_record(next((corpus / "records").rglob("*.jsonl")))
-    assert record.header["schema_version"] == "1.1"
+    assert record.header["schema_version"] == "1.2"  # 1.1's order; 1.2 only adds the columnar `tensors` line
     assert list(record.params) == sorted(record.params)
     assert [t.seq for t in record.tensors] == sorted(t.seq for t in record.tensors)
 
@@ -284,7 +284,7 @@ def test_schema_1_0_record_keeps_its_param_order_unchecked(corpus: Path, tmp_pat
     path = tmp_path / "sync-00000" / "r.jsonl"
     path.parent.mkdir()
     lines = next((corpus / "records").rglob("*.jsonl")).read_text().splitlines()
-    lines[0] = lines[0].replace('"schema_version":"1.1"', '"schema_version":"1.0"').replace(
+    lines[0] = lines[0].replace('"schema_version":"1.2"', '"schema_version":"1.0"').replace(
         '"tensors_file":"', '"tensors_file":null,"x":"'
     )
     _swap("param")(lines)

@@ -23,6 +23,7 @@ import atexit
 import contextlib
 import itertools
 import logging
+import operator
 import os
 import re
 import socket
@@ -35,6 +36,7 @@ from pathlib import Path
 from typing import Any
 
 from weightcheck.digest import live_algorithm
+from weightcheck.tap.columns import EntryTable, TensorColumns, tensor_body
 from weightcheck.tap.coverage import CallCoverage, ModelWrapping, ParamCoverage, gc_paused, param_line_bytes
 from weightcheck.tap.devicebatch import DeviceBatch
 from weightcheck.tap.digesting import SMALL_TENSOR_BYTES as _SMALL_TENSOR_BYTES
@@ -42,7 +44,6 @@ from weightcheck.tap.records import (
     RECORD_KIND,
     RECORD_SCHEMA_VERSION,
     encode_bytes,
-    encode_lines,
     rank_file_stem,
     sync_dir_name,
     write_atomic_bytes,
@@ -65,6 +66,7 @@ _BATCH_BYTES = 16 << 20
 _BATCH_TENSORS = 4096
 # A drain of at least this many tensors, with none waiting in the batch, is digested at once (`_drained_whole`).
 _DIRECT_DIGEST_TENSORS = 256
+_SHAPE = operator.attrgetter("shape")
 # Loggers whose warnings during a call are kept in the record ("Parameter X not found in params_dict").
 ENGINE_LOGGERS = ("sglang.srt",)
 _MAX_WARNINGS_PER_CALL = 50
@@ -141,7 +143,8 @@ class _Sync:
     weight_version: str | None
     started: float
     calls: list[dict[str, Any]] = field(default_factory=list)
-    entries: dict[int, dict[str, Any]] = field(default_factory=dict)
+    # Entry dicts by seq, and the blocks of columns of big drains (`weightcheck.tap.columns`).
+    entries: EntryTable = field(default_factory=EntryTable)
     params: dict[str, ParamCoverage] = field(default_factory=dict)
     kept: dict[str, Any] = field(default_factory=dict)
     model: dict[str, Any] = field(default_factory=dict)
@@ -515,9 +518,8 @@ def _write_record_now(current: _Sync, config: TapConfig, *, incomplete: bool, wi
     }
     if current.runner != "target":  # absent means target: records written before runners stay valid
         header["runner"] = current.runner
-    seqs = list(current.entries)
-    # In seq order already unless two threads interleaved their calls.
-    entries = list(current.entries.values()) if seqs == sorted(seqs) else [current.entries[s] for s in sorted(seqs)]
+    # In seq order: the tensor lines, and the big drains' blocks as one `tensors` line each (schema 1.2).
+    tensor_bytes, tensor_count = tensor_body(current.entries)
     # Schema 1.1 order (calls by index, params and states by name): the reader checks it, so a line duplicated,
     # swapped or moved after writing is detected (weightcheck/tap/records.py).
     params = current.params
@@ -540,12 +542,13 @@ def _write_record_now(current: _Sync, config: TapConfig, *, incomplete: bool, wi
         for call in sorted(current.calls, key=lambda line: int(line["call"])):
             yield encode_bytes(call)
         # The per-tensor lines in one orjson call (the same bytes as one call per line, at a fraction of the
-        # cost: `encode_lines`); the per-parameter lines as encoded at an earlier sync where they are the same.
-        yield encode_lines(entries)
+        # cost: `encode_lines`), a block of columns in one line; the per-parameter lines as encoded at an
+        # earlier sync where they are the same.
+        yield tensor_bytes
         yield param_line_bytes(params, encode_bytes)
         for state in states:
             yield encode_bytes(state)
-        end: dict[str, Any] = {"t": "end", "calls": len(current.calls), "tensors": len(entries), "params": len(params)}
+        end: dict[str, Any] = {"t": "end", "calls": len(current.calls), "tensors": tensor_count, "params": len(params)}
         if states:
             end["states"] = len(states)
         if current.profile is not None:
@@ -776,10 +779,10 @@ class _Call:
         """The coverage bucket's tensors (`CallCoverage.drain`, lock held): their entries, as `observe` makes
         them (with the one parameter each wrote, when `wrote` says so), then into the digest batch."""
         call, algorithm = self.index, self.algorithm
-        labels = zip(wrote, strict=True) if wrote is not None else itertools.repeat(())  # (name,) each
         direct = not self.batch and len(seqs) >= _DIRECT_DIGEST_TENSORS
-        if direct and self._drained_whole(seqs, names, tensors, nbytes, labels):
+        if direct and self._drained_whole(seqs, names, tensors, nbytes, wrote):
             return
+        labels = zip(wrote, strict=True) if wrote is not None else itertools.repeat(())  # (name,) each
         entries = [
             {
                 "t": "tensor",
@@ -806,10 +809,10 @@ class _Call:
             self._flush_batch()
 
     def _drained_whole(
-        self, seqs: list[int], names: list[Any], tensors: list[Any], nbytes: int, labels: Iterable[Any]
+        self, seqs: list[int], names: list[Any], tensors: list[Any], nbytes: int, wrote: list[str] | None
     ) -> bool:
-        """A big drain of one dtype (a full bucket) digested at once, each entry built whole (the same keys, in
-        the same order, as an entry filled in by `describe_batch`); False, having done nothing, otherwise."""
+        """A big drain of one dtype (a full bucket) digested at once and kept as columns (`TensorColumns`, one
+        `tensors` line in the record: no dict per tensor); False, having done nothing, otherwise."""
         from weightcheck.tap.digesting import describe_columns
 
         timings: dict[str, float] | None = {} if self.profile is not None else None
@@ -822,28 +825,27 @@ class _Call:
         if columns is None:
             return False
         dtype, hexes, zeros, nonfinite = columns
-        call, algorithm = self.index, self.algorithm
-        entries = [
-            {
-                "t": "tensor",
-                "seq": seq,
-                "call": call,
-                "name": name if type(name) is str else str(name),
-                "wrote": label,
-                "dtype": dtype,
-                "shape": tuple(tensor.shape),
-                algorithm: hexed,
-                "zeros": zero,
-                "nonfinite": bad,
-            }
-            for seq, name, tensor, label, hexed, zero, bad in zip(
-                seqs, names, tensors, labels, hexes, zeros, nonfinite, strict=False
+        count = len(seqs)
+        with gc_paused():
+            if set(map(type, names)) != {str}:
+                names = [name if type(name) is str else str(name) for name in names]
+            block = TensorColumns(
+                call=self.index,
+                seqs=seqs,
+                names=names,
+                dtype=dtype,
+                # Plain tuples (torch.Size is a subclass orjson does not take), which the collector stops tracking.
+                shapes=list(map(tuple, map(_SHAPE, tensors))),
+                algorithm=self.algorithm,
+                hexes=hexes,
+                zeros=zeros,
+                nonfinite=nonfinite,
+                wrote=list(zip(wrote, strict=True)) if wrote is not None else [()] * count,  # (name,) each
             )
-        ]
-        self.entries.update(zip(seqs, entries, strict=True))
-        self.names += len(seqs)
+            self.entries.add_columns(block)
+        self.names += count
         if self.profile is not None:
-            self.profile.tensors += len(seqs)
+            self.profile.tensors += count
             self.profile.bytes += nbytes
             if timings:
                 self.profile.add_timings(timings)

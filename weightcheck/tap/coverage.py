@@ -187,6 +187,9 @@ _LINE_STATE = operator.attrgetter(
 # name -> (the fields its line was made of, the encoded line): a steady sync writes the same param lines again.
 _LINE_BYTES: dict[str, tuple[tuple[Any, ...], bytes]] = {}
 _MAX_CACHED_LINES = 1 << 20
+# The last body written: (its name order, as `_SORTED_NAMES` keeps it, the fields of every line, the bytes). A
+# steady sync's lines are all the same as the last sync's: one comparison of the fields, no per-name lookup.
+_LAST_BODY: list[Any] = [None, None, b""]
 
 
 def param_line_bytes(params: dict[str, ParamCoverage], encode: Callable[[dict[str, Any]], bytes]) -> bytes:
@@ -201,12 +204,17 @@ def param_line_bytes(params: dict[str, ParamCoverage], encode: Callable[[dict[st
         _SORTED_NAMES[:] = [names, order]
     coverages = list(map(params.__getitem__, order))
     states = list(map(_LINE_STATE, coverages))
+    last_order, last_states, last_blob = _LAST_BODY
+    if order is last_order and states == last_states:  # the steady sync: the same names, every line as last time
+        return last_blob
     cache = _LINE_BYTES
     if len(cache) > _MAX_CACHED_LINES:
         cache.clear()
     known = list(map(cache.get, order))
-    if None not in known and list(map(_FIRST, known)) == states:  # the steady sync: every line as last time
-        return b"".join(map(_SECOND, known))
+    if None not in known and list(map(_FIRST, known)) == states:
+        blob = b"".join(map(_SECOND, known))
+        _LAST_BODY[:] = [order, states, blob]
+        return blob
     out: list[bytes] = []
     for name, state, coverage, hit in zip(order, states, coverages, known, strict=True):
         if hit is not None and hit[0] == state:
@@ -215,7 +223,9 @@ def param_line_bytes(params: dict[str, ParamCoverage], encode: Callable[[dict[st
             line = encode(coverage.as_line(name))
             cache[name] = (state, line)
             out.append(line)
-    return b"".join(out)
+    blob = b"".join(out)
+    _LAST_BODY[:] = [order, states, blob]
+    return blob
 
 
 def _add(values: set[Any] | frozenset[Any], value: Any) -> set[Any]:

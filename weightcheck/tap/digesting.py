@@ -402,7 +402,12 @@ def _group_columns(
     t0 = clock()
     st_name, itemsize, pattern = _fast_cache[dtype]  # type: ignore[misc]
     # One copy of the batch into a contiguous buffer (small tensors: it stays in cache for what follows).
-    flat = torch._utils._flatten_dense_tensors(group).detach()
+    if all(map((1).__eq__, map(torch.Tensor.dim, group))):
+        # All 1-D (norms, biases, scales: the many-small-tensor case): one `cat`, the same bytes as the flatten
+        # below without its reshaped view per tensor (~1.3 µs of ~1.8 per tensor).
+        flat = torch.cat(group).detach()
+    else:
+        flat = torch._utils._flatten_dense_tensors(group).detach()
     data = flat.view(torch.uint8).numpy()
     view = memoryview(data)
     counts = [t.numel() for t in group]

@@ -3,7 +3,7 @@
 One JSON-lines file per engine rank per sync, written once, atomically (temp file + `os.replace`), under
 `$WEIGHTCHECK_DIR/sync-{seq:05d}/`. Lines, in order::
 
-    {"t": "header", "kind": "weightcheck-sync-record", "schema_version": "1.1",
+    {"t": "header", "kind": "weightcheck-sync-record", "schema_version": "1.2",
      "sync": {"seq": 3, "source": "session", "weight_version": "step-7", "started": 1.7e9, "ended": 1.7e9},
      "rank": {"tp_rank": 0, "tp_size": 2, "pp_rank": 1, "pp_size": 2, "ep_rank": 0, "ep_size": 1, ...},
      "engine": "host:30000", "host": "...", "pid": 1234, "model": {"class": "Qwen3ForCausalLM",
@@ -13,14 +13,22 @@ One JSON-lines file per engine rank per sync, written once, atomically (temp fil
      "unattributed_writes": 0}
     {"t": "tensor", "seq": 0, "call": 0, "name": "model.embed_tokens.weight", "dtype": "BF16",
      "shape": [128, 64], "xxh3_128": "…", "zeros": false, "nonfinite": 0, "wrote": ["model.embed_tokens.weight"]}
+    {"t": "tensors", "call": 0, "dtype": "BF16", "seq": [1, 2], "name": ["a.weight", "b.weight"],
+     "shape": [[64], [64]], "xxh3_128": ["…", "…"], "zeros": [false, false], "nonfinite": [0, 0],
+     "wrote": [["a.weight"], ["b.weight"]]}
     {"t": "param", "name": "model.layers.0.self_attn.qkv_proj.weight", "dtype": "F32", "shape": [128, 64],
      "tracked": true, "writes": 3, "shards_expected": ["k", "q", "v"], "shards_written": ["k", "q", "v"],
      "experts_local": null, "experts_written": null}
     {"t": "end", "calls": 1, "tensors": 25, "params": 19}
 
-Integrity of the line sequence: line kinds come in the order above; tensor lines in increasing `seq`;
-from schema 1.1 on, call lines in non-decreasing `call` (two threads may share one) and param/state lines
-in increasing `name` (1.0 records: param and state names unique, their order not checked, as it meant
+From schema 1.2 on, a `tensors` line stands for a run of `tensor` lines, as columns: every field a list with one
+value per tensor, except `call` and `dtype`, which may be given once for all (the tap writes one for each big
+bucket of small tensors: `weightcheck.tap.columns`). It reads back as the `TensorEntry` objects of those `tensor`
+lines, each checked the same way, so every reader judges both forms alike; `tensor` and `tensors` lines mix.
+
+Integrity of the line sequence: line kinds come in the order above; tensors (of both kinds of line) in
+increasing `seq`; from schema 1.1 on, call lines in non-decreasing `call` (two threads may share one) and
+param/state lines in increasing `name` (1.0 records: param and state names unique, their order not checked, as it meant
 nothing). A duplicated, swapped or moved line is a RecordError, like a count that disagrees with the `end`
 line. These catch accidents (a botched copy or concatenation), not a forger, who can rewrite any file
 consistently.
@@ -58,9 +66,14 @@ RECORD_KIND = "weightcheck-sync-record"
 # 1.1: call lines sorted by call index, param and state lines sorted by name (so that a line duplicated,
 # swapped or moved breaks an order the reader checks). 1.0 records are still read: their tensor lines were
 # always in `seq` order and every file in the kind order below; their call/param/state order carried nothing.
-RECORD_SCHEMA_VERSION = "1.1"
-# The kinds of body lines, in the order every writer emitted them.
-LINE_ORDER = {"call": 0, "tensor": 1, "param": 2, "state": 3}
+# 1.2: a `tensors` line may stand for a run of `tensor` lines (columns: one list per field, one value per tensor;
+# `call` and `dtype` may be given once for all), which the tap writes for a big bucket of small tensors
+# (`weightcheck.tap.columns`). It reads back as the same TensorEntry objects, so every check judges both alike.
+RECORD_SCHEMA_VERSION = "1.2"
+# The kinds of body lines, in the order every writer emitted them (`tensor` and `tensors` lines mix, by seq).
+LINE_ORDER = {"call": 0, "tensor": 1, "tensors": 1, "param": 2, "state": 3}
+# Fields of a `tensors` line that may be one value for every tensor of the line rather than a list.
+_SHARED_COLUMNS = ("call", "dtype")
 RECORD_SUFFIX = ".jsonl"
 SYNC_DIR_RE = re.compile(r"^sync-([0-9]{1,12})$")  # ASCII and bounded: a 5,000-digit name is not a sync
 
@@ -414,6 +427,28 @@ def _parse_tensor(doc: dict[str, Any], algorithm: str) -> TensorEntry:
     )
 
 
+def _column_rows(doc: dict[str, Any]) -> list[dict[str, Any]]:
+    """A `tensors` line (schema 1.2) as the `tensor` line docs it stands for, for `_parse_tensor` to check
+    each exactly as it checks a `tensor` line."""
+    seqs = doc.get("seq")
+    if not isinstance(seqs, list) or not seqs:
+        raise RecordError("a 'tensors' line needs a non-empty 'seq' list")
+    count = len(seqs)
+    shared: dict[str, Any] = {"t": "tensor"}
+    columns: dict[str, list[Any]] = {}
+    for key, value in doc.items():
+        if key == "t":
+            continue
+        if key in _SHARED_COLUMNS and not isinstance(value, list):
+            shared[key] = value
+        elif isinstance(value, list) and len(value) == count:
+            columns[key] = value
+        else:
+            raise RecordError(f"'tensors' line: {str(key)[:40]!r} must be a list of {count} values, one per tensor")
+    keys = list(columns)
+    return [{**shared, **dict(zip(keys, values, strict=True))} for values in zip(*columns.values(), strict=True)]
+
+
 def _parse_state(doc: dict[str, Any], algorithm: str) -> StateEntry:
     name = doc.get("name")
     if not isinstance(name, str) or not name:
@@ -515,6 +550,7 @@ def read_record(path: str | os.PathLike[str]) -> SyncRecord:
     states: dict[str, StateEntry] = {}
     end: dict[str, Any] | None = None
     ordered = False  # schema >= 1.1: calls, params and states sorted too
+    columnar = False  # schema >= 1.2: `tensors` lines
     last_kind = -1
     last_key: Any = None
     for lineno, line in enumerate(text.splitlines(), 1):
@@ -535,6 +571,7 @@ def read_record(path: str | os.PathLike[str]) -> SyncRecord:
                     raise RecordError("the first line must be the header")
                 header = _parse_header(doc)
                 ordered = _minor_version(header) >= 1
+                columnar = _minor_version(header) >= 2
                 continue
             if kind in LINE_ORDER and LINE_ORDER[kind] < last_kind:
                 raise RecordError(f"a {kind!r} line after the {_kind_name(last_kind)!r} lines (a line moved)")
@@ -548,12 +585,14 @@ def read_record(path: str | os.PathLike[str]) -> SyncRecord:
                     raise RecordError(f"call {call.call} after call {last_key} (a line moved)")
                 last_key = call.call
                 calls.append(call)
-            elif kind == "tensor":
-                tensor = _parse_tensor(doc, record_algorithm(header))
-                if last_key is not None and tensor.seq <= last_key:
-                    raise RecordError(f"tensor seq {tensor.seq} after seq {last_key} (a line duplicated or moved)")
-                last_key = tensor.seq
-                tensors.append(tensor)
+            elif kind == "tensor" or (kind == "tensors" and columnar):
+                algorithm = record_algorithm(header)
+                for row in [doc] if kind == "tensor" else _column_rows(doc):
+                    tensor = _parse_tensor(row, algorithm)
+                    if last_key is not None and tensor.seq <= last_key:
+                        raise RecordError(f"tensor seq {tensor.seq} after seq {last_key} (a line duplicated or moved)")
+                    last_key = tensor.seq
+                    tensors.append(tensor)
             elif kind == "param":
                 entry = _parse_param(doc)
                 _check_name_order(entry.name, last_key, params, ordered, "param")
