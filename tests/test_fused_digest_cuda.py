@@ -118,3 +118,19 @@ def test_the_device_batch_on_the_gpu_records_what_describe_tensor_records_on_the
         want = describe_tensor(tensor, "posmix128")
         got = {k: entry[k] for k in ("dtype", "posmix128", "zeros", "nonfinite")}
         assert got == {k: want[k] for k in got} and list(entry["shape"]) == want["shape"], (tensor.dtype, tensor.shape)
+
+
+@pytest.mark.skipif(torch.cuda.device_count() < 2, reason="needs two GPUs")
+def test_a_tensor_on_another_gpu_than_the_current_one() -> None:
+    from weightcheck.tap.devicebatch import DeviceBatch
+    from weightcheck.tap.digesting import describe_tensor
+
+    host = _random(torch.bfloat16, (129, 65), seed=11)
+    with torch.cuda.device(0):
+        other = host.to("cuda:1")
+        assert posmix128_fused(other) == posmix128_tensor(host)
+        batch, entry = DeviceBatch(), {}
+        batch.add(entry, other)
+        assert batch.pending[0][3] is True
+        batch.collect("posmix128")
+    assert entry["posmix128"] == describe_tensor(host, "posmix128")["posmix128"]

@@ -133,6 +133,18 @@ def _stats_kernel() -> Any:
     return triton.jit(_posmix_stats_kernel)
 
 
+def _on_device(data: torch.Tensor) -> Any:
+    """The tensor's own GPU made current for a launch: Triton launches on the current device, and a tensor on
+    another GPU (an engine thread whose current device is not the tensor's) would be read from the wrong one."""
+    import contextlib
+
+    import torch
+
+    if data.device.type != "cuda":
+        return contextlib.nullcontext()
+    return torch.cuda.device(data.device)
+
+
 def posmix128_fused(tensor: torch.Tensor, block_words: int = BLOCK_WORDS) -> str:
     """`posmix128` of the tensor's stored bytes in one Triton kernel on its device (CUDA, or CPU under
     `TRITON_INTERPRET=1`). Equal to `weightcheck.devdigest.posmix128_tensor` and `posmix128_bytes`."""
@@ -157,7 +169,8 @@ def fused_lanes(data: torch.Tensor, block_words: int = BLOCK_WORDS) -> torch.Ten
         body = data[: n_full * 4]
         words = body.view(torch.int32) if data.data_ptr() % 4 == 0 else body.clone().view(torch.int32)
         grid = (triton_cdiv(n_full, block_words),)
-        _kernel()[grid](words, lanes, n_full, BLOCK=block_words)
+        with _on_device(data):
+            _kernel()[grid](words, lanes, n_full, BLOCK=block_words)
     tail = n_bytes - n_full * 4
     if tail:
         weights = torch.tensor([1, 1 << 8, 1 << 16, 1 << 24][:tail], dtype=torch.int64, device=data.device)
@@ -184,7 +197,8 @@ def fused_lanes_and_stats(data: torch.Tensor, width: int, pattern: int, block_wo
         body = data[: n_full * 4]
         words = body.view(torch.int32) if data.data_ptr() % 4 == 0 else body.clone().view(torch.int32)
         grid = (triton_cdiv(n_full, block_words),)
-        _stats_kernel()[grid](words, out, n_full, WIDTH=width, PATTERN=pattern, BLOCK=block_words)
+        with _on_device(data):
+            _stats_kernel()[grid](words, out, n_full, WIDTH=width, PATTERN=pattern, BLOCK=block_words)
     tail = n_bytes - n_full * 4
     if tail:  # a whole 16-bit value (width 2) or 1-3 bytes of a 1-byte dtype: counted with torch
         rest = data[n_full * 4 :]
