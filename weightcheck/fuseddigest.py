@@ -3,9 +3,10 @@
 `weightcheck.devdigest.posmix128_tensor` runs posmix128 as ~18 eager int64 torch kernels per chunk of words
 (each one a full read and write of an int64 temporary): on a GPU that is many launches per tensor and 8-16
 bytes of traffic per 4-byte word. Here one Triton program per block of words loads each word once, keys it
-by its absolute position, mixes it, and adds its block's two lane sums into a 2-element int64 output with
-atomic adds. Integer addition modulo 2^64 is associative and commutative, so the order in which blocks land
-does not change the result: the digest equals the reference on every device and on the stored bytes.
+by its absolute position, mixes it, and adds its block's two lane sums into an int64 output with atomic adds
+(with them, for the tap, the count of words with a bit set and of NaN/Inf values: `fused_lanes_and_stats`).
+Integer addition modulo 2^64 is associative and commutative, so the order in which blocks land does not
+change the result: the digest equals the reference on every device and on the stored bytes.
 
 The definition (see `weightcheck.devdigest`) is unchanged, so records and manifests keep the algorithm name
 `posmix128`: a digest taken by this kernel and one taken by the eager kernels or from a checkpoint on disk
@@ -52,38 +53,20 @@ def fused_enabled(environ: Any = None) -> bool:
 tl: Any = None  # triton.language, bound when the kernel is first built (Triton resolves it in this module)
 
 
-# No annotations but BLOCK's: Triton's compiler (not its interpreter) resolves each annotation as a global of
-# this module, and `Any` is not one it accepts (a GPU run failed so; tests/test_fused_digest_cuda.py).
-def _posmix_kernel(words_ptr, out_ptr, n_words, BLOCK: tl.constexpr):  # type: ignore[no-untyped-def]
+# The digest with the tap's statistics in the same pass: out[0], out[1] are posmix128's two lane sums, out[2]
+# counts the words with a bit set (all bytes zero: 0), out[3] the NaN/Inf values of a float of WIDTH bytes (2 or
+# 4) whose exponent-all-ones pattern is PATTERN (a value is NaN/Inf exactly when its sign-cleared bits are
+# >= PATTERN); WIDTH 0: no NaN/Inf count (integers, bool, and the digest alone).
+# No annotations but the constexprs': Triton's compiler (not its interpreter) resolves each annotation as a
+# global of this module, and `Any` is not one it accepts (a GPU run failed so; tests/test_fused_digest_cuda.py).
+def _posmix_kernel(words_ptr, out_ptr, n_words, WIDTH: tl.constexpr, PATTERN: tl.constexpr,  # type: ignore[no-untyped-def]
+                   BLOCK: tl.constexpr):  # fmt: skip
     pid = tl.program_id(0).to(tl.int64)
     offs = pid * BLOCK + tl.arange(0, BLOCK)  # int64: tensors past 2^31 words
     mask = offs < n_words
-    word = tl.load(words_ptr + offs, mask=mask, other=0).to(tl.uint32, bitcast=True).to(tl.uint64)
-    # k_i = splitmix(i * G + S); x_i = fmix((w_i ^ k_i) * M1): uint64 arithmetic wraps, >> is logical.
-    k = offs.to(tl.uint64) * 0x9E3779B97F4A7C15 + 0x632BE59BD9B4E019
-    k = k ^ (k >> 31)
-    x = (word ^ k) * 0xBF58476D1CE4E5B9
-    x = x ^ (x >> 29)
-    x = x * 0x94D049BB133111EB
-    x = x ^ (x >> 32)
-    x = tl.where(mask, x, 0)
-    a = tl.sum(x, axis=0)
-    b = tl.sum(x * (k | 1), axis=0)
-    tl.atomic_add(out_ptr, a.to(tl.int64, bitcast=True))
-    tl.atomic_add(out_ptr + 1, b.to(tl.int64, bitcast=True))
-
-
-# The digest with the tap's statistics in the same pass (`weightcheck.tap.devicebatch`): out[2] counts the words
-# with a bit set (all bytes zero: 0), out[3] the NaN/Inf values of a float of WIDTH bytes (2 or 4) whose
-# exponent-all-ones pattern is PATTERN (a value is NaN/Inf exactly when its sign-cleared bits are >= PATTERN);
-# WIDTH 0: no NaN/Inf count (integers, bool).
-def _posmix_stats_kernel(words_ptr, out_ptr, n_words, WIDTH: tl.constexpr, PATTERN: tl.constexpr,  # type: ignore[no-untyped-def]
-                         BLOCK: tl.constexpr):  # fmt: skip
-    pid = tl.program_id(0).to(tl.int64)
-    offs = pid * BLOCK + tl.arange(0, BLOCK)
-    mask = offs < n_words
     w32 = tl.load(words_ptr + offs, mask=mask, other=0).to(tl.uint32, bitcast=True)
     word = w32.to(tl.uint64)
+    # k_i = splitmix(i * G + S); x_i = fmix((w_i ^ k_i) * M1): uint64 arithmetic wraps, >> is logical.
     k = offs.to(tl.uint64) * 0x9E3779B97F4A7C15 + 0x632BE59BD9B4E019
     k = k ^ (k >> 31)
     x = (word ^ k) * 0xBF58476D1CE4E5B9
@@ -122,17 +105,6 @@ def _kernel() -> Any:
     return triton.jit(_posmix_kernel)
 
 
-@functools.lru_cache(maxsize=1)
-def _stats_kernel() -> Any:
-    """`_posmix_stats_kernel`, jitted on first use (as `_kernel`)."""
-    global tl
-    import triton
-    import triton.language
-
-    tl = triton.language
-    return triton.jit(_posmix_stats_kernel)
-
-
 def _on_device(data: torch.Tensor) -> Any:
     """The tensor's own GPU made current for a launch: Triton launches on the current device, and a tensor on
     another GPU (an engine thread whose current device is not the tensor's) would be read from the wrong one."""
@@ -160,23 +132,7 @@ def posmix128_fused(tensor: torch.Tensor, block_words: int = BLOCK_WORDS) -> str
 def fused_lanes(data: torch.Tensor, block_words: int = BLOCK_WORDS) -> torch.Tensor:
     """The two lane sums of posmix128 over the flat uint8 tensor `data`, as an int64[2] tensor on its device;
     nothing waits for the device (`finalize` of the two values and `data.numel()` is the digest)."""
-    import torch
-
-    n_bytes = data.numel()
-    n_full = n_bytes // 4
-    lanes = torch.zeros(2, dtype=torch.int64, device=data.device)
-    if n_full:
-        body = data[: n_full * 4]
-        words = body.view(torch.int32) if data.data_ptr() % 4 == 0 else body.clone().view(torch.int32)
-        grid = (triton_cdiv(n_full, block_words),)
-        with _on_device(data):
-            _kernel()[grid](words, lanes, n_full, BLOCK=block_words)
-    tail = n_bytes - n_full * 4
-    if tail:
-        weights = torch.tensor([1, 1 << 8, 1 << 16, 1 << 24][:tail], dtype=torch.int64, device=data.device)
-        word = (data[n_full * 4 :].to(torch.int64) * weights).sum().reshape(1)
-        lanes += torch.stack(_lanes_torch(word, n_full))
-    return lanes
+    return fused_lanes_and_stats(data, 0, 0, block_words)[:2]
 
 
 def triton_cdiv(a: int, b: int) -> int:
@@ -198,7 +154,7 @@ def fused_lanes_and_stats(data: torch.Tensor, width: int, pattern: int, block_wo
         words = body.view(torch.int32) if data.data_ptr() % 4 == 0 else body.clone().view(torch.int32)
         grid = (triton_cdiv(n_full, block_words),)
         with _on_device(data):
-            _stats_kernel()[grid](words, out, n_full, WIDTH=width, PATTERN=pattern, BLOCK=block_words)
+            _kernel()[grid](words, out, n_full, WIDTH=width, PATTERN=pattern, BLOCK=block_words)
     tail = n_bytes - n_full * 4
     if tail:  # a whole 16-bit value (width 2) or 1-3 bytes of a 1-byte dtype: counted with torch
         rest = data[n_full * 4 :]
