@@ -105,15 +105,16 @@ def _special_values() -> list[tuple[str, torch.Tensor]]:
 def test_the_tap_kernel_gives_the_digest_and_the_statistics(label: str, tensor: torch.Tensor) -> None:
     from weightcheck.fuseddigest import fused_lanes_and_stats
     from weightcheck.posmix import _byte_view, finalize
-    from weightcheck.tap.devicebatch import _FUSED_STATS, DeviceBatch
+    from weightcheck.tap.devicebatch import TAKEN, DeviceBatch, fused_spec
     from weightcheck.tap.digesting import describe_tensor
 
     name = str(tensor.dtype).removeprefix("torch.")
-    if name not in _FUSED_STATS or tensor.numel() == 0:
+    spec = fused_spec(tensor.dtype) if name in TAKEN else None
+    if spec is None or tensor.numel() == 0:
         pytest.skip("not the fused kernel's (float64 and empty tensors take the eager reductions)")
     data = _byte_view(tensor)
     for block in (64, 1024):  # one program, and many with a masked last block
-        a, b, set_words, nonfinite = fused_lanes_and_stats(data, *_FUSED_STATS[name], block_words=block).tolist()
+        a, b, set_words, nonfinite = fused_lanes_and_stats(data, *spec, block_words=block).tolist()
         assert finalize(a, b, data.numel()) == posmix128_tensor(tensor)
         assert (set_words == 0) == (not bool(data.any()))
         want = int((~torch.isfinite(tensor)).sum()) if tensor.is_floating_point() else 0

@@ -13,9 +13,10 @@ if not torch.cuda.is_available():
     pytest.skip("needs a CUDA device", allow_module_level=True)
 pytest.importorskip("triton")
 
+from test_fused_digest import _dtypes, _random, _stored  # noqa: E402  (the interpreter tests' inputs, shared)
+
 from weightcheck.devdigest import posmix128_bytes, posmix128_tensor  # noqa: E402
 from weightcheck.fuseddigest import ENV_FUSED, _kernel, posmix128_fused  # noqa: E402
-from weightcheck.tensors import safetensors_dtype  # noqa: E402
 
 
 @pytest.fixture(autouse=True)
@@ -23,32 +24,6 @@ def compiled(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.delenv("TRITON_INTERPRET", raising=False)
     monkeypatch.delenv(ENV_FUSED, raising=False)
     _kernel.cache_clear()
-
-
-def _stored(tensor: torch.Tensor) -> bytes:
-    from safetensors.torch import save
-
-    blob = save({"t": tensor.contiguous()})
-    return blob[8 + int.from_bytes(blob[:8], "little") :]
-
-
-def _dtypes() -> list[torch.dtype]:
-    names = ["bool", "uint8", "int8", "int16", "uint16", "float16", "bfloat16", "int32", "uint32", "float32",
-             "complex64", "float64", "int64", "uint64", "float8_e4m3fn", "float8_e5m2", "float8_e8m0fnu",
-             "float8_e4m3fnuz", "float8_e5m2fnuz"]  # fmt: skip
-    return [getattr(torch, n) for n in names if hasattr(torch, n) and safetensors_dtype(getattr(torch, n))]
-
-
-def _random(dtype: torch.dtype, shape: tuple[int, ...], seed: int) -> torch.Tensor:
-    generator = torch.Generator().manual_seed(seed)
-    size = 1
-    for d in shape:
-        size *= d
-    width = torch.empty((), dtype=dtype).element_size()
-    raw = torch.randint(0, 256, (size * width,), dtype=torch.uint8, generator=generator)
-    if dtype == torch.bool:
-        return (raw % 2).to(torch.bool).reshape(shape)
-    return raw.view(dtype).reshape(shape)
 
 
 @pytest.mark.parametrize("dtype", _dtypes(), ids=str)
@@ -95,12 +70,12 @@ def test_the_tap_records_the_same_digest_on_the_gpu_as_on_the_host() -> None:
 
 
 def test_the_device_batch_on_the_gpu_records_what_describe_tensor_records_on_the_host() -> None:
-    from weightcheck.tap.devicebatch import _DTYPES, DeviceBatch
+    from weightcheck.tap.devicebatch import TAKEN, DeviceBatch
     from weightcheck.tap.digesting import describe_tensor
 
     batch = DeviceBatch()
     cases: list[tuple[dict, torch.Tensor]] = []
-    for name in _DTYPES:
+    for name in TAKEN:
         host = _random(getattr(torch, name), (129, 33), seed=len(name))
         if host.is_floating_point():
             host[0, 0], host[1, 1] = float("nan"), float("inf")
@@ -109,10 +84,10 @@ def test_the_device_batch_on_the_gpu_records_what_describe_tensor_records_on_the
             assert DeviceBatch.takes(tensor.cuda())
             batch.add(entry, tensor.cuda())
             cases.append((entry, tensor))
-    from weightcheck.tap.devicebatch import _FUSED_STATS
+    from weightcheck.tap.devicebatch import fused_spec
 
     fused = [item[3] for item in batch.pending]  # True: the fused digest-and-statistics kernel ran (no fallback)
-    assert fused == [str(t.dtype).removeprefix("torch.") in _FUSED_STATS and t.numel() > 0 for _, t in cases]
+    assert fused == [fused_spec(t.dtype) is not None and t.numel() > 0 for _, t in cases]
     batch.collect("posmix128")
     for entry, tensor in cases:
         want = describe_tensor(tensor, "posmix128")

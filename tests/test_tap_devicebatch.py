@@ -6,24 +6,23 @@ entry comparison on a GPU."""
 
 from __future__ import annotations
 
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
 import torch
-from test_tap_bucket import Mixed, comparable, default_loader, mixed_stream, record_of
+from test_tap_bucket import Mixed, comparable, mixed_stream, record_of, tapped  # noqa: F401  (its fixture)
 
 from weightcheck import tap
 from weightcheck.tap import core
-from weightcheck.tap.devicebatch import _DTYPES, DeviceBatch
+from weightcheck.tap.devicebatch import TAKEN, DeviceBatch
 from weightcheck.tap.digesting import describe_tensor
 
 
 def special_tensors() -> list[tuple[str, torch.Tensor]]:
     generator = torch.Generator().manual_seed(3)
     out: list[tuple[str, torch.Tensor]] = []
-    for name in _DTYPES:
+    for name in TAKEN:
         dtype = getattr(torch, name)
         if dtype.is_floating_point:
             base = torch.randn(37, 5, generator=generator).to(dtype)
@@ -85,22 +84,20 @@ def test_a_device_error_at_collection_is_recorded_per_entry(monkeypatch: pytest.
 def test_only_dense_cuda_tensors_of_the_known_dtypes_are_taken() -> None:
     assert not DeviceBatch.takes(torch.ones(3))  # CPU: the bucket and the one-pass path
     assert not DeviceBatch.takes(torch.ones(3, device="meta"))
-    assert "float8_e4m3fn" not in _DTYPES and "complex64" not in _DTYPES
+    assert "float8_e4m3fn" not in TAKEN and "complex64" not in TAKEN
+
+
+def take_cpu_tensors(monkeypatch: pytest.MonkeyPatch) -> None:
+    """`DeviceBatch.takes` widened to CPU tensors of the taken dtypes (the kernels are device-agnostic)."""
+    monkeypatch.setattr(DeviceBatch, "takes", staticmethod(lambda t: str(t.dtype).removeprefix("torch.") in TAKEN))
 
 
 @pytest.fixture
-def tapped_on_device(monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
-    """Every tensor through `observe`, and every tensor of a known dtype taken by the device batch (on CPU)."""
+def tapped_on_device(tapped: None, monkeypatch: pytest.MonkeyPatch) -> None:  # noqa: F811  (the fixture)
+    """`Mixed` tapped (test_tap_bucket's fixture), every tensor through `observe`, and every tensor of a taken
+    dtype through the device batch (on CPU)."""
     monkeypatch.setattr(core, "_SMALL_TENSOR_BYTES", -1)
-    monkeypatch.setattr(
-        DeviceBatch, "takes", staticmethod(lambda t: str(t.dtype).removeprefix("torch.") in _DTYPES)
-    )
-    tap.set_engine_hooks(tap.EngineHooks(default_loader=default_loader))
-    tap.install(Mixed)
-    yield
-    tap.uninstall(Mixed)
-    tap.configure(None)
-    tap.set_engine_hooks(tap.EngineHooks())
+    take_cpu_tensors(monkeypatch)
 
 
 def run(root: Path, *, synchronous: bool) -> list[tuple[Any, ...]]:
@@ -154,9 +151,7 @@ def test_the_engine_state_through_the_device_batch_is_the_one_at_a_time_state(mo
     model.extra = nn.Linear(3, 2).to(torch.bfloat16)
     model.extra.weight.data[0, 0] = float("nan")
     reference = engine_state(model, "posmix128")  # CPU tensors: `takes` refuses them, one at a time
-    monkeypatch.setattr(
-        DeviceBatch, "takes", staticmethod(lambda t: str(t.dtype).removeprefix("torch.") in _DTYPES)
-    )
+    take_cpu_tensors(monkeypatch)
     batched = engine_state(model, "posmix128")
     normalize = [{**line, "shape": list(line["shape"])} for line in batched]
     assert normalize == reference

@@ -68,22 +68,16 @@ def fused_usable(device_type: str) -> bool:
     return fused_enabled() and triton_available()
 
 
-def fused_failed(exc: Exception) -> None:
-    """A fused kernel raised: logged once, and the eager kernels used from now on."""
-    _fused_unavailable(exc)
-
-
 def device_lanes(data: torch.Tensor) -> torch.Tensor:
     """posmix128's two lane sums over the flat uint8 tensor `data` as an int64[2] tensor on its device, by the
     fused kernel on CUDA where it is available (else the eager kernels); nothing waits for the device."""
-    if data.device.type == "cuda" and not _fused_failed:
-        from weightcheck.fuseddigest import fused_enabled, fused_lanes, triton_available
+    if data.device.type == "cuda" and fused_usable("cuda"):
+        from weightcheck.fuseddigest import fused_lanes
 
-        if fused_enabled() and triton_available():
-            try:
-                return fused_lanes(data)
-            except Exception as exc:
-                _fused_unavailable(exc)
+        try:
+            return fused_lanes(data)
+        except Exception as exc:
+            fused_failed(exc)
     return eager_lanes(data)
 
 
@@ -123,20 +117,19 @@ _fused_failed = False
 def _fused_digest(tensor: torch.Tensor) -> str | None:
     """The one-kernel Triton digest (`weightcheck.fuseddigest`) when Triton is there and not turned off; None
     to use the eager kernels (also after the fused kernel failed once: logged, never raised)."""
-    if _fused_failed:
+    if not fused_usable("cuda"):
         return None
-    from weightcheck.fuseddigest import fused_enabled, posmix128_fused, triton_available
+    from weightcheck.fuseddigest import posmix128_fused
 
-    if not (fused_enabled() and triton_available()):
-        return None
     try:
         return posmix128_fused(tensor)
     except Exception as exc:  # a Triton that cannot compile here: the eager kernels give the same digest
-        _fused_unavailable(exc)
+        fused_failed(exc)
         return None
 
 
-def _fused_unavailable(exc: Exception) -> None:
+def fused_failed(exc: Exception) -> None:
+    """A fused kernel raised: logged once, and the eager kernels used from now on."""
     global _fused_failed
     import logging
 

@@ -17,31 +17,22 @@ from __future__ import annotations
 
 from typing import Any
 
-# torch dtype name -> (safetensors name, NaN/Inf possible). Dtypes whose statistics `tensor_stats` computes
-# with plain reductions on every device; the others (float8, complex) keep the per-tensor path.
-_DTYPES: dict[str, tuple[str, bool]] = {
-    "float32": ("F32", True),
-    "float16": ("F16", True),
-    "bfloat16": ("BF16", True),
-    "float64": ("F64", True),
-    "int8": ("I8", False),
-    "uint8": ("U8", False),
-    "int16": ("I16", False),
-    "int32": ("I32", False),
-    "int64": ("I64", False),
-    "bool": ("BOOL", False),
-}
+from weightcheck.tap.digesting import fast_dtype
+
+# The dtypes the batch takes: those whose statistics `tensor_stats` computes with plain reductions on every
+# device (float8 and complex keep the per-tensor path). Their safetensors names, widths and NaN/Inf patterns
+# come from the one-pass table (`weightcheck.tap.digesting.fast_dtype`).
+TAKEN = ("float32", "float16", "bfloat16", "float64", "int8", "uint8", "int16", "int32", "int64", "bool")
 
 
-# dtype name -> (float width in bytes, exponent-all-ones pattern) for the fused digest-and-statistics kernel
-# (`weightcheck.fuseddigest.fused_lanes_and_stats`); width 0: no NaN/Inf to count. float64 (its pattern needs
-# 64-bit words) takes the eager reductions.
-_FUSED_STATS: dict[str, tuple[int, int]] = {
-    "float32": (4, 0x7F800000),
-    "float16": (2, 0x7C00),
-    "bfloat16": (2, 0x7F80),
-    **dict.fromkeys(("int8", "uint8", "int16", "int32", "int64", "bool"), (0, 0)),
-}
+def fused_spec(dtype: Any) -> tuple[int, int] | None:
+    """(float width in bytes, exponent-all-ones pattern) of a taken dtype for the fused digest-and-statistics
+    kernel (`weightcheck.fuseddigest.fused_lanes_and_stats`): width 0 (no NaN/Inf to count) for integers and
+    bool; None for float64, whose pattern needs 64-bit words (it takes the eager reductions)."""
+    _name, itemsize, pattern = fast_dtype(dtype)  # type: ignore[misc]
+    if pattern is None:
+        return (0, 0)
+    return (itemsize, int(pattern)) if itemsize in (2, 4) else None
 
 
 class DeviceBatch:
@@ -60,7 +51,7 @@ class DeviceBatch:
         return (
             tensor.device.type == "cuda"
             and tensor.layout is torch.strided
-            and str(tensor.dtype).removeprefix("torch.") in _DTYPES
+            and str(tensor.dtype).removeprefix("torch.") in TAKEN
             and not (tensor.is_conj() or tensor.is_neg())
         )
 
@@ -71,11 +62,10 @@ class DeviceBatch:
         from weightcheck.devdigest import device_lanes
         from weightcheck.posmix import _byte_view
 
-        name = str(tensor.dtype).removeprefix("torch.")
-        st_name, floating = _DTYPES[name]
+        st_name = fast_dtype(tensor.dtype)[0]  # type: ignore[index]
         data = _byte_view(tensor)
         numel = tensor.numel()
-        values = self._fused(data, name) if numel else None
+        values = self._fused(data, tensor.dtype) if numel else None
         counts_nonfinite = values is not None
         if values is None:
             lanes = device_lanes(data)
@@ -83,7 +73,7 @@ class DeviceBatch:
                 values = lanes
             else:
                 nonzero = data.any().reshape(1).to(torch.int64)
-                if floating:
+                if tensor.is_floating_point():
                     finite = torch.isfinite(tensor.detach()).sum().reshape(1)
                 else:
                     finite = torch.full((1,), numel, dtype=torch.int64, device=data.device)
@@ -92,12 +82,12 @@ class DeviceBatch:
         self.pending.append((entry, st_name, data.numel(), counts_nonfinite, numel, values))
 
     @staticmethod
-    def _fused(data: Any, name: str) -> Any:
+    def _fused(data: Any, dtype: Any) -> Any:
         """[lane a, lane b, words with a bit set, NaN/Inf count] from one fused kernel, or None (not usable
         here, or it failed: logged once, the eager kernels from then on)."""
         from weightcheck.devdigest import fused_failed, fused_usable
 
-        spec = _FUSED_STATS.get(name)
+        spec = fused_spec(dtype)
         if spec is None or not fused_usable(data.device.type):
             return None
         from weightcheck.fuseddigest import fused_lanes_and_stats
