@@ -738,11 +738,17 @@ class _Call:
                     self._flush_batch()
         elif self.device_batch is not None and self.device_batch.takes(tensor):
             self._queue_on_device(entry, tensor)
-        elif not self.config.digest_threads:  # no digest threads: on this thread, while its bytes are in cache
-            _fill_digest(entry, tensor, self.algorithm, profile)
         else:
+            self._digest_one(entry, tensor, profile)
+
+    def _digest_one(self, entry: dict[str, Any], tensor: Any, profile: _Profile | None) -> None:
+        """One tensor's digest on a digest thread, or, with no digest threads, on this thread while its bytes
+        are in cache."""
+        if self.config.digest_threads:
             pool = _digest_pool(self.config)
             self.futures.append(pool.submit(_fill_digest, entry, tensor, self.algorithm, profile))
+        else:
+            _fill_digest(entry, tensor, self.algorithm, profile)
 
     def _queue_on_device(self, entry: dict[str, Any], tensor: Any) -> None:
         """A GPU tensor's digest and statistics, queued on its device (`DeviceBatch`); the digest threads' path
@@ -752,12 +758,9 @@ class _Call:
         started = time.perf_counter() if profile is not None else 0.0
         try:
             self.device_batch.add(entry, tensor)
-        except Exception:  # digested the per-tensor way, which records any error in the entry
-            if self.config.digest_threads:
-                pool = _digest_pool(self.config)
-                self.futures.append(pool.submit(_fill_digest, entry, tensor, self.algorithm, profile))
-            else:
-                _fill_digest(entry, tensor, self.algorithm, profile)
+        except Exception:  # digested the per-tensor way, which records any error in the entry (and its time)
+            self._digest_one(entry, tensor, profile)
+            return
         if profile is not None:
             profile.add("digest", time.perf_counter() - started)
 
