@@ -124,6 +124,21 @@ def shards(path: Path) -> list[Path]:
     return sorted(path.glob("model-*.safetensors"))
 
 
+def copy_into_another_shard(path: Path, name: str = "model.layers.0.input_layernorm.weight") -> tuple[Any, ...]:
+    """A second, unindexed copy of tensor `name` written into another shard with safetensors' own writer:
+    (the index as read, the name, the shard that now holds the copy, the copied tensor)."""
+    from helpers import rewrite_shard
+    from safetensors import safe_open
+
+    index = read_index(path)
+    source = path / index["weight_map"][name]
+    with safe_open(str(source), framework="pt") as fh:
+        copy = fh.get_tensor(name)
+    other = next(f for f in shards(path) if f != source)
+    rewrite_shard(other, add={name: copy})
+    return index, name, other, copy
+
+
 @pytest.fixture(scope="session")
 def _built_quantized(tmp_path_factory: pytest.TempPathFactory) -> Callable[..., Path]:
     from quantized import build_quantized

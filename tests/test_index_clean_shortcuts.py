@@ -4,21 +4,13 @@ WC204 names it and WC205 counts its bytes once, as the Rust-written shards and t
 
 from __future__ import annotations
 
-from conftest import read_index, shards, write_index
-from helpers import by_code, rewrite_shard, run
+from conftest import copy_into_another_shard, write_index
+from helpers import by_code, run
 
 
 def test_tensor_held_twice_counts_once_in_total_size(make_ckpt) -> None:
-    from safetensors import safe_open
-
     path = make_ckpt("llama")
-    index = read_index(path)
-    name = "model.layers.0.input_layernorm.weight"
-    source = path / index["weight_map"][name]
-    with safe_open(str(source), framework="pt") as fh:
-        copy = fh.get_tensor(name)
-    other = next(f for f in shards(path) if f != source)
-    rewrite_shard(other, add={name: copy})  # safetensors' own writer: a second, unindexed copy
+    index, name, _other, copy = copy_into_another_shard(path)  # safetensors' own writer: a second, unindexed copy
 
     result = run(path)
     [dup] = by_code(result, "WC204")

@@ -5,8 +5,7 @@ with no name held twice, and every damaged index must make it say no (the rules 
 from __future__ import annotations
 
 import pytest
-from conftest import read_index, shards, write_index
-from helpers import rewrite_shard
+from conftest import copy_into_another_shard, read_index, shards, write_index
 
 from weightcheck.checkpoint import load_checkpoint
 from weightcheck.rules import LintContext
@@ -28,22 +27,9 @@ def test_clean_checkpoint_tiles(make_ckpt) -> None:
     assert _verdicts(make_ckpt("llama")) == (True, True, True)
 
 
-def _copy_into_other_shard(path):
-    from safetensors import safe_open
-
-    index = read_index(path)
-    name = "model.layers.0.input_layernorm.weight"
-    source = path / index["weight_map"][name]
-    with safe_open(str(source), framework="pt") as fh:
-        copy = fh.get_tensor(name)
-    other = next(f for f in shards(path) if f != source)
-    rewrite_shard(other, add={name: copy})
-    return index, name, other
-
-
 def test_name_held_twice_does_not_tile(make_ckpt) -> None:
     path = make_ckpt("llama")
-    _copy_into_other_shard(path)
+    copy_into_another_shard(path)
     tiles, _, distinct = _verdicts(path)
     assert not tiles and not distinct
 
@@ -52,7 +38,7 @@ def test_name_held_twice_indexed_at_the_later_shard(make_ckpt) -> None:
     # `_located` keeps the later shard, so weight_map pointing there equals it: the dict path says "exact"
     # while the counts disagree (the shortcut must say no and leave the verdict to the dict).
     path = make_ckpt("llama")
-    index, name, other = _copy_into_other_shard(path)
+    index, name, other, _copy = copy_into_another_shard(path)
     later = max(index["weight_map"][name], other.name)
     index["weight_map"][name] = later
     write_index(path, index)

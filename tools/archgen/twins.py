@@ -3,7 +3,7 @@
 For each `patterns/*.toml` it records the file's exact text and the document `tomllib` parses from it.
 weightcheck takes the twin's document only for a file whose text is exactly the recorded one (so the TOML
 files stay the only source, and an edited file is simply parsed), which spares config-only lint the import of
-tomllib. Needs nothing but the standard library.
+tomllib. Needs nothing but the standard library and weightcheck itself.
 
     python -m tools.archgen.twins            # write
     python -m tools.archgen.twins --check    # exit 1 when the checked-in twin is stale
@@ -18,8 +18,10 @@ from pathlib import Path
 
 import tomllib
 
+from weightcheck.patterns import HANDWRITTEN_TWIN
+
 PATTERNS = Path(__file__).resolve().parent.parent.parent / "patterns"
-TWIN_NAME = "handwritten.json"  # weightcheck.patterns.HANDWRITTEN_TWIN
+TWIN_NAME = HANDWRITTEN_TWIN  # the name weightcheck reads
 
 
 def twin_text(folder: Path = PATTERNS) -> str:
