@@ -122,6 +122,8 @@ def ignore_entry_unmatched(ctx: LintContext) -> None:
             continue
         if tied and any(c.match("lm_head", entry) for c in qa.module_consumers()):
             continue
+        if _names_own_module(qa, entry):
+            continue
         matched_by = [c for c in qa.consumers if entry in qa.entries_hit(c)]
         if any(c.key in _PRIMARY_READERS for c in matched_by):
             continue
@@ -153,6 +155,17 @@ def ignore_entry_unmatched(ctx: LintContext) -> None:
 # parameter-level online quantizers) is still reported. ModelOpt lists are read only by engines' ModelOpt paths.
 _PRIMARY_READERS = frozenset({"ct", "vllm", "sglang", "sglang-fp8", "vllm-fp8", "transformers", "vllm-modelopt",
                               "sglang-modelopt"})  # fmt: skip
+
+
+def _names_own_module(qa: QuantAnalysis, entry: str) -> bool:
+    """An entry that is itself a module's name and that a primary module-level reader matches against that
+    name: it is in that reader's `entries_hit` (the module-level hits are exactly `Consumer.match` over the
+    module names), answered without matching the whole list. A per-layer list (Qwen3's 145 entries, one
+    `model.layers.N.mlp.gate` per layer) is nearly all such entries."""
+    assert qa.inventory is not None
+    return entry in qa.inventory.modules and any(
+        c.key in _PRIMARY_READERS and c.level == "module" and c.match(entry, entry) for c in qa.consumers
+    )
 
 
 def _is_head(name: str) -> bool:
