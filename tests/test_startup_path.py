@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import dataclasses
 import inspect
+import json
 import pickle
 import subprocess
 import sys
@@ -182,12 +183,12 @@ def test_rule_examples_are_dedented_as_textwrap_does() -> None:
 
 
 def test_config_only_lint_starts_without_the_heavy_imports() -> None:
-    """Plain config-only lint through the console entry imports none of click, dataclasses, inspect, orjson,
+    """Plain config-only lint through the console entry imports none of ast, click, dataclasses, inspect, orjson,
     textwrap, tomllib, importlib.resources, the Hub module (nor torch, transformers, compressed-tensors:
     tests/test_light_imports.py); a regression shows here first."""
     probe = (
         "import atexit, sys; atexit.register(lambda: sys.stderr.write('loaded: ' + ','.join(sorted(m for m in "
-        "('click', 'dataclasses', 'inspect', 'orjson', 'textwrap', 'tomllib', 'importlib.resources', "
+        "('ast', 'click', 'dataclasses', 'inspect', 'orjson', 'textwrap', 'tomllib', 'importlib.resources', "
         "'weightcheck.hub') if m in sys.modules)) + '\\n')); "
         "sys.argv[0] = 'weightcheck'; "
         "from weightcheck.launch import main; main()"
@@ -199,3 +200,35 @@ def test_config_only_lint_starts_without_the_heavy_imports() -> None:
     )  # fmt: skip
     assert proc.returncode == 0, proc.stderr[-2000:]
     assert "loaded: \n" in proc.stderr, proc.stderr[-2000:]
+
+
+def test_pattern_expressions_parse_and_walk_as_the_ast_module_does() -> None:
+    """`patterns` parses `when`/shape expressions with `_ast` (not `ast.py`); on every expression of every
+    shipped pattern, and on refused ones, the tree and the walk order are `ast.parse`'s and `ast.walk`'s."""
+    import ast
+
+    from weightcheck import patterns
+
+    texts = {"f(x)", "x.y", "lambda: 1", "a if b else c", "-(layer + 1) % 2 == 0 or not x", "t[layer] in ['a', 'b']"}
+
+    def collect(value: Any, key: str = "") -> None:
+        if isinstance(value, dict):
+            for k, v in value.items():
+                collect(v, k)
+        elif isinstance(value, list):
+            for v in value:
+                collect(v, key)
+        elif isinstance(value, str) and key in ("when", "shape"):
+            texts.add(value)
+
+    for path in sorted((ROOT / "patterns" / "generated").glob("*.json")):
+        collect(json.loads(path.read_text()))
+    assert len(texts) > 60
+    for text in sorted(texts):
+        tree = ast.parse(text, mode="eval")
+        assert [ast.dump(n) for n in patterns._walk(tree)] == [ast.dump(n) for n in ast.walk(tree)]
+        try:
+            ours = patterns.parse_expr(text)
+        except patterns.PatternError:
+            continue
+        assert ast.dump(ours) == ast.dump(tree)
