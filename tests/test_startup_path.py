@@ -184,11 +184,11 @@ def test_rule_examples_are_dedented_as_textwrap_does() -> None:
 
 def test_config_only_lint_starts_without_the_heavy_imports() -> None:
     """Plain config-only lint through the console entry imports none of ast, click, dataclasses, inspect, orjson,
-    textwrap, tomllib, importlib.resources, the Hub module (nor torch, transformers, compressed-tensors:
+    textwrap, tomllib, typing, importlib.resources, the Hub module (nor torch, transformers, compressed-tensors:
     tests/test_light_imports.py); a regression shows here first."""
     probe = (
         "import atexit, sys; atexit.register(lambda: sys.stderr.write('loaded: ' + ','.join(sorted(m for m in "
-        "('ast', 'click', 'dataclasses', 'inspect', 'orjson', 'textwrap', 'tomllib', 'importlib.resources', "
+        "('ast', 'click', 'dataclasses', 'inspect', 'orjson', 'textwrap', 'tomllib', 'typing', 'importlib.resources', "
         "'weightcheck.hub') if m in sys.modules)) + '\\n')); "
         "sys.argv[0] = 'weightcheck'; "
         "from weightcheck.launch import main; main()"
@@ -232,3 +232,64 @@ def test_pattern_expressions_parse_and_walk_as_the_ast_module_does() -> None:
         except patterns.PatternError:
             continue
         assert ast.dump(ours) == ast.dump(tree)
+
+
+def _record_bodies(base: Any) -> dict[str, Any]:
+    class Plain(base):
+        """A record."""
+
+        name: str
+        size: int
+
+    class Defaults(base):
+        name: str
+        shape: tuple[int, ...] = ()
+        begin: int = 0
+
+        @property
+        def twice(self) -> int:
+            return 2 * self.begin
+
+        def label(self) -> str:
+            return f"{self.name}:{self.begin}"
+
+    return {"plain": Plain, "defaults": Defaults}
+
+
+@pytest.mark.parametrize("label", ["plain", "defaults"])
+def test_lightclass_namedtuple_behaves_as_typing_namedtuple(label: str) -> None:
+    """Modules on lint's path take `NamedTuple` from lightclass (typing is not imported at start-up): the same
+    class body gives the same fields, defaults, annotations, docstring, methods and tuple behaviour."""
+    import typing
+
+    std, light = _record_bodies(typing.NamedTuple)[label], _record_bodies(lightclass.NamedTuple)[label]
+    assert issubclass(light, tuple) and light.__mro__[1:] == std.__mro__[1:]
+    assert light._fields == std._fields and light._field_defaults == std._field_defaults
+    # typing wraps string annotations in ForwardRef; the names and their order are what matters here
+    assert list(light.__annotations__) == list(std.__annotations__) and light.__doc__ == std.__doc__
+    assert light.__module__ == std.__module__ and light.__qualname__ == std.__qualname__
+    args = ("w", 3) if label == "plain" else ("w",)
+    a, b = std(*args), light(*args)
+    assert tuple(a) == tuple(b) and repr(a) == repr(b) and a._asdict() == b._asdict()
+    assert b._replace(name="v") == light("v", *args[1:]) and light._make(tuple(a)) == b
+    if label == "defaults":
+        assert b.twice == a.twice and b.label() == a.label()
+        assert tuple.__new__(light, ("x", (1,), 4)).begin == 4  # how safetensors_header builds TensorInfo
+
+
+def test_lightclass_namedtuple_refuses_as_typing_does() -> None:
+    import typing
+
+    for base in (typing.NamedTuple, lightclass.NamedTuple):
+        with pytest.raises(TypeError, match="Non-default namedtuple field b cannot follow default field"):
+
+            class Bad(base):  # type: ignore[misc]
+                a: int = 0
+                b: int
+
+        with pytest.raises(AttributeError, match="Cannot overwrite NamedTuple attribute _replace"):
+
+            class Worse(base):  # type: ignore[misc]
+                a: int
+
+                def _replace(self) -> None: ...

@@ -11,12 +11,14 @@ function. `weightcheck.TrainerLayout` and `weightcheck.WeightSyncError` (the liv
 
 from __future__ import annotations
 
-from typing import Any
-
 from weightcheck.api import diff, doctor, lint, rollout, verify
 from weightcheck.deps import MissingDependency
 from weightcheck.findings import Finding, Location, Result, Severity
 from weightcheck.version import __version__
+
+TYPE_CHECKING = False  # typing.TYPE_CHECKING without importing typing (lint's start-up, #20)
+if TYPE_CHECKING:
+    from typing import Any
 
 __all__ = [
     "Finding", "Location", "MissingDependency", "Result", "Severity", "TrainerLayout", "WeightSyncError",

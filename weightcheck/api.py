@@ -19,11 +19,13 @@ import contextlib
 import os
 from collections.abc import Iterable, Iterator, Sequence
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
 
 from weightcheck.findings import Result, Severity
 
+TYPE_CHECKING = False  # typing.TYPE_CHECKING without importing typing (lint's start-up, #20)
 if TYPE_CHECKING:
+    from typing import Any
+
     from weightcheck.settings import Settings
     from weightcheck.verifying import Reference, TrainerLayout
 

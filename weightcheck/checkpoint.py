@@ -9,11 +9,14 @@ from __future__ import annotations
 import os
 import re
 from pathlib import Path
-from typing import Any, Protocol
 
 from weightcheck import safe_io
 from weightcheck.lightclass import dataclass, field
 from weightcheck.safetensors_header import HeaderProblem, HeaderReport, TensorInfo, read_header
+
+TYPE_CHECKING = False  # typing.TYPE_CHECKING without importing typing (lint's start-up, #20)
+if TYPE_CHECKING:
+    from typing import Any, Protocol
 
 # Tensors read from one checkpoint's headers (5x DeepSeek-V3's 92k); later shards are reported, not parsed.
 MAX_CHECKPOINT_TENSORS = 1 << 19
@@ -211,22 +214,24 @@ def resolve_inside(root: Path, name: str, bases: list[Path] | None = None) -> tu
     return real, None
 
 
-class FileSource(Protocol):
-    """Where the loader reads a checkpoint directory from: a local directory (`LocalSource`) or a Hub repo
-    read by HTTP ranges (`weightcheck.hub.HubSource`). Rules never see the difference."""
+if TYPE_CHECKING:  # only annotations use it (and typing is not imported at run time)
 
-    label: str
-    root: Path
+    class FileSource(Protocol):
+        """Where the loader reads a checkpoint directory from: a local directory (`LocalSource`) or a Hub repo
+        read by HTTP ranges (`weightcheck.hub.HubSource`). Rules never see the difference."""
 
-    def entries(self) -> list[str]:
-        """Names of the files (and, locally, directories) directly in the checkpoint root, sorted."""
-        ...
+        label: str
+        root: Path
 
-    def read_json(self, name: str) -> JsonDoc: ...
+        def entries(self) -> list[str]:
+            """Names of the files (and, locally, directories) directly in the checkpoint root, sorted."""
+            ...
 
-    def read_headers(self, names: list[str]) -> dict[str, HeaderReport | PathRefusal]:
-        """Each shard's validated header, or why it was not opened; in the order given."""
-        ...
+        def read_json(self, name: str) -> JsonDoc: ...
+
+        def read_headers(self, names: list[str]) -> dict[str, HeaderReport | PathRefusal]:
+            """Each shard's validated header, or why it was not opened; in the order given."""
+            ...
 
 
 class LocalSource:

@@ -6,9 +6,12 @@ Nothing here knows about files or about output formats.
 from __future__ import annotations
 
 import enum
-from typing import Any
 
 from weightcheck.lightclass import dataclass, field
+
+TYPE_CHECKING = False  # typing.TYPE_CHECKING without importing typing (lint's start-up, #20)
+if TYPE_CHECKING:
+    from typing import Any
 
 
 class Severity(enum.IntEnum):

@@ -16,11 +16,14 @@ import json
 import os
 from collections.abc import Callable, Iterable, Iterator
 from pathlib import Path
-from typing import Any
 
 from weightcheck.findings import Finding, Location, Result, Severity
 from weightcheck.lightclass import dataclass, field
 from weightcheck.rules import Rule, register
+
+TYPE_CHECKING = False  # typing.TYPE_CHECKING without importing typing (lint's start-up, #20)
+if TYPE_CHECKING:
+    from typing import Any
 
 FIX_REFUSED = "WC110"
 

@@ -7,9 +7,11 @@ from __future__ import annotations
 
 import os
 import sys
-from typing import TYPE_CHECKING, Any
 
+TYPE_CHECKING = False  # typing.TYPE_CHECKING without importing typing (lint's start-up, #20)
 if TYPE_CHECKING:
+    from typing import Any
+
     from weightcheck.findings import Result
     from weightcheck.settings import Settings
 

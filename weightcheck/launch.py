@@ -20,7 +20,6 @@ from __future__ import annotations
 import os
 import sys
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
 
 from weightcheck.frontend import (
     debug_requested,
@@ -31,7 +30,10 @@ from weightcheck.frontend import (
     report_internal_errors,
 )
 
+TYPE_CHECKING = False  # typing.TYPE_CHECKING without importing typing (lint's start-up, #20)
 if TYPE_CHECKING:
+    from typing import Any
+
     from weightcheck.findings import Result
     from weightcheck.settings import Settings
 

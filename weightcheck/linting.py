@@ -7,12 +7,15 @@ import os
 from collections.abc import Iterable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
-from typing import Any
 
 from weightcheck.checkpoint import CONFIG_NAME, INDEX_NAME, load_checkpoint
 from weightcheck.findings import Result, internal_error
 from weightcheck.lightclass import replace
 from weightcheck.rules import LintContext, Rule, all_rules, matches_selector, run_rules
+
+TYPE_CHECKING = False  # typing.TYPE_CHECKING without importing typing (lint's start-up, #20)
+if TYPE_CHECKING:
+    from typing import Any
 
 
 def selected_rules(select: Iterable[str] = ("ALL",), ignore: Iterable[str] = (), command: str = "lint") -> list[Rule]:

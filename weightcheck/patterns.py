@@ -23,9 +23,14 @@ import sys
 from collections.abc import Iterable, Iterator, Sequence
 from functools import cache, lru_cache
 from pathlib import Path
-from typing import Any, NamedTuple, overload
 
 from weightcheck.lightclass import dataclass, field
+
+TYPE_CHECKING = False  # typing.TYPE_CHECKING without importing typing (lint's start-up, #20)
+if TYPE_CHECKING:
+    from typing import Any, NamedTuple, overload
+else:
+    from weightcheck.lightclass import NamedTuple
 
 # `experts`: stacked 3-D expert parameters (gpt-oss `mlp.experts.gate_up_proj` [E, ...]), not a Linear.
 KINDS = {"linear", "router", "embedding", "norm", "conv", "other", "experts"}
@@ -801,10 +806,13 @@ class RunNames(Sequence[str]):
     def __len__(self) -> int:
         return len(self._experts)
 
-    @overload
-    def __getitem__(self, index: int) -> str: ...
-    @overload
-    def __getitem__(self, index: slice) -> list[str]: ...
+    if TYPE_CHECKING:
+
+        @overload
+        def __getitem__(self, index: int) -> str: ...
+        @overload
+        def __getitem__(self, index: slice) -> list[str]: ...
+
     def __getitem__(self, index: int | slice) -> str | list[str]:
         if isinstance(index, slice):
             return [self[i] for i in range(*index.indices(len(self)))]

@@ -10,7 +10,10 @@ from __future__ import annotations
 import os
 import sys
 import time
-from typing import Any, TextIO
+
+TYPE_CHECKING = False  # typing.TYPE_CHECKING without importing typing (lint's start-up, #20)
+if TYPE_CHECKING:
+    from typing import Any, TextIO
 
 # "bar" (rich, terminal), "lines" (plain periodic lines), or None (off).
 Mode = str | None

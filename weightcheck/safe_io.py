@@ -20,7 +20,10 @@ import re
 import stat
 from collections.abc import Iterable
 from pathlib import Path
-from typing import Any
+
+TYPE_CHECKING = False  # typing.TYPE_CHECKING without importing typing (lint's start-up, #20)
+if TYPE_CHECKING:
+    from typing import Any
 
 # Below this many bytes a JSON text is parsed by the stdlib: importing orjson (uuid, platform, datetime: ~8 ms)
 # costs more than it saves on a config.json, and config-only lint is mostly start-up (issue #20).

@@ -13,10 +13,15 @@ import math
 import os
 import re
 import struct
-from typing import TYPE_CHECKING, NamedTuple, Protocol
 
 from weightcheck.lightclass import dataclass, field
 from weightcheck.safe_io import fast_json_loads  # orjson, imported on first use (~3x faster on large headers)
+
+TYPE_CHECKING = False  # typing.TYPE_CHECKING without importing typing (lint's start-up, #20)
+if TYPE_CHECKING:
+    from typing import NamedTuple, Protocol
+else:
+    from weightcheck.lightclass import NamedTuple
 
 # Bits per element, from the Rust `Dtype` enum (safetensors >= 0.6).
 DTYPE_BITS: dict[str, int] = {
@@ -181,7 +186,7 @@ def read_header(path: str | os.PathLike[str]) -> HeaderReport:
     return report
 
 
-if TYPE_CHECKING:  # a Protocol class costs ~1 ms to create at import; only annotations use it
+if TYPE_CHECKING:  # only annotations use it (and typing is not imported at run time)
 
     class RangeReader(Protocol):
         """Anything with `read(n)` from the current position: a local file, or a remote file read by ranges."""

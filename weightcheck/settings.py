@@ -21,10 +21,13 @@ import contextlib
 import sys
 from collections.abc import Iterable
 from pathlib import Path
-from typing import Any
 
 from weightcheck import safe_io
 from weightcheck.lightclass import dataclass, field
+
+TYPE_CHECKING = False  # typing.TYPE_CHECKING without importing typing (lint's start-up, #20)
+if TYPE_CHECKING:
+    from typing import Any
 
 KNOWN_KEYS = {"select", "ignore", "extend-select", "fail-on", "format", "pattern", "allow-skip", "map", "validate-with"}
 # Suppression and targets (see docs/suppression.md).

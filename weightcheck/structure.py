@@ -11,10 +11,13 @@ from collections import Counter, defaultdict
 from collections.abc import Iterable
 from itertools import groupby
 from operator import itemgetter
-from typing import Any
 
 from weightcheck.lightclass import dataclass, field
 from weightcheck.names import Template, group_by_template, is_index, parse_index, split_expert, split_layer
+
+TYPE_CHECKING = False  # typing.TYPE_CHECKING without importing typing (lint's start-up, #20)
+if TYPE_CHECKING:
+    from typing import Any
 
 # Re-exported for weightcheck/verify.py (`parse_index`) until it imports weightcheck.names itself.
 __all__ = ["parse_index"]

@@ -13,9 +13,12 @@ from __future__ import annotations
 import json
 from collections.abc import Iterable, Mapping
 from pathlib import Path
-from typing import Any
 
 from weightcheck.findings import Finding, Result
+
+TYPE_CHECKING = False  # typing.TYPE_CHECKING without importing typing (lint's start-up, #20)
+if TYPE_CHECKING:
+    from typing import Any
 
 BASELINE_KIND = "weightcheck-baseline"
 

@@ -8,7 +8,6 @@ from __future__ import annotations
 import re
 from collections import defaultdict
 from collections.abc import Container, Iterable
-from typing import Any
 
 from weightcheck.checkpoint import Checkpoint
 from weightcheck.lightclass import dataclass, field
@@ -18,6 +17,10 @@ from weightcheck.quant.compiled import CompiledIgnore, NameSet
 from weightcheck.quant.config import QuantSpec, parse_quant_spec
 from weightcheck.quant.inventory import Inventory, ModuleInfo, from_checkpoint, from_config
 from weightcheck.quant.matchers import Consumer, _compiled, consumers_for, ct_match, fused_groups, get_consumer
+
+TYPE_CHECKING = False  # typing.TYPE_CHECKING without importing typing (lint's start-up, #20)
+if TYPE_CHECKING:
+    from typing import Any
 
 _CLASS_NAME = re.compile(r"^[A-Z][A-Za-z0-9_]*$")
 PARAM_SUFFIXES = (".weight", ".bias", "_scale", "_packed", ".qweight", ".qzeros", ".scales", "_shape", ".g_idx")

@@ -25,12 +25,12 @@ import re
 from collections import defaultdict
 from collections.abc import Callable, Iterable
 from functools import lru_cache, partial
-from typing import TYPE_CHECKING
 
 from weightcheck.names import Template, group_by_template, name_template
 from weightcheck.quant.matchers import Consumer, _compiled
 from weightcheck.quant.safe_regex import SafeRegex
 
+TYPE_CHECKING = False  # typing.TYPE_CHECKING without importing typing (lint's start-up, #20)
 if TYPE_CHECKING:
     from weightcheck.patterns import ExpectedRun
 

@@ -13,10 +13,13 @@ unless asked to (`--validate-with compressed-tensors`) or the mirror meets a nam
 from __future__ import annotations
 
 import math
-from typing import Any
 
 from weightcheck.lightclass import dataclass, field
 from weightcheck.names import is_index
+
+TYPE_CHECKING = False  # typing.TYPE_CHECKING without importing typing (lint's start-up, #20)
+if TYPE_CHECKING:
+    from typing import Any
 
 CT_FORMATS = {
     "dense",

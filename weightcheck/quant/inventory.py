@@ -11,13 +11,16 @@ from __future__ import annotations
 import re
 from collections.abc import Callable, ItemsView, Iterator, Mapping, Sequence, ValuesView
 from itertools import repeat
-from typing import Any
 
 from weightcheck.lightclass import dataclass, field
 from weightcheck.names import split_layer
 from weightcheck.patterns import ExpectedModule, ExpectedRun, Pattern, expand, expand_runs
 from weightcheck.safetensors_header import TensorInfo
 from weightcheck.structure import QUANT_COMPANIONS, split_tail
+
+TYPE_CHECKING = False  # typing.TYPE_CHECKING without importing typing (lint's start-up, #20)
+if TYPE_CHECKING:
+    from typing import Any
 
 # Companions whose presence means "this module is stored quantized".
 QUANTIZED_MARKERS = frozenset(

@@ -19,7 +19,10 @@ from __future__ import annotations
 import re
 import warnings
 from functools import lru_cache
-from typing import Any
+
+TYPE_CHECKING = False  # typing.TYPE_CHECKING without importing typing (lint's start-up, #20)
+if TYPE_CHECKING:
+    from typing import Any
 
 
 @lru_cache(maxsize=1)

@@ -2,10 +2,12 @@
 
 from __future__ import annotations
 
-from typing import TextIO
-
 from weightcheck.findings import Result
 from weightcheck.reporters.header import SCHEMA_VERSION, tool_header
+
+TYPE_CHECKING = False  # typing.TYPE_CHECKING without importing typing (lint's start-up, #20)
+if TYPE_CHECKING:
+    from typing import TextIO
 
 __all__ = ["FORMATS", "SCHEMA_VERSION", "render", "tool_header"]
 

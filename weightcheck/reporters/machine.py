@@ -5,10 +5,13 @@ from __future__ import annotations
 import json
 import os
 from pathlib import Path
-from typing import Any, TextIO
 
 from weightcheck.findings import Finding, Result, Severity
 from weightcheck.reporters.header import tool_header
+
+TYPE_CHECKING = False  # typing.TYPE_CHECKING without importing typing (lint's start-up, #20)
+if TYPE_CHECKING:
+    from typing import Any, TextIO
 
 
 def result_document(result: Result) -> dict[str, Any]:

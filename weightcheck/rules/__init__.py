@@ -11,12 +11,14 @@ from __future__ import annotations
 
 import importlib
 from collections.abc import Callable, Iterable, Iterator, Mapping
-from typing import TYPE_CHECKING, Any
 
 from weightcheck.findings import Finding, Location, Severity
 from weightcheck.lightclass import dataclass, field
 
+TYPE_CHECKING = False  # typing.TYPE_CHECKING without importing typing (lint's start-up, #20)
 if TYPE_CHECKING:
+    from typing import Any
+
     from weightcheck.checkpoint import Checkpoint
 
 # Modules that define rules; imported on first use of the registry.

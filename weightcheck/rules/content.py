@@ -13,13 +13,15 @@ from __future__ import annotations
 
 import re
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
 
 from weightcheck.collapse import format_ranges, summarize
 from weightcheck.findings import Finding, Location, Severity
 from weightcheck.rules import LintContext, rule
 
+TYPE_CHECKING = False  # typing.TYPE_CHECKING without importing typing (lint's start-up, #20)
 if TYPE_CHECKING:
+    from typing import Any
+
     from weightcheck.scan import TensorScan
 
 CONTENT_NEEDS = ("tensors", "data")

@@ -8,10 +8,12 @@ registering them here documents them in `weightcheck rules`, SARIF and docs/rule
 
 from __future__ import annotations
 
-from typing import Any
-
 from weightcheck.findings import Severity
 from weightcheck.rules import Rule, UnknownRuleCode, metadata_rule
+
+TYPE_CHECKING = False  # typing.TYPE_CHECKING without importing typing (lint's start-up, #20)
+if TYPE_CHECKING:
+    from typing import Any
 
 __all__ = ["UnknownRuleCode"]  # raised by diff_rule / class_rule
 

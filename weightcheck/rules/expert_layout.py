@@ -11,8 +11,6 @@ class's own `load_weights` on each layout, not by reading its source.
 
 from __future__ import annotations
 
-from typing import Any
-
 from weightcheck.collapse import summarize
 from weightcheck.findings import Severity
 from weightcheck.names import is_stacked_expert, layer_tail
@@ -20,6 +18,10 @@ from weightcheck.rules import LintContext, rule, templates_of
 from weightcheck.rules.arch import tensor_ranks
 from weightcheck.rules.quant import analysis_of
 from weightcheck.structure import EXPERT_COUNT_KEYS, config_int
+
+TYPE_CHECKING = False  # typing.TYPE_CHECKING without importing typing (lint's start-up, #20)
+if TYPE_CHECKING:
+    from typing import Any
 
 
 def _tail(name: str, prefix: str) -> str | None:

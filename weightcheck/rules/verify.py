@@ -8,10 +8,12 @@ not one of these, so a mistyped code fails loudly instead of being dropped.
 
 from __future__ import annotations
 
-from typing import Any
-
 from weightcheck.findings import Finding, Location, Severity
 from weightcheck.rules import Rule, UnknownRuleCode, metadata_rule
+
+TYPE_CHECKING = False  # typing.TYPE_CHECKING without importing typing (lint's start-up, #20)
+if TYPE_CHECKING:
+    from typing import Any
 
 # Severities verify emits besides the default (identical duplicates and untraceable writes are warnings;
 # ranks that never arrived under --expect-records are an error).
