@@ -184,12 +184,13 @@ def test_rule_examples_are_dedented_as_textwrap_does() -> None:
 
 def test_config_only_lint_starts_without_the_heavy_imports() -> None:
     """Plain config-only lint through the console entry imports none of ast, click, dataclasses, inspect, orjson,
-    textwrap, tomllib, typing, importlib.resources, the Hub module (nor torch, transformers, compressed-tensors:
-    tests/test_light_imports.py); a regression shows here first."""
+    textwrap, tomllib, typing, importlib.resources, the Hub module and the other commands' rule modules (nor
+    torch, transformers, compressed-tensors: tests/test_light_imports.py); a regression shows here first."""
     probe = (
         "import atexit, sys; atexit.register(lambda: sys.stderr.write('loaded: ' + ','.join(sorted(m for m in "
         "('ast', 'click', 'dataclasses', 'inspect', 'orjson', 'textwrap', 'tomllib', 'typing', 'importlib.resources', "
-        "'weightcheck.hub') if m in sys.modules)) + '\\n')); "
+        "'weightcheck.hub', 'weightcheck.rules.diff', 'weightcheck.rules.verify', 'weightcheck.rules.rollout') "
+        "if m in sys.modules)) + '\\n')); "
         "sys.argv[0] = 'weightcheck'; "
         "from weightcheck.launch import main; main()"
     )

@@ -11,7 +11,7 @@ from pathlib import Path
 from weightcheck.checkpoint import CONFIG_NAME, INDEX_NAME, load_checkpoint
 from weightcheck.findings import Result, internal_error
 from weightcheck.lightclass import replace
-from weightcheck.rules import LintContext, Rule, all_rules, matches_selector, run_rules
+from weightcheck.rules import LintContext, Rule, command_rules, matches_selector, run_rules
 
 TYPE_CHECKING = False  # typing.TYPE_CHECKING without importing typing (lint's start-up, #20)
 if TYPE_CHECKING:
@@ -21,9 +21,7 @@ if TYPE_CHECKING:
 def selected_rules(select: Iterable[str] = ("ALL",), ignore: Iterable[str] = (), command: str = "lint") -> list[Rule]:
     select, ignore = list(select) or ["ALL"], list(ignore)
     return [
-        r
-        for r in all_rules().values()
-        if r.command == command and matches_selector(r, select) and not matches_selector(r, ignore)
+        r for r in command_rules(command).values() if matches_selector(r, select) and not matches_selector(r, ignore)
     ]
 
 

@@ -26,9 +26,9 @@ BASELINE_KIND = "weightcheck-baseline"
 def attach_related(findings: list[Finding]) -> list[Finding]:
     """Return the top-level findings; follow-ons are moved into their root's `related` list. A root's
     severity is raised to its worst follow-on so that collapsing never weakens the exit code."""
-    from weightcheck.rules import all_rules
+    from weightcheck.rules import rules_covering
 
-    rules = all_rules()
+    rules = rules_covering(f.code for f in findings)
     # follow-on code -> [(root index, scope)]: only findings of rules that declare `implies` can be roots.
     roots: dict[str, list[tuple[int, str]]] = {}
     for j, root in enumerate(findings):
@@ -72,9 +72,10 @@ def attach_related(findings: list[Finding]) -> list[Finding]:
 
 
 def fill_fix_texts(findings: Iterable[Finding]) -> None:
-    from weightcheck.rules import all_rules
+    from weightcheck.rules import rules_covering
 
-    rules = all_rules()
+    findings = list(findings)
+    rules = rules_covering(f.code for f in findings)
     for finding in findings:
         rule = rules.get(finding.code)
         if not finding.fix and rule is not None:

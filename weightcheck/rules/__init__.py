@@ -21,22 +21,28 @@ if TYPE_CHECKING:
 
     from weightcheck.checkpoint import Checkpoint
 
-# Modules that define rules; imported on first use of the registry.
-RULE_MODULES = (
-    "weightcheck.rules.files",
-    "weightcheck.rules.index",
-    "weightcheck.rules.layers",
-    "weightcheck.rules.quant",
-    "weightcheck.rules.patterns",
-    "weightcheck.rules.arch",
-    "weightcheck.rules.fused_experts",
-    "weightcheck.rules.expert_layout",
-    "weightcheck.rules.content",
-    "weightcheck.rules.diff",
-    "weightcheck.rules.verify",
-    "weightcheck.rules.rollout",
-    "weightcheck.fixes",
-)
+# Modules that define rules, by the command that runs their rules; imported on first use of the registry. A
+# plain lint imports only lint's: the other commands' modules are ~3 ms of a config-only lint's start-up (#20).
+# tests/test_rule_modules.py checks that each module registers only its command's rules.
+RULE_MODULES_BY_COMMAND: dict[str, tuple[str, ...]] = {
+    "lint": (
+        "weightcheck.rules.files",
+        "weightcheck.rules.index",
+        "weightcheck.rules.layers",
+        "weightcheck.rules.quant",
+        "weightcheck.rules.patterns",
+        "weightcheck.rules.arch",
+        "weightcheck.rules.fused_experts",
+        "weightcheck.rules.expert_layout",
+        "weightcheck.rules.content",
+        "weightcheck.fixes",
+    ),
+    "diff": ("weightcheck.rules.diff",),
+    "verify": ("weightcheck.rules.verify",),
+    "rollout": ("weightcheck.rules.rollout",),
+    "doctor": ("weightcheck.rules.rollout",),
+}
+RULE_MODULES = tuple(dict.fromkeys(m for modules in RULE_MODULES_BY_COMMAND.values() for m in modules))
 
 FAMILIES = {
     "WC0": "weightcheck itself",
@@ -264,19 +270,46 @@ INTERNAL_ERROR_RULE = Rule(
 )
 
 
+_IMPORTED: set[str] = set()
+
+
+def _import_rule_modules(modules: Iterable[str]) -> None:
+    if INTERNAL_ERROR_RULE.code not in _REGISTRY:
+        register(INTERNAL_ERROR_RULE)
+    for module in modules:
+        if module in _IMPORTED:
+            continue
+        _IMPORTED.add(module)
+        try:
+            importlib.import_module(module)
+        except ModuleNotFoundError as exc:
+            if exc.name != module:  # only a module not written yet is skipped
+                raise
+
+
 def all_rules() -> dict[str, Rule]:
     global _LOADED
     if not _LOADED:
         _LOADED = True
-        if INTERNAL_ERROR_RULE.code not in _REGISTRY:
-            register(INTERNAL_ERROR_RULE)
-        for module in RULE_MODULES:
-            try:
-                importlib.import_module(module)
-            except ModuleNotFoundError as exc:
-                if exc.name != module:  # only a module not written yet is skipped
-                    raise
+        _import_rule_modules(RULE_MODULES)
     return dict(sorted(_REGISTRY.items()))
+
+
+def command_rules(command: str) -> dict[str, Rule]:
+    """The rules `command` runs, by code: what `all_rules()` holds for it, importing only its modules."""
+    modules = RULE_MODULES_BY_COMMAND.get(command)
+    if modules is None:
+        return {code: r for code, r in all_rules().items() if r.command == command}
+    _import_rule_modules(modules)
+    return {code: r for code, r in sorted(_REGISTRY.items()) if r.command == command}
+
+
+def rules_covering(codes: Iterable[str]) -> Mapping[str, Rule]:
+    """A registry to look `codes` up in: the rules loaded so far when they include every one of them (a lint
+    run has loaded lint's), else every rule. Either way each code finds the same rule, or none."""
+    if set(codes) <= _REGISTRY.keys():
+        return _REGISTRY
+    return all_rules()
 
 
 def get_rule(code_or_name: str) -> Rule | None:
@@ -307,12 +340,10 @@ class UnknownSelector(ValueError):
 
 def unknown_selectors(selectors: Iterable[str]) -> list[str]:
     """Entries that are neither ALL, nor a code prefix of some rule (`WC2`, `WC201`), nor a rule name."""
-    rules = all_rules()
+    named = [s for s in (sel.strip() for sel in selectors) if s and s.upper() != "ALL"]
+    rules = all_rules() if named else {}  # only ALL: nothing to look up in every rule
     bad = []
-    for sel in selectors:
-        s = sel.strip()
-        if not s or s.upper() == "ALL":
-            continue
+    for s in named:
         if not any(code.startswith(s.upper()) or r.name == s for code, r in rules.items()):
             bad.append(s)
     return bad
@@ -330,7 +361,7 @@ def check_selectors(select: Iterable[str], ignore: Iterable[str], *, command: st
     if command is None:
         return
     chosen = list(select) or ["ALL"]
-    own = [r for r in all_rules().values() if r.command == command and not r.retired]
+    own = [r for r in command_rules(command).values() if not r.retired]
     if own and not any(matches_selector(r, chosen) and not matches_selector(r, ignore) for r in own):
         raise UnknownSelector(
             f"the selection ({', '.join(chosen)}" + (f"; ignore {', '.join(ignore)}" if list(ignore) else "")
