@@ -44,6 +44,9 @@ ENTRIES = [
     "model.layers.12.mlp.experts.11.up_proj",
     "fc1", "mlp.fc1", "1.mlp.fc1", "experts.2.w2", "2.w2", "w1", "w13", "3.w13", "conv2d.h1", "d.h12", "h12",
     "experts.1.w1", "2.conv2d.h12",
+    # `.` over an id's digits (transformers reads the entry as a regex): one entry reaches one- and two-digit ids
+    "model.layers.1..mlp.gate", "model.layers...mlp.gate", "model.layers....mlp.gate", "model.layers.2..self_attn",
+    "model.layers.1.mlp.experts...up_proj", "model.layers.1.mlp.experts.1..down_proj",
     # ModelOpt exclude globs, one per layer as nvidia's NVFP4 releases write them
     "model.layers.1*", "model.layers.1.self_attn*", "model.layers.12.mlp.shared_expert*", "*.mlp.gate*",
     "model.layers.*.mlp.experts.1*", "*self_attn*", "model.layers.2*.q_proj", "*", "**", "mtp*", "experts.1*",

@@ -176,19 +176,20 @@ class NameSet:
             sizes[parts] += len(items)
 
         runs = list(runs)
+        tails: dict[str, tuple[str, str, str] | None] = {}  # a layer's tails recur in every layer: parsed once
         for run, run_names in zip(runs, names if names is not None else (r.names() for r in runs), strict=True):
-            first_parts, first = name_template(run_names[0])
+            first_parts, first = name_template(run_names[0], tails)
             if len(run_names) == 1:
                 add(first_parts, [(run_names[0], first)])
                 continue
             experts = run.experts
             assert experts is not None
-            last_parts, last = name_template(run_names[-1])
+            last_parts, last = name_template(run_names[-1], tails)
             slots = [k for k in range(len(first)) if first[k] != last[k]]
             k = slots[0] if len(slots) == 1 else -1
             if last_parts != first_parts or k < 0 or first[k] != str(experts[0]) or last[k] != str(experts[-1]):
                 for name in run_names:  # the id is not a template slot of these names: parse each
-                    parts, values = name_template(name)
+                    parts, values = name_template(name, tails)
                     add(parts, [(name, values)])
                 continue
             head, tail = first[:k], first[k + 1 :]
@@ -370,7 +371,7 @@ class CompiledIgnore:
         for form in e.reverse:
             out |= self._reverse(form, group)
         if e.positional is not None:
-            got = self._positional(e.entry, group)
+            got = self._positional(e.entry, e.positional, group)
             if got is None:
                 return every
             out |= got
@@ -425,11 +426,16 @@ class CompiledIgnore:
         return set(range(len(group.members))) if out is None else out
 
     @staticmethod
-    def _positional(entry: str, group: _Group) -> set[int] | None:
+    def _positional(entry: str, shape_match: re.Pattern[str], group: _Group) -> set[int] | None:
         """transformers' start-anchored match of an entry whose only wildcard is `.`: a digit of the entry
-        over an id slot must equal that digit of the id."""
+        over an id slot must equal that digit of the id. A length class whose shape (`class_shapes`) the
+        entry's shape does not match has no member it matches: where the entry has a digit the name has the
+        same digit, and `#` at that place in both shapes; elsewhere the name's character is the entry's or
+        any under its `.`, the same in the shapes (`model.layers.1.mlp.gate` skips the two-digit layers)."""
         out: set[int] = set()
-        for lengths, idx in group.classes.items():
+        for (lengths, idx), shape in zip(group.classes.items(), group.class_shapes, strict=True):
+            if not shape_match.match(shape):
+                continue
             starts, pos = [], len(group.parts[0])
             for k, n in enumerate(lengths):
                 starts.append(pos)
