@@ -144,3 +144,37 @@ def test_overreaching_layer_regex_is_caught(tmp_path: Path, model_type: str) -> 
     if ct:
         bounded = f"re:{pattern.layer_prefix.replace('.', chr(92) + '.')}\\.1\\..*"
         assert not by_code(run(_write(tmp_path, entry, [*_ignore(entry), bounded])), "WC305")
+
+
+def test_wc302_own_module_shortcut_changes_no_finding(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """WC302 passes an entry that is itself a module's name without matching the whole list
+    (`rules.quant._names_own_module`); on every published config, with planted entries beside them and on the
+    shipped samples, the findings are what matching every entry for every reader gives."""
+    import weightcheck.rules.quant as quant_rules
+
+    root = Path(__file__).resolve().parents[1]
+    targets = [root / "sample_configs" / name for name in sorted(p.name for p in (root / "sample_configs").iterdir())
+               if (root / "sample_configs" / name).is_dir()]  # fmt: skip
+    for i, entry in enumerate(DATA):
+        planted = [*_ignore(entry), "model.layers.0.mlp.gaet", "re:layers.*", "lm_head", "model.embed_tokens"]
+        for name, ignore in ((f"{i}", None), (f"{i}p", planted)):
+            (tmp_path / name).mkdir()
+            targets.append(_write(tmp_path / name, entry, ignore))
+
+    def findings() -> list[list[tuple[str, str]]]:
+        return [sorted((f.code, f.message) for f in run(t).findings if f.code.startswith("WC3")) for t in targets]
+
+    passed: list[str] = []
+    original = quant_rules._names_own_module
+
+    def counted(qa: object, entry: str) -> bool:
+        if original(qa, entry):
+            passed.append(entry)
+            return True
+        return False
+
+    monkeypatch.setattr(quant_rules, "_names_own_module", counted)
+    with_shortcut = findings()
+    assert len(passed) > 50  # the shortcut does pass entries on these configs
+    monkeypatch.setattr(quant_rules, "_names_own_module", lambda qa, e: False)
+    assert findings() == with_shortcut
