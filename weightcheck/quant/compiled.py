@@ -374,7 +374,7 @@ class CompiledIgnore:
         for form in e.reverse:
             out |= self._reverse(form, group)
         if e.positional is not None:
-            got = self._positional(e.entry, e.positional, group)
+            got = self._positional(e, group)
             if got is None:
                 return every
             out |= got
@@ -429,12 +429,14 @@ class CompiledIgnore:
         return set(range(len(group.members))) if out is None else out
 
     @staticmethod
-    def _positional(entry: str, shape_match: re.Pattern[str], group: _Group) -> set[int] | None:
+    def _positional(e: _Entry, group: _Group) -> set[int] | None:
         """transformers' start-anchored match of an entry whose only wildcard is `.`: a digit of the entry
         over an id slot must equal that digit of the id. A length class whose shape (`class_shapes`) the
         entry's shape does not match has no member it matches: where the entry has a digit the name has the
         same digit, and `#` at that place in both shapes; elsewhere the name's character is the entry's or
         any under its `.`, the same in the shapes (`model.layers.1.mlp.gate` skips the two-digit layers)."""
+        entry, shape_match = e.entry, e.positional
+        assert shape_match is not None
         out: set[int] = set()
         for (lengths, idx), shape in zip(group.classes.items(), group.class_shapes, strict=True):
             if not shape_match.match(shape):

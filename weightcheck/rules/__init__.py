@@ -163,7 +163,6 @@ _REGISTRY: dict[str, Rule] = {}
 # name -> code of every registered rule: `register` is the only writer of both (a scan of the registry per
 # new rule was ~8,000 comparisons at start-up).
 _CODE_OF_NAME: dict[str, str] = {}
-_LOADED = False
 
 
 def rule(
@@ -288,10 +287,7 @@ def _import_rule_modules(modules: Iterable[str]) -> None:
 
 
 def all_rules() -> dict[str, Rule]:
-    global _LOADED
-    if not _LOADED:
-        _LOADED = True
-        _import_rule_modules(RULE_MODULES)
+    _import_rule_modules(RULE_MODULES)  # each module once: `_IMPORTED`
     return dict(sorted(_REGISTRY.items()))
 
 
