@@ -128,3 +128,26 @@ def test_the_tap_kernel_gives_the_digest_and_the_statistics(label: str, tensor: 
     assert {k: entry[k] for k in ("dtype", "posmix128", "zeros", "nonfinite")} == {
         k: want_entry[k] for k in ("dtype", "posmix128", "zeros", "nonfinite")
     }
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32, torch.int32, torch.uint8], ids=str)
+@pytest.mark.parametrize("programs", [1, 2, 3, 7, 40])
+def test_a_fixed_grid_striding_over_many_blocks(dtype: torch.dtype, programs: int) -> None:
+    """Each program takes several steps (1,500 words in blocks of 64: 24 blocks over 1 to 40 programs, the last
+    block masked): its lanes' sums, the advancing keys and the counts equal the reference, with NaN/Inf and a
+    zero run placed in late steps of different programs."""
+    from weightcheck.fuseddigest import fused_lanes_and_stats
+    from weightcheck.posmix import _byte_view, finalize
+    from weightcheck.tap.devicebatch import fused_spec
+
+    tensor = _random(dtype, (1500 * 4 // torch.empty((), dtype=dtype).element_size(),), seed=programs)
+    if dtype.is_floating_point:
+        tensor = tensor.float().nan_to_num(0.0, 1.0, -1.0).clamp(-1, 1).to(dtype)
+        tensor[-3], tensor[700], tensor[1001] = float("nan"), float("inf"), float("-inf")
+    data = _byte_view(tensor)
+    a, b, set_words, nonfinite = fused_lanes_and_stats(
+        data, *fused_spec(dtype), block_words=64, programs=programs
+    ).tolist()
+    assert finalize(a, b, data.numel()) == posmix128_tensor(tensor)
+    assert set_words == int((data.view(torch.int32) != 0).sum())
+    assert nonfinite == (int((~torch.isfinite(tensor)).sum()) if dtype.is_floating_point else 0)

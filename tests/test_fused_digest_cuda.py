@@ -95,6 +95,28 @@ def test_the_device_batch_on_the_gpu_records_what_describe_tensor_records_on_the
         assert got == {k: want[k] for k in got} and list(entry["shape"]) == want["shape"], (tensor.dtype, tensor.shape)
 
 
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32, torch.uint8], ids=str)
+def test_the_fixed_grid_on_the_gpu_with_few_and_many_steps(dtype: torch.dtype) -> None:
+    """One program striding over every block, a few, and the default grid: lanes and counts equal the CPU
+    reference on a tensor of many blocks, with NaN/Inf and zeros far apart."""
+    from weightcheck.fuseddigest import fused_lanes_and_stats
+    from weightcheck.posmix import _byte_view, finalize
+    from weightcheck.tap.devicebatch import fused_spec
+
+    host = _random(dtype, (3, 1 << 20), seed=13)
+    if dtype.is_floating_point:
+        host = host.float().nan_to_num(0.0, 1.0, -1.0).clamp(-1, 1).to(dtype)
+        host[0, 5], host[1, 77777], host[2, -1] = float("nan"), float("inf"), float("-inf")
+    host[1, 1000:50000] = 0
+    reference = posmix128_tensor(host)
+    set_words = int((_byte_view(host).view(torch.int32) != 0).sum())
+    nonfinite = int((~torch.isfinite(host)).sum()) if dtype.is_floating_point else 0
+    data = _byte_view(host.cuda())
+    for block, programs in ((1024, 1), (64, 7), (1024, None), (4096, None), (256, 1000)):
+        a, b, got_set, got_bad = fused_lanes_and_stats(data, *fused_spec(dtype), block, programs).tolist()
+        assert (finalize(a, b, data.numel()), got_set, got_bad) == (reference, set_words, nonfinite), (block, programs)
+
+
 @pytest.mark.skipif(torch.cuda.device_count() < 2, reason="needs two GPUs")
 def test_a_tensor_on_another_gpu_than_the_current_one() -> None:
     from weightcheck.tap.devicebatch import DeviceBatch

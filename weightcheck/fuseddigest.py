@@ -2,11 +2,12 @@
 
 `weightcheck.devdigest.posmix128_tensor` runs posmix128 as ~18 eager int64 torch kernels per chunk of words
 (each one a full read and write of an int64 temporary): on a GPU that is many launches per tensor and 8-16
-bytes of traffic per 4-byte word. Here one Triton program per block of words loads each word once, keys it
-by its absolute position, mixes it, and adds its block's two lane sums into an int64 output with atomic adds
-(with them, for the tap, the count of words with a bit set and of NaN/Inf values: `fused_lanes_and_stats`).
-Integer addition modulo 2^64 is associative and commutative, so the order in which blocks land does not
-change the result: the digest equals the reference on every device and on the stored bytes.
+bytes of traffic per 4-byte word. Here a fixed grid of Triton programs strides over the tensor's blocks of
+words: each loads each word once, keys it by its absolute position, mixes it, keeps its lanes' sums in
+registers, and adds its two lane sums into an int64 output with atomic adds once (with them, for the tap, the
+count of words with a bit set and of NaN/Inf values: `fused_lanes_and_stats`). Integer addition modulo 2^64
+is associative and commutative, so the order in which programs land does not change the result: the digest
+equals the reference on every device and on the stored bytes.
 
 The definition (see `weightcheck.devdigest`) is unchanged, so records and manifests keep the algorithm name
 `posmix128`: a digest taken by this kernel and one taken by the eager kernels or from a checkpoint on disk
@@ -30,11 +31,16 @@ if TYPE_CHECKING:
     import torch
 
 ENV_FUSED = "WEIGHTCHECK_FUSED_DIGEST"
-# Words per Triton program: 16 KiB of input per block on a GPU (and few programs under the interpreter).
+# Words per Triton program and step (16 KiB of input per step with BLOCK_WORDS) for `posmix128_fused`.
 BLOCK_WORDS = 4096
-# The tap's kernel (digest and statistics): 1,024 words per program measured fastest of 1,024/4,096/16,384 for
-# the digest alone on an H100 (343 vs 323 vs 246 GB/s over a 1 GB stream, benchmarks/bench_tap.py).
+# The tap's kernel (digest and statistics): words per program and step.
 STATS_BLOCK_WORDS = 1024
+# The fixed grid: programs per multiprocessor of the GPU (each strides over the tensor's blocks), and a few
+# programs under Triton's interpreter, where a test still sees several programs each taking several steps.
+PROGRAMS_PER_SM = 4
+INTERPRETER_PROGRAMS = 3
+# A lane counts at most 2 values per step in 32 bits: no program takes more steps than this.
+MAX_STEPS = 1 << 29
 
 
 def triton_available() -> bool:
@@ -57,37 +63,51 @@ tl: Any = None  # triton.language, bound when the kernel is first built (Triton 
 # counts the words with a bit set (all bytes zero: 0), out[3] the NaN/Inf values of a float of WIDTH bytes (2 or
 # 4) whose exponent-all-ones pattern is PATTERN (a value is NaN/Inf exactly when its sign-cleared bits are
 # >= PATTERN); WIDTH 0: no NaN/Inf count (integers, bool, and the digest alone).
+# A fixed grid of programs strides over the blocks of words (`iters` blocks each): each lane keeps its own sums
+# in registers and a program reduces and adds them to `out` once, at the end. One program per block instead
+# reduced four values across the block and issued four atomics for every 1,024 words, which kept the kernel at
+# about a third of the device's read bandwidth (an H100, benchmarks/bench_fused_digest.py).
+# A word's key k = splitmix(i * G + S) needs i * G: that linear part advances by the same constant each
+# stride (arithmetic mod 2^64), so it is one 64-bit add per word instead of a 64-bit multiply.
 # No annotations but the constexprs': Triton's compiler (not its interpreter) resolves each annotation as a
 # global of this module, and `Any` is not one it accepts (a GPU run failed so; tests/test_fused_digest_cuda.py).
-def _posmix_kernel(words_ptr, out_ptr, n_words, WIDTH: tl.constexpr, PATTERN: tl.constexpr,  # type: ignore[no-untyped-def]
+def _posmix_kernel(words_ptr, out_ptr, n_words, iters, WIDTH: tl.constexpr, PATTERN: tl.constexpr,  # type: ignore[no-untyped-def]
                    BLOCK: tl.constexpr):  # fmt: skip
     pid = tl.program_id(0).to(tl.int64)
+    stride = tl.num_programs(0).to(tl.int64) * BLOCK
     offs = pid * BLOCK + tl.arange(0, BLOCK)  # int64: tensors past 2^31 words
-    mask = offs < n_words
-    w32 = tl.load(words_ptr + offs, mask=mask, other=0).to(tl.uint32, bitcast=True)
-    word = w32.to(tl.uint64)
-    # k_i = splitmix(i * G + S); x_i = fmix((w_i ^ k_i) * M1): uint64 arithmetic wraps, >> is logical.
-    k = offs.to(tl.uint64) * 0x9E3779B97F4A7C15 + 0x632BE59BD9B4E019
-    k = k ^ (k >> 31)
-    x = (word ^ k) * 0xBF58476D1CE4E5B9
-    x = x ^ (x >> 29)
-    x = x * 0x94D049BB133111EB
-    x = x ^ (x >> 32)
-    x = tl.where(mask, x, 0)
-    a = tl.sum(x, axis=0)
-    b = tl.sum(x * (k | 1), axis=0)
-    tl.atomic_add(out_ptr, a.to(tl.int64, bitcast=True))
-    tl.atomic_add(out_ptr + 1, b.to(tl.int64, bitcast=True))
-    set_words = tl.sum(tl.where(mask & (w32 != 0), 1, 0), axis=0)
-    tl.atomic_add(out_ptr + 2, set_words.to(tl.int64))
-    if WIDTH == 2:
-        low = (w32 & 0x7FFF) >= PATTERN
-        high = ((w32 >> 16) & 0x7FFF) >= PATTERN
-        bad = tl.where(mask & low, 1, 0) + tl.where(mask & high, 1, 0)
-        tl.atomic_add(out_ptr + 3, tl.sum(bad, axis=0).to(tl.int64))
-    if WIDTH == 4:
-        bad = tl.where(mask & ((w32 & 0x7FFFFFFF) >= PATTERN), 1, 0)
-        tl.atomic_add(out_ptr + 3, tl.sum(bad, axis=0).to(tl.int64))
+    # i * G + S for this lane's first word, then + stride * G per step (uint64 arithmetic wraps).
+    linear = offs.to(tl.uint64) * 0x9E3779B97F4A7C15 + 0x632BE59BD9B4E019
+    linear_step = stride.to(tl.uint64) * 0x9E3779B97F4A7C15
+    lane_a = tl.zeros([BLOCK], dtype=tl.uint64)
+    lane_b = tl.zeros([BLOCK], dtype=tl.uint64)
+    set_words = tl.zeros([BLOCK], dtype=tl.int32)
+    bad = tl.zeros([BLOCK], dtype=tl.int32)
+    for _ in range(0, iters):
+        mask = offs < n_words
+        w32 = tl.load(words_ptr + offs, mask=mask, other=0).to(tl.uint32, bitcast=True)
+        # k_i = splitmix(i * G + S); x_i = fmix((w_i ^ k_i) * M1): >> is logical on uint64.
+        k = linear ^ (linear >> 31)
+        x = (w32.to(tl.uint64) ^ k) * 0xBF58476D1CE4E5B9
+        x = x ^ (x >> 29)
+        x = x * 0x94D049BB133111EB
+        x = x ^ (x >> 32)
+        x = tl.where(mask, x, 0)
+        lane_a += x
+        lane_b += x * (k | 1)
+        set_words += tl.where(mask & (w32 != 0), 1, 0)
+        if WIDTH == 2:
+            bad += tl.where(mask & ((w32 & 0x7FFF) >= PATTERN), 1, 0)
+            bad += tl.where(mask & (((w32 >> 16) & 0x7FFF) >= PATTERN), 1, 0)
+        if WIDTH == 4:
+            bad += tl.where(mask & ((w32 & 0x7FFFFFFF) >= PATTERN), 1, 0)
+        offs += stride
+        linear += linear_step
+    tl.atomic_add(out_ptr, tl.sum(lane_a, axis=0).to(tl.int64, bitcast=True))
+    tl.atomic_add(out_ptr + 1, tl.sum(lane_b, axis=0).to(tl.int64, bitcast=True))
+    tl.atomic_add(out_ptr + 2, tl.sum(set_words.to(tl.int64), axis=0))
+    if WIDTH != 0:
+        tl.atomic_add(out_ptr + 3, tl.sum(bad.to(tl.int64), axis=0))
 
 
 # The kernel's literals are devdigest's constants (Triton needs literals there); checked at import.
@@ -139,11 +159,35 @@ def triton_cdiv(a: int, b: int) -> int:
     return -(-a // b)
 
 
-def fused_lanes_and_stats(data: torch.Tensor, width: int, pattern: int, block_words: int = STATS_BLOCK_WORDS) -> Any:
+def grid_programs(device: Any, n_blocks: int, programs: int | None = None) -> int:
+    """How many programs stride over `n_blocks` blocks: PROGRAMS_PER_SM per multiprocessor of a GPU (a few
+    under the interpreter), never more than there are blocks, and enough that none takes over MAX_STEPS."""
+    if programs is None:
+        programs = _multiprocessors(device.index) * PROGRAMS_PER_SM if device.type == "cuda" else INTERPRETER_PROGRAMS
+    return max(1, min(n_blocks, programs), triton_cdiv(n_blocks, MAX_STEPS))
+
+
+@functools.cache
+def _multiprocessors(index: int | None) -> int:
+    import torch
+
+    properties = torch.cuda.get_device_properties(torch.cuda.current_device() if index is None else index)
+    return int(properties.multi_processor_count)
+
+
+def fused_lanes_and_stats(
+    data: torch.Tensor,
+    width: int,
+    pattern: int,
+    block_words: int = STATS_BLOCK_WORDS,
+    programs: int | None = None,
+    num_warps: int = 4,
+) -> Any:
     """posmix128's two lanes, the count of 4-byte words with a bit set and the count of NaN/Inf values (floats of
     `width` 2 or 4 bytes with exponent pattern `pattern`; `width` 0: none counted) over the flat uint8 tensor
     `data`, as an int64[4] tensor on its device, in one kernel (the last 1-3 bytes by torch); nothing waits for
-    the device. The element count of `data` must be whole elements of `width` bytes."""
+    the device. The element count of `data` must be whole elements of `width` bytes. `programs` and `num_warps`
+    override the grid's size and the warps per program (the benchmark's sweep)."""
     import torch
 
     n_bytes = data.numel()
@@ -152,9 +196,11 @@ def fused_lanes_and_stats(data: torch.Tensor, width: int, pattern: int, block_wo
     if n_full:
         body = data[: n_full * 4]
         words = body.view(torch.int32) if data.data_ptr() % 4 == 0 else body.clone().view(torch.int32)
-        grid = (triton_cdiv(n_full, block_words),)
+        n_blocks = triton_cdiv(n_full, block_words)
+        grid = grid_programs(data.device, n_blocks, programs)
         with _on_device(data):
-            _kernel()[grid](words, out, n_full, WIDTH=width, PATTERN=pattern, BLOCK=block_words)
+            _kernel()[(grid,)](words, out, n_full, triton_cdiv(n_blocks, grid), WIDTH=width, PATTERN=pattern,
+                               BLOCK=block_words, num_warps=num_warps)  # fmt: skip
     tail = n_bytes - n_full * 4
     if tail:  # a whole 16-bit value (width 2) or 1-3 bytes of a 1-byte dtype: counted with torch
         rest = data[n_full * 4 :]
