@@ -350,7 +350,7 @@ def digest_throughputs(
         from weightcheck.fuseddigest import fused_lanes
         from weightcheck.posmix import _byte_view
 
-        for block in (1024, 4096, 16384):  # the lanes only, one wait per pass: what the tap's device batch does
+        for block in (1024, 2048, 4096):  # the lanes only, one wait per pass: what the tap's device batch does
             out[f"posmix128 fused lanes, no per-tensor wait, BLOCK={block} words"] = measured(
                 lambda t, block=block: fused_lanes(_byte_view(t), block)
             )

@@ -151,3 +151,27 @@ def test_a_fixed_grid_striding_over_many_blocks(dtype: torch.dtype, programs: in
     assert finalize(a, b, data.numel()) == posmix128_tensor(tensor)
     assert set_words == int((data.view(torch.int32) != 0).sum())
     assert nonfinite == (int((~torch.isfinite(tensor)).sum()) if dtype.is_floating_point else 0)
+
+
+def test_the_device_batch_hands_each_tensor_its_own_zeroed_row(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Tensors past one block of rows (a block of 7 here) each get a fresh row: every entry is its own tensor's
+    digest and statistics, not a sum with another's."""
+    from weightcheck.tap import devicebatch
+    from weightcheck.tap.digesting import describe_tensor
+
+    monkeypatch.setattr(devicebatch, "SLAB_ROWS", 7)
+    tensors = [_random(dtype, (5 + i, 3), seed=i) for i, dtype in enumerate([torch.bfloat16, torch.int32] * 9)]
+    tensors[4][0, 0] = float("nan")
+    batch = devicebatch.DeviceBatch()
+    entries: list[dict] = [{} for _ in tensors]
+    for entry, tensor in zip(entries, tensors, strict=True):
+        batch.add(entry, tensor)
+    assert all(item[3] for item in batch.pending)  # every one through the fused kernel
+    rows = {item[5].data_ptr() for item in batch.pending}
+    assert len(rows) == len(tensors)
+    batch.collect("posmix128")
+    for entry, tensor in zip(entries, tensors, strict=True):
+        want = describe_tensor(tensor, "posmix128")
+        assert {k: entry[k] for k in ("posmix128", "zeros", "nonfinite")} == {
+            k: want[k] for k in ("posmix128", "zeros", "nonfinite")
+        }

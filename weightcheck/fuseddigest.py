@@ -31,12 +31,11 @@ if TYPE_CHECKING:
     import torch
 
 ENV_FUSED = "WEIGHTCHECK_FUSED_DIGEST"
-# Words per Triton program and step (16 KiB of input per step with BLOCK_WORDS) for `posmix128_fused`.
-BLOCK_WORDS = 4096
-# The tap's kernel (digest and statistics): words per program and step.
-STATS_BLOCK_WORDS = 1024
-# The fixed grid: programs per multiprocessor of the GPU (each strides over the tensor's blocks), and a few
-# programs under Triton's interpreter, where a test still sees several programs each taking several steps.
+# The fixed grid: words per program and step, programs per multiprocessor of the GPU (each strides over the
+# tensor's blocks), and a few programs under Triton's interpreter, where a test still sees several programs each
+# taking several steps. 2,048 words and 4 programs per multiprocessor (4 warps each) read a 1 GiB tensor at
+# 1,475 GB/s on an H100, the best of the sweep in benchmarks/bench_fused_digest.py (1,024 x 4: 1,363-1,404).
+BLOCK_WORDS = 2048
 PROGRAMS_PER_SM = 4
 INTERPRETER_PROGRAMS = 3
 # A lane counts at most 2 values per step in 32 bits: no program takes more steps than this.
@@ -125,18 +124,6 @@ def _kernel() -> Any:
     return triton.jit(_posmix_kernel)
 
 
-def _on_device(data: torch.Tensor) -> Any:
-    """The tensor's own GPU made current for a launch: Triton launches on the current device, and a tensor on
-    another GPU (an engine thread whose current device is not the tensor's) would be read from the wrong one."""
-    import contextlib
-
-    import torch
-
-    if data.device.type != "cuda":
-        return contextlib.nullcontext()
-    return torch.cuda.device(data.device)
-
-
 def posmix128_fused(tensor: torch.Tensor, block_words: int = BLOCK_WORDS) -> str:
     """`posmix128` of the tensor's stored bytes in one Triton kernel on its device (CUDA, or CPU under
     `TRITON_INTERPRET=1`). Equal to `weightcheck.devdigest.posmix128_tensor` and `posmix128_bytes`."""
@@ -168,6 +155,13 @@ def grid_programs(device: Any, n_blocks: int, programs: int | None = None) -> in
 
 
 @functools.cache
+def _torch() -> Any:
+    import torch
+
+    return torch
+
+
+@functools.cache
 def _multiprocessors(index: int | None) -> int:
     import torch
 
@@ -179,28 +173,36 @@ def fused_lanes_and_stats(
     data: torch.Tensor,
     width: int,
     pattern: int,
-    block_words: int = STATS_BLOCK_WORDS,
+    block_words: int = BLOCK_WORDS,
     programs: int | None = None,
     num_warps: int = 4,
+    out: Any = None,
 ) -> Any:
     """posmix128's two lanes, the count of 4-byte words with a bit set and the count of NaN/Inf values (floats of
     `width` 2 or 4 bytes with exponent pattern `pattern`; `width` 0: none counted) over the flat uint8 tensor
     `data`, as an int64[4] tensor on its device, in one kernel (the last 1-3 bytes by torch); nothing waits for
-    the device. The element count of `data` must be whole elements of `width` bytes. `programs` and `num_warps`
-    override the grid's size and the warps per program (the benchmark's sweep)."""
-    import torch
-
+    the device. The element count of `data` must be whole elements of `width` bytes. `out`: a zeroed int64[4]
+    tensor on the same device to add into (the tap hands out rows of one zeroed block: no allocation and fill per
+    tensor). `programs` and `num_warps` override the grid's size and the warps per program (the benchmark)."""
+    torch = _torch()
     n_bytes = data.numel()
-    n_full = n_bytes // 4
-    out = torch.zeros(4, dtype=torch.int64, device=data.device)
+    n_full = n_bytes >> 2
+    device = data.device
+    if out is None:
+        out = torch.zeros(4, dtype=torch.int64, device=device)
     if n_full:
-        body = data[: n_full * 4]
-        words = body.view(torch.int32) if data.data_ptr() % 4 == 0 else body.clone().view(torch.int32)
-        n_blocks = triton_cdiv(n_full, block_words)
-        grid = grid_programs(data.device, n_blocks, programs)
-        with _on_device(data):
-            _kernel()[(grid,)](words, out, n_full, triton_cdiv(n_blocks, grid), WIDTH=width, PATTERN=pattern,
-                               BLOCK=block_words, num_warps=num_warps)  # fmt: skip
+        body = data if n_full << 2 == n_bytes else data[: n_full << 2]
+        words = body.view(torch.int32) if data.data_ptr() & 3 == 0 else body.clone().view(torch.int32)
+        n_blocks = -(-n_full // block_words)
+        grid = grid_programs(device, n_blocks, programs)
+        launch = _kernel()[(grid,)]
+        steps = -(-n_blocks // grid)
+        # Triton launches on the current device: a tensor on another GPU makes its own current for the launch.
+        if device.type == "cuda" and device.index != torch.cuda.current_device():
+            with torch.cuda.device(device):
+                launch(words, out, n_full, steps, WIDTH=width, PATTERN=pattern, BLOCK=block_words, num_warps=num_warps)
+        else:
+            launch(words, out, n_full, steps, WIDTH=width, PATTERN=pattern, BLOCK=block_words, num_warps=num_warps)
     tail = n_bytes - n_full * 4
     if tail:  # a whole 16-bit value (width 2) or 1-3 bytes of a 1-byte dtype: counted with torch
         rest = data[n_full * 4 :]

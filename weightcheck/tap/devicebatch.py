@@ -15,6 +15,7 @@ made and before anything the engine does to it or its memory afterwards.
 
 from __future__ import annotations
 
+import functools
 from typing import Any
 
 from weightcheck.tap.digesting import fast_dtype
@@ -22,6 +23,10 @@ from weightcheck.tap.digesting import fast_dtype
 # The dtypes the batch takes: those whose statistics `tensor_stats` computes with plain reductions on every
 # device (float8 and complex keep the per-tensor path). Their safetensors names, widths and NaN/Inf patterns
 # come from the one-pass table (`weightcheck.tap.digesting.fast_dtype`).
+# The fused kernel adds into a row of a zeroed block of this many rows (one allocation and fill per block, not
+# per tensor: on the tap's GPU path the host's work per tensor is what the sync pays for, benchmarks/bench_tap.py).
+SLAB_ROWS = 256
+
 TAKEN = ("float32", "float16", "bfloat16", "float64", "int8", "uint8", "int16", "int32", "int64", "bool")
 
 
@@ -36,38 +41,49 @@ def fused_spec(dtype: Any) -> tuple[int, int] | None:
 
 
 class DeviceBatch:
-    """The device values of one call's GPU tensors, until `collect` fills their entries."""
+    """The device values of one call's GPU tensors, until `collect` fills their entries.
+
+    The per-tensor path is kept short on purpose (a dtype's plan and whether the fused kernel may run are decided
+    once per batch, imports are bound once): on the GPU the sync waits for the host's work per tensor, not for the
+    kernel (benchmarks/bench_fused_digest.py, bench_tap.py --device cuda)."""
 
     def __init__(self) -> None:
         # (entry, dtype name, byte count, whether the 4th value counts NaN/Inf (else finite values), element
         # count, [lane a, lane b, nonzero, NaN/Inf or finite count] on the device)
         self.pending: list[tuple[dict[str, Any], str, int, bool, int, Any]] = []
+        # device -> [the zeroed rows of its current block, the next row not handed out]
+        self._slabs: dict[Any, list[Any]] = {}
+        # dtype -> (safetensors name, the fused kernel's (width, pattern) or None)
+        self._plans: dict[Any, tuple[str, tuple[int, int] | None]] = {}
+        # device type -> whether the fused kernel may run (decided at the batch's first tensor; off after a failure)
+        self._fused_ok: dict[str, bool] = {}
 
     @staticmethod
     def takes(tensor: Any) -> bool:
         """A dense CUDA tensor of a dtype above (the others keep the per-tensor path)."""
-        import torch
-
         return (
             tensor.device.type == "cuda"
-            and tensor.layout is torch.strided
-            and str(tensor.dtype).removeprefix("torch.") in TAKEN
+            and tensor.dtype in _taken_dtypes()
+            and tensor.layout is _torch().strided
             and not (tensor.is_conj() or tensor.is_neg())
         )
 
     def add(self, entry: dict[str, Any], tensor: Any) -> None:
         """Queue the tensor's digest and statistics on its device (raises what the kernels raise)."""
-        import torch
-
-        from weightcheck.devdigest import device_lanes
-        from weightcheck.posmix import _byte_view
-
-        st_name = fast_dtype(tensor.dtype)[0]  # type: ignore[index]
-        data = _byte_view(tensor)
+        torch = _torch()
+        plan = self._plans.get(tensor.dtype)
+        if plan is None:
+            plan = self._plans[tensor.dtype] = (fast_dtype(tensor.dtype)[0], fused_spec(tensor.dtype))  # type: ignore[index]
+        st_name, spec = plan
+        data = tensor.detach().contiguous().reshape(-1)  # its bytes, as `posmix._byte_view`
+        if data.dtype is not torch.uint8:
+            data = data.view(torch.uint8)
         numel = tensor.numel()
-        values = self._fused(data, tensor.dtype) if numel else None
+        values = self._fused(data, spec) if numel and spec is not None else None
         counts_nonfinite = values is not None
         if values is None:
+            from weightcheck.devdigest import device_lanes
+
             lanes = device_lanes(data)
             if numel == 0:
                 values = lanes
@@ -81,20 +97,29 @@ class DeviceBatch:
         entry["dtype"], entry["shape"] = st_name, tuple(tensor.shape)
         self.pending.append((entry, st_name, data.numel(), counts_nonfinite, numel, values))
 
-    @staticmethod
-    def _fused(data: Any, dtype: Any) -> Any:
-        """[lane a, lane b, words with a bit set, NaN/Inf count] from one fused kernel, or None (not usable
-        here, or it failed: logged once, the eager kernels from then on)."""
-        from weightcheck.devdigest import fused_failed, fused_usable
+    def _fused(self, data: Any, spec: tuple[int, int]) -> Any:
+        """[lane a, lane b, words with a bit set, NaN/Inf count] from one fused kernel, in a fresh zeroed row of
+        the device's block, or None (not usable here, or it failed: logged once, the eager kernels from then on)."""
+        device = data.device
+        usable = self._fused_ok.get(device.type)
+        if usable is None:
+            from weightcheck.devdigest import fused_usable
 
-        spec = fused_spec(dtype)
-        if spec is None or not fused_usable(data.device.type):
+            usable = self._fused_ok[device.type] = fused_usable(device.type)
+        if not usable:
             return None
-        from weightcheck.fuseddigest import fused_lanes_and_stats
-
         try:
-            return fused_lanes_and_stats(data, *spec)
+            slab = self._slabs.get(device)
+            if slab is None or slab[1] == SLAB_ROWS:
+                rows = _torch().zeros((SLAB_ROWS, 4), dtype=_torch().int64, device=device).unbind(0)
+                slab = self._slabs[device] = [rows, 0]
+            row = slab[0][slab[1]]
+            slab[1] += 1  # a row is never handed out twice, whatever the kernel does with it
+            return _fused_lanes_and_stats()(data, *spec, out=row)
         except Exception as exc:
+            from weightcheck.devdigest import fused_failed
+
+            self._fused_ok[device.type] = False
             fused_failed(exc)
             return None
 
@@ -128,3 +153,23 @@ class DeviceBatch:
                 # The fused kernel counts NaN/Inf values; the eager reductions count finite ones.
                 entry["nonfinite"] = flat[at + 3] if counts_nonfinite else numel - flat[at + 3]
                 at += 4
+
+
+@functools.cache
+def _torch() -> Any:
+    import torch
+
+    return torch
+
+
+@functools.cache
+def _taken_dtypes() -> frozenset[Any]:
+    torch = _torch()
+    return frozenset(getattr(torch, name) for name in TAKEN)
+
+
+@functools.cache
+def _fused_lanes_and_stats() -> Any:
+    from weightcheck.fuseddigest import fused_lanes_and_stats
+
+    return fused_lanes_and_stats
