@@ -33,8 +33,9 @@ if TYPE_CHECKING:
 ENV_FUSED = "WEIGHTCHECK_FUSED_DIGEST"
 # The fixed grid: words per program and step, programs per multiprocessor of the GPU (each strides over the
 # tensor's blocks), and a few programs under Triton's interpreter, where a test still sees several programs each
-# taking several steps. 2,048 words and 4 programs per multiprocessor (4 warps each) read a 1 GiB tensor at
-# 1,475 GB/s on an H100, the best of the sweep in benchmarks/bench_fused_digest.py (1,024 x 4: 1,363-1,404).
+# taking several steps. 2,048 words and 4 programs per multiprocessor (4 warps each): 1,475-1,513 GB/s on a 1 GiB
+# tensor on an H100 and the fastest on the tap's stream of 13.5 MB tensors, in benchmarks/bench_fused_digest.py's
+# sweep (1,024 x 4: 1,363-1,388; 512 x 8 read the 1 GiB tensor at 1,481-1,599 but the stream at 218-314).
 BLOCK_WORDS = 2048
 PROGRAMS_PER_SM = 4
 INTERPRETER_PROGRAMS = 3
