@@ -51,8 +51,8 @@ class DeviceBatch:
         # (entry, dtype name, byte count, whether the 4th value counts NaN/Inf (else finite values), element
         # count, [lane a, lane b, nonzero, NaN/Inf or finite count] on the device)
         self.pending: list[tuple[dict[str, Any], str, int, bool, int, Any]] = []
-        # device -> [the zeroed rows of its current block, the next row not handed out]
-        self._slabs: dict[Any, list[Any]] = {}
+        # device -> an iterator over the zeroed rows of its current block not handed out yet
+        self._slabs: dict[Any, Any] = {}
         # dtype -> (safetensors name, the fused kernel's (width, pattern) or None)
         self._plans: dict[Any, tuple[str, tuple[int, int] | None]] = {}
         # device type -> whether the fused kernel may run (decided at the batch's first tensor; off after a failure)
@@ -109,12 +109,16 @@ class DeviceBatch:
         if not usable:
             return None
         try:
-            slab = self._slabs.get(device)
-            if slab is None or slab[1] == SLAB_ROWS:
-                rows = _torch().zeros((SLAB_ROWS, 4), dtype=_torch().int64, device=device).unbind(0)
-                slab = self._slabs[device] = [rows, 0]
-            row = slab[0][slab[1]]
-            slab[1] += 1  # a row is never handed out twice, whatever the kernel does with it
+            # A row is handed out once, whatever the kernel does with it; `next` on the rows' iterator is one
+            # step under the GIL, so two threads adding at once never share a row.
+            rows = self._slabs.get(device)
+            row = next(rows, None) if rows is not None else None
+            if row is None:
+                torch = _torch()
+                rows = self._slabs[device] = iter(
+                    torch.zeros((SLAB_ROWS, 4), dtype=torch.int64, device=device).unbind(0)
+                )
+                row = next(rows)
             return _fused_lanes_and_stats()(data, *spec, out=row)
         except Exception as exc:
             from weightcheck.devdigest import fused_failed
