@@ -175,3 +175,16 @@ def test_the_device_batch_hands_each_tensor_its_own_zeroed_row(monkeypatch: pyte
         assert {k: entry[k] for k in ("posmix128", "zeros", "nonfinite")} == {
             k: want[k] for k in ("posmix128", "zeros", "nonfinite")
         }
+
+
+def test_the_grid_never_gives_a_program_more_steps_than_its_counters_hold() -> None:
+    from weightcheck.fuseddigest import INTERPRETER_PROGRAMS, MAX_STEPS, grid_programs
+
+    cpu = torch.device("cpu")
+    assert grid_programs(cpu, 1) == 1
+    assert grid_programs(cpu, 2) == min(2, INTERPRETER_PROGRAMS)
+    assert grid_programs(cpu, 10**6) == INTERPRETER_PROGRAMS
+    assert grid_programs(cpu, 10**6, programs=7) == 7
+    for n_blocks in (MAX_STEPS * 5 + 1, 10**12):
+        programs = grid_programs(cpu, n_blocks, programs=1)
+        assert -(-n_blocks // programs) <= MAX_STEPS
