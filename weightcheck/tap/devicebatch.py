@@ -23,11 +23,11 @@ from weightcheck.tap.digesting import fast_dtype
 # The dtypes the batch takes: those whose statistics `tensor_stats` computes with plain reductions on every
 # device (float8 and complex keep the per-tensor path). Their safetensors names, widths and NaN/Inf patterns
 # come from the one-pass table (`weightcheck.tap.digesting.fast_dtype`).
+TAKEN = ("float32", "float16", "bfloat16", "float64", "int8", "uint8", "int16", "int32", "int64", "bool")
+
 # The fused kernel adds into a row of a zeroed block of this many rows (one allocation and fill per block, not
 # per tensor: on the tap's GPU path the host's work per tensor is what the sync pays for, benchmarks/bench_tap.py).
 SLAB_ROWS = 256
-
-TAKEN = ("float32", "float16", "bfloat16", "float64", "int8", "uint8", "int16", "int32", "int64", "bool")
 
 
 def fused_spec(dtype: Any) -> tuple[int, int] | None:
