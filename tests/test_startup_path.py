@@ -183,12 +183,15 @@ def test_rule_examples_are_dedented_as_textwrap_does() -> None:
 
 
 def test_config_only_lint_starts_without_the_heavy_imports() -> None:
-    """Plain config-only lint through the console entry imports none of ast, click, dataclasses, inspect, orjson,
-    textwrap, tomllib, typing, importlib.resources, the Hub module and the other commands' rule modules (nor
-    torch, transformers, compressed-tensors: tests/test_light_imports.py); a regression shows here first."""
+    """Plain config-only lint through the console entry imports none of ast, click, copy, dataclasses, heapq,
+    inspect, orjson, struct, textwrap, tomllib, typing, importlib.resources, the Hub module and the other commands'
+    rule modules (nor torch, transformers, compressed-tensors: tests/test_light_imports.py); a regression shows
+    here first. (contextlib and importlib.util are kept off the path too, but an editable install's start-up
+    hook imports both before weightcheck runs, so the probe cannot tell.)"""
     probe = (
         "import atexit, sys; atexit.register(lambda: sys.stderr.write('loaded: ' + ','.join(sorted(m for m in "
-        "('ast', 'click', 'dataclasses', 'inspect', 'orjson', 'textwrap', 'tomllib', 'typing', 'importlib.resources', "
+        "('ast', 'click', 'copy', 'dataclasses', 'heapq', 'inspect', 'orjson', 'struct', 'textwrap', 'tomllib', "
+        "'typing', 'importlib.resources', "
         "'weightcheck.hub', 'weightcheck.rules.diff', 'weightcheck.rules.verify', 'weightcheck.rules.rollout') "
         "if m in sys.modules)) + '\\n')); "
         "sys.argv[0] = 'weightcheck'; "

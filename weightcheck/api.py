@@ -15,9 +15,8 @@ install). This module imports nothing heavy; each function imports its command w
 
 from __future__ import annotations
 
-import contextlib
 import os
-from collections.abc import Iterable, Iterator, Sequence
+from collections.abc import Iterable, Sequence
 from pathlib import Path
 
 from weightcheck.findings import Result, Severity
@@ -34,18 +33,21 @@ ConfigArg = PathLike | bool | None
 
 
 
-@contextlib.contextmanager
-def _hub_access(token: str | None, cache_dir: PathLike | None) -> Iterator[None]:
+class _HubAccess:
     """`token=` / `cache_dir=`: what the CLI's `--token` / `--cache-dir` set (HF_TOKEN, HF_HUB_CACHE), for the
     duration of one call only (weightcheck.hub reads both per call), so a library caller's environment is
-    left as it was."""
-    wanted = {"HF_TOKEN": token, "HF_HUB_CACHE": str(cache_dir) if cache_dir is not None else None}
-    saved = {name: os.environ.get(name) for name, value in wanted.items() if value}
-    os.environ.update({name: value for name, value in wanted.items() if value})
-    try:
-        yield
-    finally:
-        for name, old in saved.items():
+    left as it was. A class rather than `contextlib.contextmanager`: contextlib stays off lint's start-up path."""
+
+    def __init__(self, token: str | None, cache_dir: PathLike | None) -> None:
+        self.wanted = {"HF_TOKEN": token, "HF_HUB_CACHE": str(cache_dir) if cache_dir is not None else None}
+        self.saved: dict[str, str | None] = {}
+
+    def __enter__(self) -> None:
+        self.saved = {name: os.environ.get(name) for name, value in self.wanted.items() if value}
+        os.environ.update({name: value for name, value in self.wanted.items() if value})
+
+    def __exit__(self, *exc_info: object) -> None:
+        for name, old in self.saved.items():
             if old is None:
                 os.environ.pop(name, None)
             else:
@@ -189,7 +191,7 @@ def lint(
     def run() -> Result:
         return lint_many(targets, select=settings.select, ignore=settings.ignore, options=options)
 
-    with _hub_access(token, cache_dir):
+    with _HubAccess(token, cache_dir):
         result = run()
         if fix:
             from weightcheck.fixes import fix_checkpoint
@@ -250,7 +252,7 @@ def diff(
         download=download,
         ray=ray,
     )
-    with _hub_access(token, cache_dir):
+    with _HubAccess(token, cache_dir):
         result = run_diff(ref, cand, options)
     return _noted(result, settings, baseline, write_baseline)
 
@@ -314,7 +316,7 @@ def verify(
         against = _with_revision(Path(against), revision)
     if expect_records is not None:  # before verifying, as the CLI's --wait: the records it reads must be there
         wait_for_records(root, weight_version, expect_records, wait)
-    with _hub_access(token, cache_dir):
+    with _HubAccess(token, cache_dir):
         result = run_verify(
             root,
             against,

@@ -7,11 +7,9 @@ same experts, and as several lines otherwise.
 
 from __future__ import annotations
 
-import heapq
 from collections import defaultdict
-from collections.abc import Iterable, Iterator
-from contextlib import contextmanager
-from contextvars import ContextVar
+from collections.abc import Iterable
+from contextvars import ContextVar, Token
 
 from weightcheck.names import is_index
 
@@ -19,14 +17,20 @@ from weightcheck.names import is_index
 _FULL_LISTS: ContextVar[bool] = ContextVar("weightcheck_full_lists", default=False)
 
 
-@contextmanager
-def full_lists(enabled: bool = True) -> Iterator[None]:
-    """Within this block `summarize` never truncates (what `-v` asks for)."""
-    token = _FULL_LISTS.set(enabled)
-    try:
-        yield
-    finally:
-        _FULL_LISTS.reset(token)
+class full_lists:
+    """Within this block `summarize` never truncates (what `-v` asks for). A class rather than
+    `contextlib.contextmanager`: contextlib stays off lint's start-up path."""
+
+    def __init__(self, enabled: bool = True) -> None:
+        self.enabled = enabled
+        self.token: Token[bool] | None = None
+
+    def __enter__(self) -> None:
+        self.token = _FULL_LISTS.set(self.enabled)
+
+    def __exit__(self, *exc_info: object) -> None:
+        if self.token is not None:
+            _FULL_LISTS.reset(self.token)
 
 
 def format_ranges(values: Iterable[int]) -> str:
@@ -98,6 +102,8 @@ def summarize(names: Iterable[str], limit: int = 6) -> str:
     extra = ""
     if len(unique) > SUMMARY_SAMPLE:
         extra = f" (summary of the first {SUMMARY_SAMPLE} of {len(unique)} names)"
+        import heapq
+
         unique = heapq.nsmallest(SUMMARY_SAMPLE, unique)
     patterns = collapse_names(unique)
     if len(patterns) <= limit or _FULL_LISTS.get():

@@ -7,7 +7,6 @@ The core (header-only and config-only lint) needs only click, rich and orjson. R
 
 from __future__ import annotations
 
-import importlib.util
 from pathlib import Path
 
 # extra name -> import names it provides (the pip names are in pyproject.toml's optional-dependencies).
@@ -71,6 +70,8 @@ class MissingDependency(ImportError):
 
 
 def installed(module: str) -> bool:
+    import importlib.util  # here, not at the top: header-only and config-only lint never ask
+
     try:
         return importlib.util.find_spec(module) is not None
     except (ImportError, ValueError):  # a broken parent package, or a module with __spec__ None

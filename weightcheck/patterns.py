@@ -547,10 +547,8 @@ _LAYER_SECTIONS = _MODULE_SECTIONS[1:]
 
 def overlay_doc(generated: dict[str, Any], hand: dict[str, Any]) -> dict[str, Any]:
     """The pattern document of hand-written `hand` laid over `generated` (both as parsed from their files)."""
-    import copy
-
-    base = copy.deepcopy(generated)
-    top = copy.deepcopy(hand)
+    base = _json_copy(generated)  # the parsed documents are cached: the overlay never shares their containers
+    top = _json_copy(hand)
     gen_family, hand_family = base.get("family") or {}, top.get("family") or {}
     out: dict[str, Any] = {"family": {**gen_family, **hand_family}}
     for section in ("defaults", "engines"):
@@ -591,6 +589,18 @@ def overlay_doc(generated: dict[str, Any], hand: dict[str, Any]) -> dict[str, An
     if isinstance(aliases, dict):
         out["provenance"]["aliases"] = aliases
     return out
+
+
+def _json_copy(value: Any) -> Any:
+    """A deep copy of parsed JSON or TOML (dicts, lists, tuples; the leaves are immutable), without the `copy`
+    module (and the `weakref` it imports) on lint's start-up path."""
+    if isinstance(value, dict):
+        return {key: _json_copy(item) for key, item in value.items()}
+    if isinstance(value, list):
+        return [_json_copy(item) for item in value]
+    if isinstance(value, tuple):
+        return tuple(_json_copy(item) for item in value)
+    return value
 
 
 @lru_cache(maxsize=64)

@@ -12,7 +12,6 @@ import json
 import math
 import os
 import re
-import struct
 
 from weightcheck.lightclass import dataclass, field
 from weightcheck.safe_io import fast_json_loads  # orjson, imported on first use (~3x faster on large headers)
@@ -214,7 +213,7 @@ def _parse(fh: RangeReader, report: HeaderReport) -> None:
     if len(prefix) < 8:
         report.problems.append(HeaderProblem("HeaderTooSmall", f"file is {size} bytes, shorter than 8"))
         return
-    (n,) = struct.unpack("<Q", prefix)
+    n = int.from_bytes(prefix, "little")  # the header length, a little-endian u64 (no `struct` to import)
     report.header_size = n
     if n > MAX_HEADER_BYTES:
         report.problems.append(HeaderProblem("HeaderTooLarge", f"header length {n} exceeds {MAX_HEADER_BYTES} bytes"))

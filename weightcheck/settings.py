@@ -17,7 +17,6 @@ silently disable a rule selection).
 
 from __future__ import annotations
 
-import contextlib
 import sys
 from collections.abc import Iterable
 from pathlib import Path
@@ -155,8 +154,10 @@ def find_config(target: Path | None = None, cwd: Path | None = None, skipped: li
     never one inside the target's folder (listed in `skipped` instead)."""
     base = _target_folder(target)
     here = cwd or Path.cwd()
-    with contextlib.suppress(OSError, RuntimeError):
+    try:  # noqa: SIM105  (not contextlib.suppress: contextlib stays off lint's start-up path)
         here = here.resolve()
+    except (OSError, RuntimeError):
+        pass
     # Working inside the target (pre-commit in a model repo, `cd ckpt && weightcheck lint .`): it is the
     # user's own folder, and its settings apply.
     untrusted = None if base is None or _inside(here, base) else base
