@@ -25,7 +25,7 @@ import functools
 import os
 from typing import TYPE_CHECKING, Any
 
-from weightcheck.posmix import M1, M2, G, S, _byte_view, _lanes_torch, finalize
+from weightcheck.posmix import M1, M2, G, S, _byte_view, _lanes_torch, finalize, torch_module
 
 if TYPE_CHECKING:
     import torch
@@ -156,13 +156,6 @@ def grid_programs(device: Any, n_blocks: int, programs: int | None = None) -> in
 
 
 @functools.cache
-def _torch() -> Any:
-    import torch
-
-    return torch
-
-
-@functools.cache
 def _multiprocessors(index: int | None) -> int:
     import torch
 
@@ -185,7 +178,7 @@ def fused_lanes_and_stats(
     the device. The element count of `data` must be whole elements of `width` bytes. `out`: a zeroed int64[4]
     tensor on the same device to add into (the tap hands out rows of one zeroed block: no allocation and fill per
     tensor). `programs` and `num_warps` override the grid's size and the warps per program (the benchmark)."""
-    torch = _torch()
+    torch = torch_module()
     n_bytes = data.numel()
     n_full = n_bytes >> 2
     device = data.device

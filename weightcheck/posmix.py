@@ -5,7 +5,8 @@ part lives here, below both, rather than in devdigest."""
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
+import functools
+from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
     import torch
@@ -62,11 +63,19 @@ def _lanes_torch(words: torch.Tensor, start: int) -> tuple[torch.Tensor, torch.T
     return a, b
 
 
-def _byte_view(tensor: torch.Tensor) -> torch.Tensor:
-    """The tensor's bytes as a flat uint8 tensor on its device (copies only to make it contiguous)."""
+@functools.cache
+def torch_module() -> Any:
+    """torch, imported on first use and bound once: the digest's per-tensor paths (the tap's device batch, the
+    fused kernel's launch) call it for every tensor, where a function-level `import torch` costs a lookup each time."""
     import torch
 
+    return torch
+
+
+def _byte_view(tensor: torch.Tensor) -> torch.Tensor:
+    """The tensor's bytes as a flat uint8 tensor on its device (copies only to make it contiguous)."""
+    uint8 = torch_module().uint8
     flat = tensor.detach().contiguous().reshape(-1)
-    if flat.dtype == torch.uint8:
+    if flat.dtype is uint8:
         return flat
-    return flat.view(torch.uint8)
+    return flat.view(uint8)

@@ -18,6 +18,8 @@ from __future__ import annotations
 import functools
 from typing import Any
 
+from weightcheck.fuseddigest import fused_lanes_and_stats
+from weightcheck.posmix import _byte_view, torch_module
 from weightcheck.tap.digesting import fast_dtype
 
 # The dtypes the batch takes: those whose statistics `tensor_stats` computes with plain reductions on every
@@ -64,20 +66,18 @@ class DeviceBatch:
         return (
             tensor.device.type == "cuda"
             and tensor.dtype in _taken_dtypes()
-            and tensor.layout is _torch().strided
+            and tensor.layout is torch_module().strided
             and not (tensor.is_conj() or tensor.is_neg())
         )
 
     def add(self, entry: dict[str, Any], tensor: Any) -> None:
         """Queue the tensor's digest and statistics on its device (raises what the kernels raise)."""
-        torch = _torch()
+        torch = torch_module()
         plan = self._plans.get(tensor.dtype)
         if plan is None:
             plan = self._plans[tensor.dtype] = (fast_dtype(tensor.dtype)[0], fused_spec(tensor.dtype))  # type: ignore[index]
         st_name, spec = plan
-        data = tensor.detach().contiguous().reshape(-1)  # its bytes, as `posmix._byte_view`
-        if data.dtype is not torch.uint8:
-            data = data.view(torch.uint8)
+        data = _byte_view(tensor)
         numel = tensor.numel()
         values = self._fused(data, spec) if numel and spec is not None else None
         counts_nonfinite = values is not None
@@ -114,12 +114,12 @@ class DeviceBatch:
             rows = self._slabs.get(device)
             row = next(rows, None) if rows is not None else None
             if row is None:
-                torch = _torch()
+                torch = torch_module()
                 rows = self._slabs[device] = iter(
                     torch.zeros((SLAB_ROWS, 4), dtype=torch.int64, device=device).unbind(0)
                 )
                 row = next(rows)
-            return _fused_lanes_and_stats()(data, *spec, out=row)
+            return fused_lanes_and_stats(data, *spec, out=row)
         except Exception as exc:
             from weightcheck.devdigest import fused_failed
 
@@ -160,20 +160,6 @@ class DeviceBatch:
 
 
 @functools.cache
-def _torch() -> Any:
-    import torch
-
-    return torch
-
-
-@functools.cache
 def _taken_dtypes() -> frozenset[Any]:
-    torch = _torch()
+    torch = torch_module()
     return frozenset(getattr(torch, name) for name in TAKEN)
-
-
-@functools.cache
-def _fused_lanes_and_stats() -> Any:
-    from weightcheck.fuseddigest import fused_lanes_and_stats
-
-    return fused_lanes_and_stats
