@@ -5,8 +5,9 @@
 Times the host side of one call (perf_counter, medians of 200) in four settings: back to back; right after a
 13.5 MB pageable host-to-device copy (what bench_tap.py's loads do between tensors); right after a 13.5 MB
 host-to-host copy (the host's caches churned, no CUDA call); right after a 13.5 MB device-to-device copy (a
-CUDA call, the host's caches kept). Calls: the tap's `DeviceBatch.add`, Triton's launch of the kernel alone,
-and `torch.zeros(4)` on the GPU (any small CUDA call).
+CUDA call, the host's caches kept). Calls: the tap's `DeviceBatch.add`, Triton's launch of the kernel alone
+(`JITFunction.run`), the compiled kernel launched directly as the tap does (`weightcheck.tritonlaunch`), and
+`torch.zeros(4)` on the GPU (any small CUDA call).
 """
 
 from __future__ import annotations
@@ -49,6 +50,14 @@ def main() -> None:
         fuseddigest._kernel()[(grid,)](words, out, n_full, -(-n_blocks // grid), WIDTH=width, PATTERN=pattern,
                                        BLOCK=fuseddigest.BLOCK_WORDS)  # fmt: skip
 
+    def direct(t: Any) -> None:
+        words = t.view(torch.int32)
+        n_full = words.numel()
+        n_blocks = -(-n_full // fuseddigest.BLOCK_WORDS)
+        grid = fuseddigest.grid_programs(device, n_blocks)
+        fuseddigest._launcher().launch(grid, (words, out, n_full, -(-n_blocks // grid)),
+                                       (width, pattern, fuseddigest.BLOCK_WORDS), 4)  # fmt: skip
+
     def zeros(_t: Any) -> None:
         torch.zeros(4, dtype=torch.int64, device=device)
 
@@ -58,7 +67,12 @@ def main() -> None:
         "after a host-to-host copy": lambda: host_dst.copy_(host_src),
         "after a device-to-device copy": lambda: gpu_dst.copy_(gpu_src),
     }
-    calls = {"DeviceBatch.add": add, "Triton launch alone": launch, "torch.zeros(4) on the GPU": zeros}
+    calls = {
+        "DeviceBatch.add": add,
+        "Triton launch alone (JITFunction.run)": launch,
+        "the compiled kernel launched directly (weightcheck.tritonlaunch)": direct,
+        "torch.zeros(4) on the GPU": zeros,
+    }
     rows = []
     for call_name, call in calls.items():
         for _ in range(20):
@@ -77,6 +91,8 @@ def main() -> None:
             torch.cuda.synchronize()
             cells.append(statistics.median(times) * 1e6)
         rows.append((call_name, cells))
+    direct_count = fuseddigest._launcher().direct_launches
+    print(f"direct launches: {direct_count} (0: Triton's version or this environment kept them off)")
     print("| host µs per call (median of 200) | " + " | ".join(before) + " |")
     print("|---|" + "---|" * len(before))
     for call_name, cells in rows:

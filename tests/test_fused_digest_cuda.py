@@ -16,14 +16,17 @@ pytest.importorskip("triton")
 from test_fused_digest import _dtypes, _random, _stored  # noqa: E402  (the interpreter tests' inputs, shared)
 
 from weightcheck.devdigest import posmix128_bytes, posmix128_tensor  # noqa: E402
-from weightcheck.fuseddigest import ENV_FUSED, _kernel, posmix128_fused  # noqa: E402
+from weightcheck.fuseddigest import ENV_FUSED, _kernel, _launcher, posmix128_fused  # noqa: E402
+from weightcheck.tritonlaunch import ENV_DIRECT  # noqa: E402
 
 
 @pytest.fixture(autouse=True)
 def compiled(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.delenv("TRITON_INTERPRET", raising=False)
     monkeypatch.delenv(ENV_FUSED, raising=False)
+    monkeypatch.delenv(ENV_DIRECT, raising=False)
     _kernel.cache_clear()
+    _launcher.cache_clear()
 
 
 @pytest.mark.parametrize("dtype", _dtypes(), ids=str)
@@ -131,3 +134,31 @@ def test_a_tensor_on_another_gpu_than_the_current_one() -> None:
         assert batch.pending[0][3] is True
         batch.collect("posmix128")
     assert entry["posmix128"] == describe_tensor(host, "posmix128")["posmix128"]
+
+
+def test_direct_launches_of_the_compiled_kernel_equal_triton_own_launch(monkeypatch: pytest.MonkeyPatch) -> None:
+    """After Triton's first launch for a key, `weightcheck.tritonlaunch` runs the compiled kernel itself: on
+    sizes that change Triton's specialization (16-multiples, 1, odd counts) and on addresses off 16 bytes, in an
+    order that revisits each key, every digest equals the one Triton's own launch gives and the CPU reference."""
+    host = _random(torch.uint8, ((1 << 16) + 64,), seed=11)
+    device = host.cuda()
+    cuts = [(0, 4), (0, 64), (0, 4096), (4, 4100), (8, 4104), (0, 4097), (1, 4099), (16, 1 << 16), (0, 6)]
+    expected = [posmix128_bytes(bytes(host[a:b].numpy())) for a, b in cuts]
+    monkeypatch.setenv(ENV_DIRECT, "0")
+    _launcher.cache_clear()
+    assert [posmix128_fused(device[a:b]) for a, b in cuts] == expected
+    assert _launcher().direct_launches == 0
+    monkeypatch.delenv(ENV_DIRECT)
+    _launcher.cache_clear()
+    for _round in range(3):
+        assert [posmix128_fused(device[a:b]) for a, b in cuts] == expected
+    assert _launcher().enabled, "Triton's version or this environment left direct launches off"
+    assert _launcher().direct_launches >= 2 * len(cuts)
+    from weightcheck.fuseddigest import fused_lanes_and_stats
+    from weightcheck.tap.devicebatch import fused_spec
+
+    for dtype in (torch.bfloat16, torch.float16, torch.float32, torch.int32):  # each (width, pattern): its own key
+        values = _random(dtype, (3, 4099), seed=7).cuda()
+        data = values.reshape(-1).view(torch.uint8)
+        first, second = (fused_lanes_and_stats(data, *fused_spec(dtype)).tolist() for _ in range(2))
+        assert first == second

@@ -26,6 +26,7 @@ import os
 from typing import TYPE_CHECKING, Any
 
 from weightcheck.posmix import M1, M2, G, S, _byte_view, _lanes_torch, finalize, torch_module
+from weightcheck.tritonlaunch import DirectLauncher, direct_supported
 
 if TYPE_CHECKING:
     import torch
@@ -125,6 +126,18 @@ def _kernel() -> Any:
     return triton.jit(_posmix_kernel)
 
 
+@functools.lru_cache(maxsize=1)
+def _launcher() -> DirectLauncher:
+    """The kernel's launcher: `JITFunction.run` once per specialization, then the compiled kernel directly
+    (`weightcheck.tritonlaunch`; the host's work per tensor is what a GPU sync waits for)."""
+    import triton
+    from triton import knobs
+    from triton.runtime.driver import driver
+
+    jit = _kernel()
+    return DirectLauncher(jit, direct_supported(triton.__version__), driver=driver, knobs=knobs)
+
+
 def posmix128_fused(tensor: torch.Tensor, block_words: int = BLOCK_WORDS) -> str:
     """`posmix128` of the tensor's stored bytes in one Triton kernel on its device (CUDA, or CPU under
     `TRITON_INTERPRET=1`). Equal to `weightcheck.devdigest.posmix128_tensor` and `posmix128_bytes`."""
@@ -189,14 +202,14 @@ def fused_lanes_and_stats(
         words = body.view(torch.int32) if data.data_ptr() & 3 == 0 else body.clone().view(torch.int32)
         n_blocks = -(-n_full // block_words)
         grid = grid_programs(device, n_blocks, programs)
-        launch = _kernel()[(grid,)]
-        steps = -(-n_blocks // grid)
+        launcher = _launcher()
+        runtime = (words, out, n_full, -(-n_blocks // grid))
         # Triton launches on the current device: a tensor on another GPU makes its own current for the launch.
         if device.type == "cuda" and device.index != torch.cuda.current_device():
             with torch.cuda.device(device):
-                launch(words, out, n_full, steps, WIDTH=width, PATTERN=pattern, BLOCK=block_words, num_warps=num_warps)
+                launcher.launch(grid, runtime, (width, pattern, block_words), num_warps)
         else:
-            launch(words, out, n_full, steps, WIDTH=width, PATTERN=pattern, BLOCK=block_words, num_warps=num_warps)
+            launcher.launch(grid, runtime, (width, pattern, block_words), num_warps)
     tail = n_bytes - n_full * 4
     if tail:  # a whole 16-bit value (width 2) or 1-3 bytes of a 1-byte dtype: counted with torch
         rest = data[n_full * 4 :]
