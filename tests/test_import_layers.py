@@ -36,6 +36,7 @@ LAYERS: list[tuple[str, tuple[str, ...]]] = [
             "weightcheck.structure",
             "weightcheck.precommit",
             "weightcheck.posmix",
+            "weightcheck.tritonlaunch",
             "weightcheck.compare.ulp",
             "weightcheck.compare.metrics",
             "weightcheck.quant.safe_regex",
