@@ -37,6 +37,7 @@ LAYERS: list[tuple[str, tuple[str, ...]]] = [
             "weightcheck.precommit",
             "weightcheck.posmix",
             "weightcheck.tritonlaunch",
+            "weightcheck.lazyregex",
             "weightcheck.compare.ulp",
             "weightcheck.compare.metrics",
             "weightcheck.quant.safe_regex",

@@ -7,10 +7,10 @@ Knows about files (config.json, the index, shard headers) and nothing about rule
 from __future__ import annotations
 
 import os
-import re
 from pathlib import Path
 
 from weightcheck import safe_io
+from weightcheck.lazyregex import LazyRegex
 from weightcheck.lightclass import dataclass, field
 from weightcheck.safetensors_header import HeaderProblem, HeaderReport, TensorInfo, read_header
 
@@ -25,7 +25,7 @@ INDEX_NAME = "model.safetensors.index.json"
 SINGLE_NAME = "model.safetensors"
 CONFIG_NAME = "config.json"
 # Shard names written by huggingface_hub / transformers; DeepSeek uses 6-digit totals.
-SHARD_RE = re.compile(r"^(?P<stem>.+)-(?P<index>\d{5,6})-of-(?P<total>\d{5,6})\.safetensors$")
+SHARD_RE = LazyRegex(r"^(?P<stem>.+)-(?P<index>\d{5,6})-of-(?P<total>\d{5,6})\.safetensors$")
 
 
 @dataclass

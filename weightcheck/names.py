@@ -23,10 +23,10 @@ slot and `{E}` for the expert slot: `model.layers.{L}.mlp.experts.{E}.down_proj.
 
 from __future__ import annotations
 
-import re
 from collections import defaultdict
 from collections.abc import Callable, Iterable
 
+from weightcheck.lazyregex import LazyRegex
 from weightcheck.lightclass import dataclass
 
 # A layer or expert id in a tensor name: ASCII digits, at most this many. A longer run (a 5,000-digit
@@ -38,15 +38,15 @@ LAYER_CONTAINERS = ("layers", "h", "blocks", "layer")
 EXPERT_CONTAINERS = ("experts", "local_experts")
 
 # Container names under which decoder blocks live; the first container followed by an id wins.
-_LAYER_RE = re.compile(r"^(?P<prefix>(?:[^.]+\.)*?(?:layers|h|blocks|layer))\.(?P<idx>\d+)\.(?P<rest>.+)$")
+_LAYER_RE = LazyRegex(r"^(?P<prefix>(?:[^.]+\.)*?(?:layers|h|blocks|layer))\.(?P<idx>\d+)\.(?P<rest>.+)$")
 # The last `experts.N.` / `local_experts.N.` with something after it.
-_EXPERT_RE = re.compile(r"^(?P<head>(?:.+\.)?(?:local_)?experts)\.(?P<idx>\d+)\.(?P<rest>.+)$")
+_EXPERT_RE = LazyRegex(r"^(?P<head>(?:.+\.)?(?:local_)?experts)\.(?P<idx>\d+)\.(?P<rest>.+)$")
 # `experts.<param>` with no id: a stacked (3-D) expert parameter such as `mlp.experts.gate_up_proj`.
-_STACKED_RE = re.compile(r"(^|\.)experts\.[^.\d][^.]*$")
+_STACKED_RE = LazyRegex(r"(^|\.)experts\.[^.\d][^.]*$")
 # Megatron TE grouped GEMM: `mlp.experts.linear_fc1.weight7` (the local expert id glued to the leaf).
-_GROUPED_RE = re.compile(r"(mlp\.experts\.(?:.+)\.(?:weight|bias))(\d+)$")
+_GROUPED_RE = LazyRegex(r"(mlp\.experts\.(?:.+)\.(?:weight|bias))(\d+)$")
 # Megatron decoder layers anywhere in a rank's name (`module.module.decoder.layers.3.` / trailing `.layers.3`).
-_DECODER_RE = re.compile(r"(?:^|(?<=\.))decoder\.layers\.(\d+)(?=\.|$)")
+_DECODER_RE = LazyRegex(r"(?:^|(?<=\.))decoder\.layers\.(\d+)(?=\.|$)")
 
 LAYER_SLOT = "{L}"
 EXPERT_SLOT = "{E}"

@@ -10,6 +10,7 @@ from collections import defaultdict
 from collections.abc import Container, Iterable
 
 from weightcheck.checkpoint import Checkpoint
+from weightcheck.lazyregex import LazyRegex
 from weightcheck.lightclass import dataclass, field
 from weightcheck.patterns import ExpectedModule, Pattern, PatternError, expand, fit_to_config, resolve_pattern
 from weightcheck.quant import safe_regex
@@ -22,7 +23,7 @@ TYPE_CHECKING = False  # typing.TYPE_CHECKING without importing typing (lint's s
 if TYPE_CHECKING:
     from typing import Any
 
-_CLASS_NAME = re.compile(r"^[A-Z][A-Za-z0-9_]*$")
+_CLASS_NAME = LazyRegex(r"^[A-Z][A-Za-z0-9_]*$")
 PARAM_SUFFIXES = (".weight", ".bias", "_scale", "_packed", ".qweight", ".qzeros", ".scales", "_shape", ".g_idx")
 
 

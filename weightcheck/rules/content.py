@@ -11,11 +11,11 @@ torch is imported inside the scan only: lint without `--content` never imports i
 
 from __future__ import annotations
 
-import re
 from pathlib import Path
 
 from weightcheck.collapse import format_ranges, summarize
 from weightcheck.findings import Finding, Location, Severity
+from weightcheck.lazyregex import LazyRegex
 from weightcheck.rules import LintContext, rule
 
 TYPE_CHECKING = False  # typing.TYPE_CHECKING without importing typing (lint's start-up, #20)
@@ -26,9 +26,9 @@ if TYPE_CHECKING:
 
 CONTENT_NEEDS = ("tensors", "data")
 # Tensors that may legitimately be zero or constant: zero points, shapes, indices, biases, norms.
-_MAY_BE_CONSTANT = re.compile(r"(zero_point|weight_shape|g_idx|_shape|bias|norm\.weight|layernorm\.weight)$")
-_PACKED = re.compile(r"_packed$")
-_EMBEDDING = re.compile(r"(^|\.)(embed_tokens|wte|word_embeddings|tok_embeddings|embeddings)\.weight$")
+_MAY_BE_CONSTANT = LazyRegex(r"(zero_point|weight_shape|g_idx|_shape|bias|norm\.weight|layernorm\.weight)$")
+_PACKED = LazyRegex(r"_packed$")
+_EMBEDDING = LazyRegex(r"(^|\.)(embed_tokens|wte|word_embeddings|tok_embeddings|embeddings)\.weight$")
 
 
 def _digest_algorithms(ctx: LintContext) -> list[str]:

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import math
-import re
 from collections import defaultdict
 from itertools import repeat
 from operator import eq
@@ -11,12 +10,13 @@ from operator import eq
 from weightcheck.checkpoint import INDEX_NAME
 from weightcheck.collapse import summarize
 from weightcheck.findings import Severity
+from weightcheck.lazyregex import LazyRegex
 from weightcheck.rules import LintContext, rule
 
 # A tensor lost from the checkpoint is also seen as a layer lacking a key (WC401-403), a key the pattern
 # expects (WC410), a quantized module lacking a companion (WC313) and a total_size the shards no longer reach.
 LOST_TENSOR_FOLLOW_ONS = {code: "subjects" for code in ("WC401", "WC402", "WC403", "WC410", "WC313", "WC205")}
-_DIGITS = re.compile(r"(?<=\.)\d+(?=\.)")
+_DIGITS = LazyRegex(r"(?<=\.)\d+(?=\.)")
 
 
 def _readable(ctx: LintContext, shard: str) -> bool:

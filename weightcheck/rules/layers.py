@@ -6,11 +6,11 @@ peers. Pattern-driven expected-key rules (WC41x) build on the same structure.
 
 from __future__ import annotations
 
-import re
 from collections import defaultdict
 
 from weightcheck.collapse import ids_pattern, summarize
 from weightcheck.findings import Severity
+from weightcheck.lazyregex import LazyRegex
 from weightcheck.names import last_segments_fixed
 from weightcheck.rules import LintContext, name_templates, rule
 from weightcheck.structure import MAX_PLAUSIBLE, LayerStructure, analyze, majority
@@ -216,7 +216,7 @@ def mtp_layer_missing(ctx: LintContext) -> None:
 
 
 # A non-numeric dotted component immediately repeated: `language_model.language_model`, `model.model`.
-_REPEATED_SEGMENT = re.compile(r"(?:^|\.)([^.\d][^.]*)\.\1(?=\.|$)")
+_REPEATED_SEGMENT = LazyRegex(r"(?:^|\.)([^.\d][^.]*)\.\1(?=\.|$)")
 
 
 @rule(
@@ -285,7 +285,7 @@ def layer_beyond_config(ctx: LintContext) -> None:
         )
 
 
-_LM_HEAD_RE = re.compile(r"(^|\.)\w+\.weight(_packed)?$")
+_LM_HEAD_RE = LazyRegex(r"(^|\.)\w+\.weight(_packed)?$")
 
 
 def _head_leaves(ctx: LintContext) -> set[str]:
