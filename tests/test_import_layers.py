@@ -38,6 +38,7 @@ LAYERS: list[tuple[str, tuple[str, ...]]] = [
             "weightcheck.posmix",
             "weightcheck.tritonlaunch",
             "weightcheck.lazyregex",
+            "weightcheck.gcpause",
             "weightcheck.compare.ulp",
             "weightcheck.compare.metrics",
             "weightcheck.quant.safe_regex",

@@ -9,6 +9,7 @@ from pathlib import Path
 
 from weightcheck.checkpoint import CONFIG_NAME, INDEX_NAME, load_checkpoint
 from weightcheck.findings import Result, internal_error
+from weightcheck.gcpause import GCPaused
 from weightcheck.lightclass import replace
 from weightcheck.rules import LintContext, Rule, command_rules, matches_selector, run_rules
 
@@ -24,20 +25,6 @@ def selected_rules(select: Iterable[str] = ("ALL",), ignore: Iterable[str] = (),
     ]
 
 
-class _GCPaused:
-    """Header parsing allocates ~10 objects per tensor, all acyclic; the cyclic GC re-scanning them
-    dozens of times roughly doubles lint time on a 90k-tensor checkpoint. A class rather than
-    `contextlib.contextmanager`: contextlib stays off lint's start-up path."""
-
-    def __enter__(self) -> None:
-        self.enabled = gc.isenabled()
-        gc.disable()
-
-    def __exit__(self, *exc_info: object) -> None:
-        if self.enabled:
-            gc.enable()
-
-
 def lint(
     target: str | Path,
     *,
@@ -45,7 +32,7 @@ def lint(
     ignore: Iterable[str] = (),
     options: dict[str, Any] | None = None,
 ) -> Result:
-    with _GCPaused():
+    with GCPaused():
         return _lint(Path(target), select, ignore, options)
 
 

@@ -36,8 +36,10 @@ from pathlib import Path
 from typing import Any
 
 from weightcheck.digest import live_algorithm
+from weightcheck.gcpause import GCPaused
+from weightcheck.posmix import torch_module
 from weightcheck.tap.columns import EntryTable, TensorColumns, tensor_body
-from weightcheck.tap.coverage import CallCoverage, ModelWrapping, ParamCoverage, gc_paused, param_line_bytes
+from weightcheck.tap.coverage import CallCoverage, ModelWrapping, ParamCoverage, param_line_bytes
 from weightcheck.tap.devicebatch import DeviceBatch
 from weightcheck.tap.digesting import SMALL_TENSOR_BYTES as _SMALL_TENSOR_BYTES
 from weightcheck.tap.records import (
@@ -473,7 +475,7 @@ def _close_sync(*, incomplete: bool) -> Path | None:
 
 
 def _write_record(current: _Sync, config: TapConfig, *, incomplete: bool, with_state: bool) -> Path | None:
-    with gc_paused():  # two small dicts and their bytes per tensor, all acyclic
+    with GCPaused():  # two small dicts and their bytes per tensor, all acyclic
         return _write_record_now(current, config, incomplete=incomplete, with_state=with_state)
 
 
@@ -707,7 +709,7 @@ class _Call:
         self.entries[seq] = entry
         with self.lock:  # (a loader thread's write may drain the bucket meanwhile: `_drained` counts too)
             self.names += 1
-        if not isinstance(tensor, _TENSOR or _torch().Tensor):
+        if not isinstance(tensor, torch_module().Tensor):
             entry["error"] = f"not a tensor: {type(tensor).__name__}"
             return
         entry["shape"] = tuple(tensor.shape)
@@ -820,7 +822,7 @@ class _Call:
 
         timings: dict[str, float] | None = {} if self.profile is not None else None
         try:
-            with gc_paused():
+            with GCPaused():
                 columns = describe_columns(tensors, self.algorithm, timings)
         except Exception as exc:  # the batch path digests them (one at a time if need be)
             _fail("digesting a batch of tensors", exc)
@@ -829,7 +831,7 @@ class _Call:
             return False
         dtype, hexes, zeros, nonfinite = columns
         count = len(seqs)
-        with gc_paused():
+        with GCPaused():
             if set(map(type, names)) != {str}:
                 names = [name if type(name) is str else str(name) for name in names]
             block = TensorColumns(
@@ -865,7 +867,7 @@ class _Call:
 
         timings: dict[str, float] | None = {} if self.profile is not None else None
         try:
-            with gc_paused():
+            with GCPaused():
                 describe_batch(tensors, self.algorithm, timings, into=batch)
         except Exception as exc:  # one odd tensor must not cost the others their digest
             _fail("digesting a batch of tensors", exc)
@@ -896,7 +898,7 @@ class _Call:
         coverage = self.coverage
         lock = coverage._lock
         counter = self.counter
-        tensor_type = _TENSOR if _TENSOR is not None else _torch().Tensor
+        tensor_type = torch_module().Tensor
         bucketed = self.bucketed
         for item in weights:
             try:
@@ -992,18 +994,6 @@ def _fill_digest(entry: dict[str, Any], tensor: Any, algorithm: str, profile: _P
         profile.add_timings(timings)
 
 
-_TORCH: Any = None
-_TENSOR: Any = None
-
-
-def _torch() -> Any:
-    """torch, imported on the first tensor (the tap module itself stays importable without it)."""
-    global _TORCH, _TENSOR
-    if _TORCH is None:
-        import torch
-
-        _TORCH, _TENSOR = torch, torch.Tensor
-    return _TORCH
 
 
 def _split_weights(args: tuple[Any, ...], kwargs: dict[str, Any]) -> tuple[Any, tuple[Any, ...], dict[str, Any]]:

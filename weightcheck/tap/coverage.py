@@ -32,7 +32,6 @@ from __future__ import annotations
 
 import contextlib
 import functools
-import gc
 import inspect
 import operator
 import re
@@ -40,10 +39,12 @@ import sys
 import threading
 import weakref
 from collections import deque
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
+from weightcheck.gcpause import GCPaused
+from weightcheck.posmix import torch_module
 from weightcheck.tap.wrapplan import MISSING, WrapPlan
 
 if TYPE_CHECKING:
@@ -70,26 +71,6 @@ _MAX_EVICTED_BYTES = 64 << 20
 _FP8_WEIGHT_DTYPES = frozenset({"F8_E4M3", "F8_E5M2", "F8_E4M3FNUZ", "F8_E5M2FNUZ"})
 _FLOAT_DTYPES = frozenset({"BF16", "F16", "F32", "F64"})
 _IDENTITY_CHECK = re.compile(r"\bis\s+(?:not\s+)?default_weight_loader\b|==\s*default_weight_loader\b")
-
-
-@contextlib.contextmanager
-def gc_paused() -> Iterator[None]:
-    """The cyclic garbage collector off while the tap runs one of its own loops (wrapping every parameter,
-    filing queued tensors, writing the record), as `weightcheck.lint` does for headers.
-
-    Those loops allocate one or a few small acyclic objects per tensor or parameter (they die by reference
-    count); with the collector on, their allocations trigger collections that traverse the engine's whole heap
-    (every parameter tensor) again and again, which cost more than the loops themselves (2-3x on a stream of
-    20,000 small tensors). Only the tap's own code runs on this thread meanwhile; the collector is turned back
-    on only if it was on (an engine that keeps it off keeps it off)."""
-    enabled = gc.isenabled()
-    if enabled:
-        gc.disable()
-    try:
-        yield
-    finally:
-        if enabled:
-            gc.enable()
 
 
 _NBYTES = operator.attrgetter("nbytes")
@@ -493,7 +474,7 @@ class CallCoverage:
         self.last_in_bucket = False
         timer = self.drain_timer
         token = timer(None) if timer is not None else None
-        with gc_paused():
+        with GCPaused():
             # The common bucket: each tensor written once, by a plain loader, as it came (one dtype). Its entries
             # are made with their `wrote` label, and the writes credited in one pass.
             wrote = self._one_plain_write_each(logged, seqs, tensors)
@@ -566,7 +547,7 @@ class CallCoverage:
         if not pending:
             return
         self._pending, self._pending_tensors = [], []
-        with gc_paused():
+        with GCPaused():
             self._file(pending, tensors)
 
     def _file_bulk(self, seqs: list[int], tensors: list[Any]) -> bool:
@@ -574,7 +555,7 @@ class CallCoverage:
         of a loop: every tensor contiguous, in a storage of its own that no filed range shares, and every
         tensor leaving the recent window already attributed (nothing to fingerprint). False, having changed
         nothing, when that is not so: `_file` then does it one tensor at a time."""
-        tensor_type = _torch().Tensor
+        tensor_type = torch_module().Tensor
         count = len(seqs)
         try:
             if not all(map(tensor_type.is_contiguous, tensors)):
@@ -773,7 +754,7 @@ class CallCoverage:
         local_expert: int | None,
         expert_param: bool,
     ) -> None:
-        torch = _torch()
+        torch = torch_module()
         with self._lock:
             if loaded is self._last and self.last_in_bucket:
                 self._logged.append((self.current_seq, param_name, shard, expert, local_expert, expert_param))
@@ -810,7 +791,7 @@ class CallCoverage:
     ) -> None:
         """A write of `loaded` into `param_name`, attributed to the incoming tensors `seqs` (the caller holds the
         lock): their entries' `wrote` labels and the parameter's coverage."""
-        torch = _torch()
+        torch = torch_module()
         nonlocal_expert = expert_param and local_expert is not None and local_expert < 0
         label = param_name
         if shard is not None:
@@ -907,7 +888,7 @@ class ModelWrapping:
 
         When the model is laid out as at the last full install (`WrapPlan`), both are done in bulk: the
         same wrappers go in, nothing is walked one parameter at a time."""
-        with gc_paused():
+        with GCPaused():
             if self._install_planned():
                 _wrapper_cache(self.model).full_installs = 0
                 return
@@ -1173,16 +1154,6 @@ def _wrapper_cache(model: Any) -> _ModelWrappers:
 
 
 _DTYPE_NAMES: dict[Any, str] = {}
-_TORCH: Any = None
-
-
-def _torch() -> Any:
-    global _TORCH
-    if _TORCH is None:
-        import torch
-
-        _TORCH = torch
-    return _TORCH
 
 
 def _dtype_name(dtype: Any) -> str:
