@@ -177,3 +177,4 @@ def test_key_separates_pointer_alignment_and_integer_classes() -> None:
     assert key(16, 17) != key(16, (1 << 31) + 1)
     assert key(16, (1 << 31) + 1) != key(16, (1 << 63) + 1)
     assert launch_key(0, (FakeTensor(16),), (), 4) != launch_key(1, (FakeTensor(16),), (), 4)
+    assert launch_key(0, (True,), (), 4) != launch_key(0, (False,), (), 4) != launch_key(0, (1,), (), 4)

@@ -53,10 +53,12 @@ def launch_key(device: int, runtime: tuple[Any, ...], constexprs: tuple[Any, ...
     """The cache key of a launch: at least as fine as Triton's specialization of these arguments."""
     parts: list[Any] = [device, num_warps, constexprs]
     for arg in runtime:
-        if isinstance(arg, bool) or not isinstance(arg, int):
-            parts.append((arg.dtype, arg.data_ptr() % 16 == 0))
-        else:
+        if isinstance(arg, bool):  # Triton's u1: by value, to be safe
+            parts.append(("bool", arg))
+        elif isinstance(arg, int):
             parts.append(_int_spec(arg))
+        else:
+            parts.append((arg.dtype, arg.data_ptr() % 16 == 0))
     return tuple(parts)
 
 
