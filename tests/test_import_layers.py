@@ -39,6 +39,7 @@ LAYERS: list[tuple[str, tuple[str, ...]]] = [
             "weightcheck.tritonlaunch",
             "weightcheck.lazyregex",
             "weightcheck.gcpause",
+            "weightcheck.patternexpr",
             "weightcheck.compare.ulp",
             "weightcheck.compare.metrics",
             "weightcheck.quant.safe_regex",

@@ -183,15 +183,15 @@ def test_rule_examples_are_dedented_as_textwrap_does() -> None:
 
 
 def test_config_only_lint_starts_without_the_heavy_imports() -> None:
-    """Plain config-only lint through the console entry imports none of ast, click, copy, dataclasses, heapq,
+    """Plain config-only lint through the console entry imports none of ast, _ast, click, copy, dataclasses, heapq,
     inspect, orjson, struct, textwrap, tomllib, typing, importlib.resources, the Hub module and the other commands'
     rule modules (nor torch, transformers, compressed-tensors: tests/test_light_imports.py); a regression shows
     here first. (contextlib and importlib.util are kept off the path too, but an editable install's start-up
     hook imports both before weightcheck runs, so the probe cannot tell.)"""
     probe = (
         "import atexit, sys; atexit.register(lambda: sys.stderr.write('loaded: ' + ','.join(sorted(m for m in "
-        "('ast', 'click', 'copy', 'dataclasses', 'heapq', 'inspect', 'orjson', 'struct', 'textwrap', 'tomllib', "
-        "'typing', 'importlib.resources', "
+        "('ast', '_ast', 'click', 'copy', 'dataclasses', 'heapq', 'inspect', 'orjson', 'struct', 'textwrap', "
+        "'tomllib', 'typing', 'importlib.resources', "
         "'weightcheck.hub', 'weightcheck.rules.diff', 'weightcheck.rules.verify', 'weightcheck.rules.rollout') "
         "if m in sys.modules)) + '\\n')); "
         "sys.argv[0] = 'weightcheck'; "
@@ -207,11 +207,12 @@ def test_config_only_lint_starts_without_the_heavy_imports() -> None:
 
 
 def test_pattern_expressions_parse_and_walk_as_the_ast_module_does() -> None:
-    """`patterns` parses `when`/shape expressions with `_ast` (not `ast.py`); on every expression of every
-    shipped pattern, and on refused ones, the tree and the walk order are `ast.parse`'s and `ast.walk`'s."""
+    """Python's parse of a pattern expression (`patternexpr.python_ast`, with `_ast`, not `ast.py`: what decides
+    every text the small parser leaves to Python): on every expression of every shipped pattern, and on refused
+    ones, the tree and the walk order are `ast.parse`'s and `ast.walk`'s."""
     import ast
 
-    from weightcheck import patterns
+    from weightcheck import patternexpr, patterns
 
     texts = {"f(x)", "x.y", "lambda: 1", "a if b else c", "-(layer + 1) % 2 == 0 or not x", "t[layer] in ['a', 'b']"}
 
@@ -230,9 +231,9 @@ def test_pattern_expressions_parse_and_walk_as_the_ast_module_does() -> None:
     assert len(texts) > 60
     for text in sorted(texts):
         tree = ast.parse(text, mode="eval")
-        assert [ast.dump(n) for n in patterns._walk(tree)] == [ast.dump(n) for n in ast.walk(tree)]
+        assert [ast.dump(n) for n in patternexpr.walk_ast(tree)] == [ast.dump(n) for n in ast.walk(tree)]
         try:
-            ours = patterns.parse_expr(text)
+            ours = patternexpr.python_ast(text)
         except patterns.PatternError:
             continue
         assert ast.dump(ours) == ast.dump(tree)

@@ -15,9 +15,7 @@ generator that writes the data lives outside the package (tools/archgen).
 
 from __future__ import annotations
 
-import _ast as ast  # the node classes without `ast.py` (~5 ms of config-only lint's start-up, #20)
 import json
-import operator
 import re
 import sys
 from collections.abc import Iterable, Iterator, Sequence
@@ -25,6 +23,9 @@ from functools import cache, lru_cache
 from pathlib import Path
 
 from weightcheck.lightclass import dataclass, field
+from weightcheck.patternexpr import PatternError, evaluate_node
+from weightcheck.patternexpr import names as expr_tree_names
+from weightcheck.patternexpr import parse as parse_expression
 
 TYPE_CHECKING = False  # typing.TYPE_CHECKING without importing typing (lint's start-up, #20)
 if TYPE_CHECKING:
@@ -44,125 +45,19 @@ _SECTIONS = {"family", "defaults", "engines", "globals", "layer", "dense_layer",
              "provenance"}  # fmt: skip
 
 
-class PatternError(ValueError):
-    """A pattern file that does not follow the schema (reported with file and key)."""
-
-
-# ---- expressions -----------------------------------------------------------------------------------
-
-_BINOPS = {
-    ast.Add: operator.add,
-    ast.Sub: operator.sub,
-    ast.Mult: operator.mul,
-    ast.FloorDiv: operator.floordiv,
-    ast.Mod: operator.mod,
-}
-_CMPOPS = {
-    ast.Eq: operator.eq,
-    ast.NotEq: operator.ne,
-    ast.Lt: operator.lt,
-    ast.LtE: operator.le,
-    ast.Gt: operator.gt,
-    ast.GtE: operator.ge,
-    ast.In: lambda a, b: a in b,
-    ast.NotIn: lambda a, b: a not in b,
-}
-
-
-def _walk(node: ast.AST) -> Iterator[ast.AST]:
-    """`ast.walk`: the node and every node below it, breadth first, in `ast.walk`'s order."""
-    todo = [node]
-    for node in todo:  # grows while it is read: breadth first
-        yield node
-        for name in node._fields:
-            child = getattr(node, name, None)
-            if isinstance(child, ast.AST):
-                todo.append(child)
-            elif isinstance(child, list):
-                todo.extend(item for item in child if isinstance(item, ast.AST))
-
-
-@lru_cache(maxsize=1024)
-def parse_expr(text: str) -> ast.Expression:
-    try:
-        tree = compile(str(text), "<unknown>", "eval", ast.PyCF_ONLY_AST)  # `ast.parse(text, mode="eval")`
-    except SyntaxError as exc:
-        raise PatternError(f"expression {text!r} does not parse: {exc.msg}") from None
-    for node in _walk(tree):
-        allowed = (
-            ast.Expression, ast.BinOp, ast.BoolOp, ast.Compare, ast.UnaryOp, ast.Name, ast.Constant, ast.Load,
-            ast.And, ast.Or, ast.Not, ast.USub, ast.List, ast.Tuple, ast.Subscript, *_BINOPS, *_CMPOPS,
-        )  # fmt: skip
-        if not isinstance(node, allowed):
-            raise PatternError(f"expression {text!r} uses {type(node).__name__}, which patterns do not allow")
-    return tree
+# ---- expressions (weightcheck.patternexpr) -----------------------------------------------------------
 
 
 def expr_names(text: str) -> frozenset[str]:
     """The names (config keys, `layer`) a pattern expression reads."""
-    return frozenset(n.id for n in _walk(parse_expr(text)) if isinstance(n, ast.Name))
+    return expr_tree_names(parse_expression(str(text)))
 
 
 def evaluate(text: str | int | bool, env: dict[str, Any]) -> Any:
     """Evaluate a pattern expression; unknown names raise KeyError (the caller decides what that means)."""
     if isinstance(text, (int, bool)):
         return text
-    return _eval(parse_expr(text).body, env)
-
-
-def _eval(node: ast.AST, env: dict[str, Any]) -> Any:
-    if isinstance(node, ast.Constant):
-        return node.value
-    if isinstance(node, ast.Name):
-        if node.id in ("true", "True"):
-            return True
-        if node.id in ("false", "False"):
-            return False
-        if node.id not in env:
-            raise KeyError(node.id)
-        return env[node.id]
-    if isinstance(node, (ast.List, ast.Tuple)):
-        return [_eval(e, env) for e in node.elts]
-    if isinstance(node, ast.Subscript):  # `layer_types[layer]`: an int index into a config list
-        seq, index = _eval(node.value, env), _eval(node.slice, env)
-        if not isinstance(seq, (list, str)) or not isinstance(index, int) or isinstance(index, bool):
-            raise TypeError("subscript needs a list and an integer")
-        return seq[index]
-    if isinstance(node, ast.BinOp):
-        left, right = _eval(node.left, env), _eval(node.right, env)
-        # Arithmetic on numbers only: a config string times a huge number would be string repetition
-        # (`"aaaa" * 10**12`), a blow-up rather than a shape. TypeError is "not computable" to callers.
-        if not all(isinstance(v, (int, float)) and not isinstance(v, bool) for v in (left, right)):
-            raise TypeError(f"arithmetic on non-numbers ({type(left).__name__}, {type(right).__name__})")
-        return _BINOPS[type(node.op)](left, right)
-    if isinstance(node, ast.UnaryOp):
-        value = _eval(node.operand, env)
-        return (not value) if isinstance(node.op, ast.Not) else -value
-    if isinstance(node, ast.BoolOp):
-        # Decided by any operand that decides it, whatever the order: a generated condition lists its parts
-        # in its own order, not the model code's, and `((layer + 1) % decoder_sparse_step == 0) and (layer not
-        # in mlp_only_layers)` is False on a layer in mlp_only_layers even when the step is 0 (the modeling
-        # code tests the list first). An operand that cannot be evaluated counts only if nothing decides.
-        decides = isinstance(node.op, ast.Or)
-        failed: Exception | None = None
-        for operand in node.values:
-            try:
-                if bool(_eval(operand, env)) == decides:
-                    return decides
-            except (KeyError, TypeError, ValueError, ZeroDivisionError, OverflowError, IndexError) as exc:
-                failed = failed or exc
-        if failed is not None:
-            raise failed
-        return not decides
-    if isinstance(node, ast.Compare):
-        left = _eval(node.left, env)
-        for op, comp in zip(node.ops, node.comparators, strict=True):
-            right = _eval(comp, env)
-            if not _CMPOPS[type(op)](left, right):
-                return False
-            left = right
-        return True
-    raise PatternError(f"unsupported expression node {type(node).__name__}")
+    return evaluate_node(parse_expression(str(text)), env)
 
 
 # ---- schema ----------------------------------------------------------------------------------------
@@ -245,7 +140,7 @@ def _module(section: str, name: str, spec: Any, where: str) -> ModuleSpec:
         raise PatternError(f"{where}: [{section}] {name!r} shape must be a list of expressions")
     for expr in (*shape, spec.get("when") or "1", spec.get("bias") if isinstance(spec.get("bias"), str) else "1"):
         try:
-            parse_expr(str(expr))
+            parse_expression(str(expr))
         except PatternError as exc:
             raise PatternError(f"{where}: [{section}] {name!r}: {exc}") from None
     params = spec.get("params", ["weight"])
@@ -281,7 +176,7 @@ def parse_pattern(doc: dict[str, Any], where: str) -> Pattern:
         raise PatternError(f"{where}: [family] needs model_types or architectures to be detectable")
     for key in ("moe_layers",):
         if fam.get(key) is not None:
-            parse_expr(str(fam[key]))
+            parse_expression(str(fam[key]))
     engines = doc.get("engines", {})
     if set(engines) - _ENGINE_KEYS:
         raise PatternError(f"{where}: [engines] has unknown keys {sorted(set(engines) - _ENGINE_KEYS)}")
