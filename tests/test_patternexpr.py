@@ -167,3 +167,22 @@ def test_evaluation_and_names_on_the_tuple_trees() -> None:
     assert patternexpr.evaluate_node(patternexpr.parse("missing == 1 or layer == 3"), env) is True
     with pytest.raises(KeyError):
         patternexpr.evaluate_node(patternexpr.parse("missing == 1 or layer == 4"), env)
+
+
+@pytest.mark.parametrize(
+    "text",
+    ["a+" * 5000 + "a", "-" * 5000 + "a", "not " * 3000 + "a", "(" * 3000 + "a" + ")" * 3000, "a" + "[0]" * 5000],
+    ids=["sum chain", "unary chain", "not chain", "parentheses", "subscript chain"],
+)
+def test_an_expression_nested_past_the_stack_is_a_pattern_error_never_a_recursion_error(text: str) -> None:
+    """A hostile pattern file: Python's own parser raised RecursionError here ("internal error", exit 2)."""
+    with pytest.raises(PatternError, match=r"nested too deeply|does not parse|too many nested"):
+        patternexpr.parse.__wrapped__(text)
+
+
+def test_long_flat_expressions_still_parse() -> None:
+    assert patternexpr.parse.__wrapped__("a < " * 3000 + "a")[0] == "cmp"
+    assert len(patternexpr.parse.__wrapped__("a and " * 3000 + "a")[1]) == 3001
+    assert len(patternexpr.parse.__wrapped__("layer in [" + ", ".join(map(str, range(5000))) + "]")[2][0][1][1]) == 5000
+    chain = patternexpr.parse.__wrapped__("a + " * 300 + "a")  # Python's parser: as deep as it was
+    assert patternexpr.evaluate_node(chain, {"a": 1}) == 301

@@ -131,6 +131,11 @@ class _Parser:
         self.depth -= 1
         return node
 
+    def chain(self, length: int) -> None:
+        """A chain of binary operators nests one level per operator (left to right): as deep as parentheses."""
+        if self.depth + length > _MAX_DEPTH:
+            raise _NotSubset
+
     def or_test(self) -> Node:
         operands = [self.and_test()]
         while self.take("or"):
@@ -173,25 +178,28 @@ class _Parser:
             else:
                 break
             pairs.append((op, self.arith()))
+            self.chain(len(pairs))
         return ("cmp", left, tuple(pairs)) if pairs else left
 
     def arith(self) -> Node:
-        node = self.term()
+        node, length = self.term(), 0
         while True:
             token = self.peek()
             if token is not None and token[0] == "op" and token[1] in ("+", "-"):
                 self.at += 1
-                node = ("bin", token[1], node, self.term())
+                node, length = ("bin", token[1], node, self.term()), length + 1
+                self.chain(length)
             else:
                 return node
 
     def term(self) -> Node:
-        node = self.factor()
+        node, length = self.factor(), 0
         while True:
             token = self.peek()
             if token is not None and token[0] == "op" and token[1] in ("*", "//", "%"):
                 self.at += 1
-                node = ("bin", token[1], node, self.factor())
+                node, length = ("bin", token[1], node, self.factor()), length + 1
+                self.chain(length)
             else:
                 return node
 
@@ -203,11 +211,12 @@ class _Parser:
             node = ("neg", self.factor())
             self.depth -= 1
             return node
-        node = self.atom()
+        node, length = self.atom(), 0
         while self.take("["):
             index = self.expression()
             self.expect("]")
-            node = ("sub", node, index)
+            node, length = ("sub", node, index), length + 1
+            self.chain(length)
         return node
 
     def atom(self) -> Node:
@@ -261,7 +270,11 @@ def parse(text: str) -> Node:
             raise _NotSubset
         return node
     except _NotSubset:
+        pass
+    try:
         return _from_ast(python_ast(text).body)
+    except RecursionError:  # Python's parser, or the tree it made, deeper than the stack allows
+        raise PatternError(f"expression {text[:80]!r}... is nested too deeply") from None
 
 
 @lru_cache(maxsize=256)
@@ -273,6 +286,8 @@ def python_ast(text: str) -> Any:
         tree = compile(str(text), "<unknown>", "eval", ast.PyCF_ONLY_AST)
     except SyntaxError as exc:
         raise PatternError(f"expression {text!r} does not parse: {exc.msg}") from None
+    except RecursionError:  # "maximum recursion depth exceeded during ast construction"
+        raise PatternError(f"expression {text[:80]!r}... is nested too deeply") from None
     allowed = (
         ast.Expression, ast.BinOp, ast.BoolOp, ast.Compare, ast.UnaryOp, ast.Name, ast.Constant, ast.Load,
         ast.And, ast.Or, ast.Not, ast.USub, ast.List, ast.Tuple, ast.Subscript, *_ast_ops(ast),
