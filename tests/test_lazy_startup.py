@@ -58,7 +58,7 @@ def test_lightclass_init_is_compiled_at_first_instantiation_and_then_called_dire
         a: int
         b: str = "x"
 
-    assert type(Fresh.__dict__["__init__"]).__name__ == "_LazyInit"
+    assert type(Fresh.__dict__["__init__"]).__name__ == "_DeferredMethod"
     first = Fresh(1)
     assert (first.a, first.b) == (1, "x")
     assert inspect.isfunction(Fresh.__dict__["__init__"])  # replaced itself
