@@ -17,7 +17,8 @@ The tuples: ("const", value), ("name", id), ("bin", op, left, right), ("and" | "
 from __future__ import annotations
 
 import operator
-from functools import lru_cache
+from collections.abc import Callable
+from functools import cache, lru_cache
 
 TYPE_CHECKING = False  # typing.TYPE_CHECKING without importing typing (lint's start-up, #20)
 if TYPE_CHECKING:
@@ -123,11 +124,13 @@ class _Parser:
         if not self.take(symbol):
             raise _NotSubset
 
-    def expression(self) -> Node:
+    def nested(self, parse: Callable[[], Node]) -> Node:
+        """`parse()` one level deeper (a parenthesis, a bracket, a unary operator): past _MAX_DEPTH, Python's
+        parser decides."""
         self.depth += 1
         if self.depth > _MAX_DEPTH:
             raise _NotSubset
-        node = self.or_test()
+        node = parse()
         self.depth -= 1
         return node
 
@@ -136,27 +139,24 @@ class _Parser:
         if self.depth + length > _MAX_DEPTH:
             raise _NotSubset
 
+    def expression(self) -> Node:
+        return self.nested(self.or_test)
+
     def or_test(self) -> Node:
-        operands = [self.and_test()]
-        while self.take("or"):
-            operands.append(self.and_test())
-        return operands[0] if len(operands) == 1 else ("or", tuple(operands))
+        return self.boolean(self.and_test, "or")
 
     def and_test(self) -> Node:
-        operands = [self.not_test()]
-        while self.take("and"):
-            operands.append(self.not_test())
-        return operands[0] if len(operands) == 1 else ("and", tuple(operands))
+        return self.boolean(self.not_test, "and")
+
+    def boolean(self, operand: Callable[[], Node], word: str) -> Node:
+        """`a or b or c` (one node with every operand, as Python's BoolOp)."""
+        operands = [operand()]
+        while self.take(word):
+            operands.append(operand())
+        return operands[0] if len(operands) == 1 else (word, tuple(operands))
 
     def not_test(self) -> Node:
-        if self.take("not"):
-            self.depth += 1
-            if self.depth > _MAX_DEPTH:
-                raise _NotSubset
-            node = ("not", self.not_test())
-            self.depth -= 1
-            return node
-        return self.comparison()
+        return ("not", self.nested(self.not_test)) if self.take("not") else self.comparison()
 
     def comparison(self) -> Node:
         left = self.arith()
@@ -182,35 +182,23 @@ class _Parser:
         return ("cmp", left, tuple(pairs)) if pairs else left
 
     def arith(self) -> Node:
-        node, length = self.term(), 0
-        while True:
-            token = self.peek()
-            if token is not None and token[0] == "op" and token[1] in ("+", "-"):
-                self.at += 1
-                node, length = ("bin", token[1], node, self.term()), length + 1
-                self.chain(length)
-            else:
-                return node
+        return self.binary(self.term, ("+", "-"))
 
     def term(self) -> Node:
-        node, length = self.factor(), 0
-        while True:
-            token = self.peek()
-            if token is not None and token[0] == "op" and token[1] in ("*", "//", "%"):
-                self.at += 1
-                node, length = ("bin", token[1], node, self.factor()), length + 1
-                self.chain(length)
-            else:
-                return node
+        return self.binary(self.factor, ("*", "//", "%"))
+
+    def binary(self, operand: Callable[[], Node], symbols: tuple[str, ...]) -> Node:
+        """A left-associative chain of the binary operators `symbols` over `operand`s."""
+        node, length = operand(), 0
+        while (token := self.peek()) is not None and token[0] == "op" and token[1] in symbols:
+            self.at += 1
+            node, length = ("bin", token[1], node, operand()), length + 1
+            self.chain(length)
+        return node
 
     def factor(self) -> Node:
         if self.take("-"):
-            self.depth += 1
-            if self.depth > _MAX_DEPTH:
-                raise _NotSubset
-            node = ("neg", self.factor())
-            self.depth -= 1
-            return node
+            return ("neg", self.nested(self.factor))
         node, length = self.atom(), 0
         while self.take("["):
             index = self.expression()
@@ -290,7 +278,7 @@ def python_ast(text: str) -> Any:
         raise PatternError(f"expression {text[:80]!r}... is nested too deeply") from None
     allowed = (
         ast.Expression, ast.BinOp, ast.BoolOp, ast.Compare, ast.UnaryOp, ast.Name, ast.Constant, ast.Load,
-        ast.And, ast.Or, ast.Not, ast.USub, ast.List, ast.Tuple, ast.Subscript, *_ast_ops(ast),
+        ast.And, ast.Or, ast.Not, ast.USub, ast.List, ast.Tuple, ast.Subscript, *_ast_ops(),
     )  # fmt: skip
     for node in walk_ast(tree):
         if not isinstance(node, allowed):
@@ -298,7 +286,11 @@ def python_ast(text: str) -> Any:
     return tree
 
 
-def _ast_ops(ast: Any) -> dict[type, str]:
+@cache
+def _ast_ops() -> dict[type, str]:
+    """The operator classes of Python's AST, by their symbol in the tuple trees."""
+    import _ast as ast
+
     return {
         ast.Add: "+", ast.Sub: "-", ast.Mult: "*", ast.FloorDiv: "//", ast.Mod: "%",
         ast.Eq: "==", ast.NotEq: "!=", ast.Lt: "<", ast.LtE: "<=", ast.Gt: ">", ast.GtE: ">=",
@@ -325,7 +317,7 @@ def _from_ast(node: Any) -> Node:
     """The tuple tree of an allowed Python AST (`python_ast`)."""
     import _ast as ast
 
-    ops = _ast_ops(ast)
+    ops = _ast_ops()
     if isinstance(node, ast.Constant):
         return ("const", node.value)
     if isinstance(node, ast.Name):
