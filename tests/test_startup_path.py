@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import dataclasses
 import inspect
-import json
 import pickle
 import subprocess
 import sys
@@ -212,22 +211,12 @@ def test_pattern_expressions_parse_and_walk_as_the_ast_module_does() -> None:
     ones, the tree and the walk order are `ast.parse`'s and `ast.walk`'s."""
     import ast
 
+    from test_patternexpr import shipped_expressions
+
     from weightcheck import patternexpr, patterns
 
     texts = {"f(x)", "x.y", "lambda: 1", "a if b else c", "-(layer + 1) % 2 == 0 or not x", "t[layer] in ['a', 'b']"}
-
-    def collect(value: Any, key: str = "") -> None:
-        if isinstance(value, dict):
-            for k, v in value.items():
-                collect(v, k)
-        elif isinstance(value, list):
-            for v in value:
-                collect(v, key)
-        elif isinstance(value, str) and key in ("when", "shape"):
-            texts.add(value)
-
-    for path in sorted((ROOT / "patterns" / "generated").glob("*.json")):
-        collect(json.loads(path.read_text()))
+    texts |= shipped_expressions()
     assert len(texts) > 60
     for text in sorted(texts):
         tree = ast.parse(text, mode="eval")
