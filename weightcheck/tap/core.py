@@ -13,7 +13,7 @@ closes: one JSON-lines file per rank (`weightcheck.tap.records`), atomically.
 Off unless configured (`WEIGHTCHECK_DIR` or `configure(...)`): a disabled hook only checks one attribute.
 Never raises into the engine unless `strict` is set: a failure of the tap is logged and the load goes on.
 
-Why one ~950-line module: the hook (`_Call`), sync lifetime and record writing share one per-process state
+Why one ~1,100-line module: the hook (`_Call`), sync lifetime and record writing share one per-process state
 that must stay consistent under SGLang's threads; keeping them in one module keeps that state private.
 """
 

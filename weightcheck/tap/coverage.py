@@ -23,7 +23,7 @@ Parameters without a loader attribute are wrapped with the engine's default load
 the model class compares a loader with `is default_weight_loader` (SGLang's inkling model does: a wrapper
 would change its behaviour); otherwise their coverage is recorded as untracked, never as "not written".
 
-Why one ~960-line module: it runs inside the engine's `load_weights` on every tensor, so the attribution
+Why one ~1,200-line module: it runs inside the engine's `load_weights` on every tensor, so the attribution
 structures (address ranges, recent window, batched filing) stay together where their invariants can be read
 at once; tests/test_tap_cost.py and test_tap_fingerprints.py pin them.
 """

@@ -42,7 +42,7 @@ rank. `tracked: false` marks a parameter whose writes could not be observed (its
 
 Nothing here imports torch: `weightcheck verify` reads records without it.
 
-Why one ~700-line module: the writer and the reader of one file format belong together (the schema above is
+Why one ~750-line module: the writer and the reader of one file format belong together (the schema above is
 their contract); a reader that tolerates every damaged line is most of its length.
 """
 
