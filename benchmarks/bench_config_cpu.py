@@ -23,13 +23,14 @@ from __future__ import annotations
 import argparse
 import os
 import statistics
-import subprocess
 import sys
 import tempfile
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+from childproc import child_cpu_seconds  # noqa: E402 (found through the line above)
 
 FLOOR = "import json, sys; json.load(open(sys.argv[1] + '/config.json'))"
 # What the `weightcheck` console script runs (`weightcheck.launch:main`; `weightcheck.cli:main` in trees before
@@ -48,10 +49,6 @@ def _console_script(python: str) -> str | None:
 def cpu_seconds(code: str, target: Path, tree: Path | None, python: str | None = None) -> float:
     """User + system CPU seconds of one `python -c code target --format json` process (lint: `python -m
     weightcheck lint`, or with `python` given, that environment's console script)."""
-    env = dict(os.environ)
-    env.pop("PYTHONDONTWRITEBYTECODE", None)  # as installed: compiled bytecode is cached
-    if tree is not None:
-        env["PYTHONPATH"] = str(tree)
     script = _console_script(python) if python else None
     if code is LINT and script:
         args = [script, "lint", str(target.resolve()), "--format", "json"]
@@ -59,15 +56,10 @@ def cpu_seconds(code: str, target: Path, tree: Path | None, python: str | None =
         args = [python or PYTHON[0], "-m", "weightcheck", "lint", str(target.resolve()), "--format", "json"]
     else:
         args = [PYTHON[0], "-c", code, str(target.resolve())]
-    # cwd outside every tree: `python -c` puts the working directory first on sys.path, which would shadow
-    # PYTHONPATH (the baseline tree would import this checkout's weightcheck when run from its root).
-    proc = subprocess.Popen(args, env=env, cwd=tempfile.gettempdir(), stdout=subprocess.DEVNULL,
-                            stderr=subprocess.DEVNULL)  # fmt: skip
-    _, status, usage = os.wait4(proc.pid, 0)
-    proc.returncode = os.waitstatus_to_exitcode(status)
-    if code is LINT and proc.returncode not in (0, 1):
-        raise SystemExit(f"lint of {target} exited {proc.returncode}")
-    return usage.ru_utime + usage.ru_stime
+    seconds, returncode = child_cpu_seconds(args, tree, cached_bytecode=True)
+    if code is LINT and returncode not in (0, 1):
+        raise SystemExit(f"lint of {target} exited {returncode}")
+    return seconds
 
 
 def main() -> None:

@@ -26,9 +26,10 @@ import os
 import statistics
 import subprocess
 import sys
-import tempfile
 import time
 from pathlib import Path
+
+from childproc import child_cpu_seconds
 
 N_LAYERS, N_DENSE, N_EXPERTS, N_SHARDS = 61, 3, 256, 163
 
@@ -190,18 +191,11 @@ BASELINE_SNIPPET = (
 
 
 def cpu_seconds(args: list[str], tree: Path | None = None) -> float:
-    """User + system CPU seconds of one child process (run outside every source tree: `python -m`/`-c` put
-    the working directory first on sys.path, which would shadow PYTHONPATH)."""
-    env = dict(os.environ)
-    if tree is not None:
-        env["PYTHONPATH"] = str(tree)
-    proc = subprocess.Popen(
-        args, env=env, cwd=tempfile.gettempdir(), stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL
-    )
-    _, status, usage = os.wait4(proc.pid, 0)
-    if os.waitstatus_to_exitcode(status) not in (0, 1):
-        raise SystemExit(f"{args[:4]} exited {os.waitstatus_to_exitcode(status)}")
-    return usage.ru_utime + usage.ru_stime
+    """User + system CPU seconds of one child process (`childproc.child_cpu_seconds`); lint may exit 1."""
+    seconds, code = child_cpu_seconds(args, tree)
+    if code not in (0, 1):
+        raise SystemExit(f"{args[:4]} exited {code}")
+    return seconds
 
 
 def timed(fn, repeat: int) -> float:
