@@ -244,7 +244,7 @@ def test_wc802_diff_the_text_names_points_at_the_reference_layer(rollout_world: 
     actor = tmp_path / "actor"
     model.save_pretrained(actor)
     ref = tmp_path / "ref"
-    rf.perturbed(model, layer=1, scale=4.0).save_pretrained(ref)  # the reference of world["perturbed"]
+    rf.perturbed(model, layer=1, scale=rollout_world["perturbed_scale"]).save_pretrained(ref)  # world["perturbed"]'s
     differing = {f.location.tensor for f in api.diff(ref, actor, config=False).findings if f.location.tensor}
     assert differing == {"model.layers.1.mlp.down_proj.weight"}, differing
     assert api.diff(actor, actor, config=False).findings == []
