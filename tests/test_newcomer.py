@@ -312,3 +312,24 @@ def test_sarif_rules_link_their_doc_section_and_the_doc_is_current(tmp_path: Pat
         assert anchor == rule["id"].lower() and rule["id"] in sections, rule["helpUri"]
         if uri.startswith("file://"):
             assert Path(unquote(urlparse(uri).path)).is_file()
+
+
+# ---- a pickled checkpoint: nothing checked, and the run says what it found and why it did not read it ------
+
+
+def test_a_pickled_checkpoint_is_named_in_the_nothing_checked_note(tmp_path: Path) -> None:
+    """A folder holding only `pytorch_model.bin` (torch.save's format: a pickle) and tokenizer files exits 3 as
+    before, and its note names the file, why it was not opened and what to do; a folder without one does not."""
+    import torch
+
+    ckpt = tmp_path / "ckpt"
+    ckpt.mkdir()
+    torch.save({"lm_head.weight": torch.zeros(2, 2)}, ckpt / "pytorch_model.bin")
+    (ckpt / "tokenizer_config.json").write_text("{}")
+    proc = wc("lint", str(ckpt), "--format", "json")
+    assert proc.returncode == 3, proc.stderr
+    notes = json.loads(proc.stdout)["summary"]["notes"]
+    assert any("pytorch_model.bin" in n and "never opened" in n and "convert them to safetensors" in n for n in notes)
+    (ckpt / "pytorch_model.bin").unlink()
+    bare = wc("lint", str(ckpt), "--format", "json")
+    assert bare.returncode == 3 and not any("pickle weights" in n for n in json.loads(bare.stdout)["summary"]["notes"])

@@ -120,6 +120,11 @@ class Checkpoint:
             self._names = names
         return self._names
 
+    def pickle_weights(self) -> list[str]:
+        """Files in the root named like pickled weights (`pytorch_model.bin`, `*.pt`): reported, never opened
+        (unpickling runs code)."""
+        return [name for name in self.other_files if name.endswith(PICKLE_SUFFIXES)]
+
     def sorted_names(self) -> list[str]:
         """`tensor_names()` sorted. all_tensors() lists names shard by shard, each shard in its header's
         order (sorted runs, as writers lay them out), which a sort merges ~10x faster than a set's hash
@@ -304,6 +309,9 @@ def load_checkpoint(target: str | os.PathLike[str] | FileSource) -> Checkpoint:
         return Checkpoint(root=path)
     return load_from_source(LocalSource(path))
 
+
+# Pickled weight files: named in findings and notes, never opened.
+PICKLE_SUFFIXES = (".bin", ".pt", ".pth", ".ckpt")
 
 # JSON files read besides config.json and the index (each whole, each size-capped).
 EXTRA_JSON = ("hf_quant_config.json", "generation_config.json")

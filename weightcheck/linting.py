@@ -246,7 +246,15 @@ def _lint(path: Path, select: Iterable[str], ignore: Iterable[str], options: dic
     config_only = not ckpt.has_weights
     if config_only and (ckpt.config is None or not ckpt.config.exists):
         result.nothing_checked = True
-        result.notes.append(f"{path}: no safetensors weights, index or config.json to check")
+        pickles = ckpt.pickle_weights()
+        # A newcomer's pickled checkpoint: say what was found and why it was not read, not only what was not.
+        found = (
+            f"; found pickle weights {', '.join(pickles[:4])} (never opened: unpickling runs code; convert them "
+            "to safetensors)"
+            if pickles
+            else ""
+        )
+        result.notes.append(f"{path}: no safetensors weights, index or config.json to check{found}")
         return result
 
     if opts.get("pattern"):  # an explicit --pattern must exist and be valid: fail early (usage error)

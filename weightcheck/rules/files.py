@@ -294,7 +294,7 @@ def no_weights(ctx: LintContext) -> None:
     ckpt = ctx.ckpt
     if ckpt.has_weights:
         return
-    pickles = [n for n in ckpt.other_files if n.endswith((".bin", ".pt", ".pth", ".ckpt"))]
+    pickles = ckpt.pickle_weights()
     if ctx.options.get("config_only") and not pickles:
         return  # config-only lint is a mode, not a defect; the run's notes say which checks could not run
     extra = f"; found pickle weights {', '.join(pickles[:4])} (never opened: unpickling runs code)" if pickles else ""
