@@ -246,15 +246,12 @@ def _lint(path: Path, select: Iterable[str], ignore: Iterable[str], options: dic
     config_only = not ckpt.has_weights
     if config_only and (ckpt.config is None or not ckpt.config.exists):
         result.nothing_checked = True
-        pickles = ckpt.pickle_weights()
+        from weightcheck.rules.files import pickles_found
+
         # A newcomer's pickled checkpoint: say what was found and why it was not read, not only what was not.
-        found = (
-            f"; found pickle weights {', '.join(pickles[:4])} (never opened: unpickling runs code; convert them "
-            "to safetensors)"
-            if pickles
-            else ""
-        )
-        result.notes.append(f"{path}: no safetensors weights, index or config.json to check{found}")
+        found = pickles_found(ckpt)
+        convert = "; convert them to safetensors" if found else ""
+        result.notes.append(f"{path}: no safetensors weights, index or config.json to check{found}{convert}")
         return result
 
     if opts.get("pattern"):  # an explicit --pattern must exist and be valid: fail early (usage error)

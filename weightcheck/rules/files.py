@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from collections import defaultdict
 
-from weightcheck.checkpoint import INDEX_NAME, SHARD_RE, SINGLE_NAME
+from weightcheck.checkpoint import INDEX_NAME, SHARD_RE, SINGLE_NAME, Checkpoint
 from weightcheck.collapse import format_ranges, summarize
 from weightcheck.findings import Severity
 from weightcheck.rules import LintContext, rule
@@ -277,6 +277,13 @@ def shard_metadata_format(ctx: LintContext) -> None:
         )
 
 
+def pickles_found(ckpt: Checkpoint) -> str:
+    """`; found pickle weights ... (never opened: ...)` for a message about a target without safetensors weights
+    (WC109, and lint's "nothing to check" note); "" when the root holds none."""
+    pickles = ckpt.pickle_weights()
+    return f"; found pickle weights {', '.join(pickles[:4])} (never opened: unpickling runs code)" if pickles else ""
+
+
 @rule(
     "WC109",
     "no-weights",
@@ -294,10 +301,9 @@ def no_weights(ctx: LintContext) -> None:
     ckpt = ctx.ckpt
     if ckpt.has_weights:
         return
-    pickles = ckpt.pickle_weights()
-    if ctx.options.get("config_only") and not pickles:
+    extra = pickles_found(ckpt)
+    if ctx.options.get("config_only") and not extra:
         return  # config-only lint is a mode, not a defect; the run's notes say which checks could not run
-    extra = f"; found pickle weights {', '.join(pickles[:4])} (never opened: unpickling runs code)" if pickles else ""
     ctx.report(
         "no .safetensors weights or index found: only config-level checks ran" + extra,
         file=ckpt.label,
