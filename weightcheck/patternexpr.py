@@ -17,11 +17,11 @@ The tuples: ("const", value), ("name", id), ("bin", op, left, right), ("and" | "
 from __future__ import annotations
 
 import operator
-from collections.abc import Callable
 from functools import cache, lru_cache
 
 TYPE_CHECKING = False  # typing.TYPE_CHECKING without importing typing (lint's start-up, #20)
 if TYPE_CHECKING:
+    from collections.abc import Callable
     from typing import Any
 
 Node = tuple  # the tuples above
