@@ -41,6 +41,7 @@ import weakref
 from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from itertools import repeat
 from typing import TYPE_CHECKING, Any
 
 from weightcheck.gcpause import GCPaused
@@ -75,6 +76,7 @@ _IDENTITY_CHECK = re.compile(r"\bis\s+(?:not\s+)?default_weight_loader\b|==\s*de
 
 _NBYTES = operator.attrgetter("nbytes")
 _DTYPE_OF = operator.attrgetter("dtype")
+_WRITES = operator.attrgetter("writes")
 _FIRST = operator.itemgetter(0)
 _SECOND = operator.itemgetter(1)
 _NONE: frozenset[Any] = frozenset()  # the sets below until their first element (no allocation per parameter)
@@ -435,6 +437,11 @@ class CallCoverage:
         self.bucket_bytes = 0
         self.last_in_bucket = False  # `_last` is the bucket's newest tensor (its writes may be logged)
         self._logged: list[tuple[Any, ...]] = []
+        # The plain writes logged since the last other one, as two lists (seq, parameter name), not a tuple
+        # each: the common bucket (one plain write per tensor) is then checked by one list comparison, and
+        # its writes leave nothing for the cyclic GC to track. `_logged_in_order` merges them when needed.
+        self._plain_seqs: list[int] = []
+        self._plain_names: list[str] = []
         self.on_drain: Callable[[list[int], list[Any], list[Any], int, list[str] | None], None] | None = None
         # `WEIGHTCHECK_PROFILE`: called with None as a drain starts (returns a token) and with that token when it
         # ends, so that the drain's work (the hook's deferred bookkeeping) is counted where it is done.
@@ -464,12 +471,29 @@ class CallCoverage:
         with self._lock:
             self._drain_locked()
 
+    def _logged_in_order(self) -> list[tuple[Any, ...]]:
+        """Every logged write in order, the plain ones as (seq, name) tuples; the plain lists emptied."""
+        logged = self._logged
+        if self._plain_seqs:
+            logged.extend(zip(self._plain_seqs, self._plain_names, strict=True))
+            self._plain_seqs, self._plain_names = [], []
+        return logged
+
     def _drain_locked(self) -> None:
-        seqs, logged = self.bucket_seqs, self._logged
-        if not seqs and not logged:
+        seqs, logged, plain_seqs = self.bucket_seqs, self._logged, self._plain_seqs
+        if not seqs and not logged and not plain_seqs:
             return
         names, tensors, nbytes = self.bucket_names, self.bucket_tensors, self.bucket_bytes
         self.bucket_seqs, self.bucket_names, self.bucket_tensors, self.bucket_bytes = [], [], [], 0
+        wrote: list[str] | None = None
+        if not logged and plain_seqs == seqs and seqs:
+            # The common bucket: each tensor written once, by a plain loader, as it came. (Checked before
+            # `_logged_in_order` makes a tuple per write.)
+            wrote = self._plain_names if _one_dtype(tensors) else None
+        if wrote is not None:
+            self._plain_seqs, self._plain_names = [], []
+        else:
+            logged = self._logged_in_order()
         self._logged = []
         self.last_in_bucket = False
         timer = self.drain_timer
@@ -477,7 +501,8 @@ class CallCoverage:
         with GCPaused():
             # The common bucket: each tensor written once, by a plain loader, as it came (one dtype). Its entries
             # are made with their `wrote` label, and the writes credited in one pass.
-            wrote = self._one_plain_write_each(logged, seqs, tensors)
+            if wrote is None:
+                wrote = self._one_plain_write_each(logged, seqs, tensors)
             if seqs and self.on_drain is not None:
                 self.on_drain(seqs, names, tensors, nbytes, wrote)
             if wrote is not None:
@@ -508,11 +533,16 @@ class CallCoverage:
         """`_apply_logged` for `_one_plain_write_each`'s case (the entries already carry their label)."""
         self._attributed.update(seqs)
         loaded = _DTYPE_NAMES.get(dtype) or _dtype_name(dtype)
-        for coverage in map(self._params.get, wrote):
-            if coverage is not None:
-                coverage.writes += 1
-                if coverage.dtype != loaded and crosses_quantization(loaded, coverage.dtype):
-                    coverage.cast_from = _add(coverage.cast_from, str(loaded))
+        coverages = list(map(self._params.get, wrote))
+        if None in coverages:  # a name the engine's parameters do not have (a loader of its own making)
+            coverages = [coverage for coverage in coverages if coverage is not None]
+        # `writes += 1` for each, with C-level maps (lazy: a parameter written twice is counted twice).
+        deque(map(setattr, coverages, repeat("writes"), map(operator.add, map(_WRITES, coverages), repeat(1))), 0)
+        for param_dtype in set(map(_DTYPE_OF, coverages)) - {loaded}:
+            if crosses_quantization(loaded, param_dtype):
+                for coverage in coverages:
+                    if coverage.dtype == param_dtype:
+                        coverage.cast_from = _add(coverage.cast_from, str(loaded))
 
     def _apply_logged(self, logged: list[tuple[Any, ...]], seqs: list[int], tensors: list[Any]) -> None:
         """The logged writes, each as `record_plain_write` / `record_write` would have recorded it then (each
@@ -722,7 +752,8 @@ class CallCoverage:
         common write, of the tensor just received, in a few steps; anything else takes `record_write`."""
         with self._lock:
             if loaded is self._last and self.last_in_bucket:
-                self._logged.append((self.current_seq, param_name))
+                self._plain_seqs.append(self.current_seq)  # type: ignore[arg-type]
+                self._plain_names.append(param_name)
                 return
             self._drain_locked()
             if loaded is not self._last or loaded is None:
@@ -757,7 +788,9 @@ class CallCoverage:
         torch = torch_module()
         with self._lock:
             if loaded is self._last and self.last_in_bucket:
-                self._logged.append((self.current_seq, param_name, shard, expert, local_expert, expert_param))
+                self._logged_in_order().append(
+                    (self.current_seq, param_name, shard, expert, local_expert, expert_param)
+                )
                 return
             self._drain_locked()
             seqs: list[int] = []
@@ -840,6 +873,7 @@ class CallCoverage:
         self._pending_tensors.clear()
         self.bucket_seqs, self.bucket_names, self.bucket_tensors, self.bucket_bytes = [], [], [], 0
         self._logged = []
+        self._plain_seqs, self._plain_names = [], []
         self.last_in_bucket = False
         self._recent.clear()
         self._fingerprints.clear()
@@ -849,6 +883,11 @@ class CallCoverage:
         self._last = None
 
     restore = detach
+
+
+def _one_dtype(tensors: list[Any]) -> bool:
+    dtypes = list(map(_DTYPE_OF, tensors))
+    return dtypes.count(dtypes[0]) == len(dtypes)
 
 
 def _nbytes(tensor: Any) -> int:
