@@ -421,3 +421,24 @@ def test_a_profiled_sync_counts_the_drains_as_bookkeeping(
     assert record.profile is not None and record.profile["tensors"] == len(stream)
     assert len(seen) >= 2 and all(added >= 0 for added in seen) and sum(seen) > 0  # at "big" and at the end
     assert record.profile["seconds"]["bookkeeping"] >= sum(seen)
+
+
+def test_a_bulk_installed_sync_records_only_its_own_writes(tapped: None, tmp_path: Path) -> None:
+    """From the second sync on, the bulk install files the last sync's coverages again, reset: nothing a sync
+    wrote (writes, shards, experts, a cast) may show in a later sync that did not write it."""
+    tap.configure(tmp_path, digest_threads=2)
+    engine = Mixed(10)
+    stream = mixed_stream(10)
+    kept = {"norms.0", "norms.1", "embed"}
+    partial = [(name, tensor) for name, tensor in stream if name in kept]
+    for weights in (stream, stream, partial, partial, stream):  # 0: full install; 1-4: in bulk
+        engine.load_weights(iter(weights))
+    tap.configure(None)
+    full, full_bulk, first_partial, second_partial, full_again = (record_of(tmp_path, seq) for seq in range(5))
+    assert comparable(full_bulk)[2] == comparable(full)[2] == comparable(full_again)[2]
+    assert comparable(first_partial)[2] == comparable(second_partial)[2]
+    params = first_partial.params
+    assert {name for name, p in params.items() if p.writes} == {"norms.0", "norms.1", "embed", "head"}
+    assert params["qkv.weight"].shards_written == [] and params["experts.w2_weight"].experts_written == []
+    assert params["fp8"].cast_from == [] and full.params["fp8"].cast_from == ["BF16"]
+    assert full.params["qkv.weight"].shards_written == ["k", "q", "v"]

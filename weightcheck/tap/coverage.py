@@ -534,7 +534,9 @@ class CallCoverage:
         self._attributed.update(seqs)
         loaded = _DTYPE_NAMES.get(dtype) or _dtype_name(dtype)
         coverages = list(map(self._params.get, wrote))
-        if None in coverages:  # a name the engine's parameters do not have (a loader of its own making)
+        # A name the engine's parameters do not have (a loader of its own making). (By identity: `None in` would
+        # call the dataclass's `__eq__` once per parameter.)
+        if not all(map(operator.is_not, coverages, repeat(None))):
             coverages = [coverage for coverage in coverages if coverage is not None]
         # `writes += 1` for each, with C-level maps (lazy: a parameter written twice is counted twice).
         deque(map(setattr, coverages, repeat("writes"), map(operator.add, map(_WRITES, coverages), repeat(1))), 0)

@@ -36,6 +36,9 @@ _own_dict = attrgetter("__dict__")
 _dtype_and_shape = attrgetter("dtype", "shape")
 _children_of = attrgetter("_modules")
 _params_of = attrgetter("_parameters")
+_tracked = attrgetter("tracked")
+# What a sync writes into a coverage, and its value as made (`install`).
+_RESET = (("writes", 0), ("shards_written", frozenset()), ("experts_written", frozenset()), ("cast_from", frozenset()))
 
 
 def layout(modules: list[Any]) -> tuple[list[Any], list[int], list[Any], list[int]]:
@@ -98,6 +101,8 @@ class WrapPlan:
         self.had_attributes = list(compress(attributes, self.had))
         self.originals = list(compress(before, self.had))
         self.added_attributes = list(compress(attributes, self.added))
+        # The coverages the last `install` made, reset and filed again by the next one (see `install`).
+        self.made: list[Any] | None = None
 
     def current_params(self) -> list[Any] | None:
         """The parameters, when the module tree and parameter set are as planned; else None."""
@@ -131,20 +136,31 @@ class WrapPlan:
         """Put the wrappers in and file a fresh coverage (`make`: `ParamCoverage`) per parameter."""
         deque(map(dict.__setitem__, compress(dicts, self.tracked), self.wrapped_attributes, self.wrappers), 0)
         empty = frozenset()
-        fresh = map(
-            make,
-            self.dtype_names,
-            self.shapes,
-            self.tracked,
-            repeat(0),
-            self.shards,
-            repeat(empty),
-            self.experts,
-            repeat(empty),
-            repeat(empty),
-            self.optional,
-        )
-        coverage.update(zip(self.names, fresh, strict=True))
+        made = self.made
+        # The last sync's coverages, its record written, are filed again with what a sync writes into them
+        # reset: four C-level passes instead of one object made per parameter (~0.2 against ~0.55 µs). Only
+        # `tracked` can have changed besides (a draft runner untracks the target's shared parameters); a full
+        # install, which sets the other fields, replaces the plan.
+        if made is not None and list(map(_tracked, made)) == self.tracked:
+            for field_name, value in _RESET:
+                deque(map(setattr, made, repeat(field_name), repeat(value)), 0)
+        else:
+            made = self.made = list(
+                map(
+                    make,
+                    self.dtype_names,
+                    self.shapes,
+                    self.tracked,
+                    repeat(0),
+                    self.shards,
+                    repeat(empty),
+                    self.experts,
+                    repeat(empty),
+                    repeat(empty),
+                    self.optional,
+                )
+            )
+        coverage.update(zip(self.names, made, strict=True))
 
     def restore(self, dicts: list[dict[str, Any]]) -> None:
         """The engine's loaders back: each attribute as it was before `install`."""
