@@ -279,7 +279,7 @@ def test_interleaved_blocks_and_fields_set_late_are_written_as_lines(tmp_path: P
 @pytest.mark.parametrize("layout", ["1-d", "n-d", "1-d-strided-views", "mixed"])
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32, torch.int32], ids=str)
 def test_a_batch_described_as_columns_is_each_tensor_described_alone(layout: str, dtype: torch.dtype) -> None:
-    from weightcheck.tap.digesting import describe_columns, describe_tensor
+    from weightcheck.tap.digesting import describe_bucket, describe_columns, describe_tensor
 
     pytest.importorskip("xxhash")
     generator = torch.Generator().manual_seed(5)
@@ -298,3 +298,8 @@ def test_a_batch_described_as_columns_is_each_tensor_described_alone(layout: str
     assert [(name, *values) for values in zip(hexes, zeros, nonfinite, strict=True)] == [
         (d["dtype"], d["xxh3_128"], d["zeros"], d["nonfinite"]) for d in alone
     ]
+    # The tap's bucket: the same columns, and each tensor's shape as a plain tuple (from the element counts
+    # when the batch is all 1-D).
+    bucket = describe_bucket(cases, "xxh3_128")
+    assert bucket is not None and bucket[:4] == columns
+    assert bucket[4] == [tuple(t.shape) for t in cases] and all(type(shape) is tuple for shape in bucket[4])

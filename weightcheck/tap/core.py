@@ -23,7 +23,6 @@ import atexit
 import contextlib
 import itertools
 import logging
-import operator
 import os
 import re
 import socket
@@ -68,7 +67,6 @@ _BATCH_BYTES = 16 << 20
 _BATCH_TENSORS = 4096
 # A drain of at least this many tensors, with none waiting in the batch, is digested at once (`_drained_whole`).
 _DIRECT_DIGEST_TENSORS = 256
-_SHAPE = operator.attrgetter("shape")
 # Loggers whose warnings during a call are kept in the record ("Parameter X not found in params_dict").
 ENGINE_LOGGERS = ("sglang.srt",)
 _MAX_WARNINGS_PER_CALL = 50
@@ -818,18 +816,19 @@ class _Call:
     ) -> bool:
         """A big drain of one dtype (a full bucket) digested at once and kept as columns (`TensorColumns`, one
         `tensors` line in the record: no dict per tensor); False, having done nothing, otherwise."""
-        from weightcheck.tap.digesting import describe_columns
+        from weightcheck.tap.digesting import describe_bucket
 
         timings: dict[str, float] | None = {} if self.profile is not None else None
         try:
             with GCPaused():
-                columns = describe_columns(tensors, self.algorithm, timings)
+                # (The bucket's tensors are exactly `torch.Tensor` on the CPU: `_lazy` checked each.)
+                columns = describe_bucket(tensors, self.algorithm, timings)
         except Exception as exc:  # the batch path digests them (one at a time if need be)
             _fail("digesting a batch of tensors", exc)
             return False
         if columns is None:
             return False
-        dtype, hexes, zeros, nonfinite = columns
+        dtype, hexes, zeros, nonfinite, shapes = columns
         count = len(seqs)
         with GCPaused():
             if set(map(type, names)) != {str}:
@@ -840,7 +839,7 @@ class _Call:
                 names=names,
                 dtype=dtype,
                 # Plain tuples (torch.Size is a subclass orjson does not take), which the collector stops tracking.
-                shapes=list(map(tuple, map(_SHAPE, tensors))),
+                shapes=shapes,
                 algorithm=self.algorithm,
                 hexes=hexes,
                 zeros=zeros,

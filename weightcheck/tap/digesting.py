@@ -319,7 +319,7 @@ def describe_batch(
     strided = torch.strided
     simple = sys.byteorder == "little" and algorithm != "posmix128"
     cache = _fast_cache
-    if simple and tensors and _one_fast_group(tensors, strided):
+    if simple and tensors and _one_fast_group(tensors, strided) is not None:
         # The common batch (one dtype the pass handles, all CPU, strided, non-empty): checked by C-level maps.
         groups[tensors[0].dtype] = list(range(len(tensors)))
         tensors_to_sort: list[Any] = []
@@ -348,7 +348,7 @@ def describe_batch(
     digest = _one_shot_hexdigest(algorithm)
     for dtype, members in groups.items():
         group = [tensors[i] for i in members]
-        st_name, hexes, zeros, nonfinite, spent = _group_columns(group, dtype, algorithm, digest, clock)
+        st_name, hexes, zeros, nonfinite, spent, _ = _group_columns(group, dtype, algorithm, digest, clock)
         t0 = clock()
         # The results set into each tensor's dict with C-level maps, key by key in the order the per-tensor
         # loop this replaced wrote them.
@@ -373,47 +373,64 @@ def describe_columns(
     """`describe_batch` of a batch of one dtype (its common case), as columns: (dtype name, hex digests, all
     bytes zero, NaN/Inf counts), one value per tensor; None when the batch is not of that kind (then
     `describe_batch`). For callers that build each tensor's record in one go rather than fill it in."""
+    got = describe_bucket(tensors, algorithm, timings, cpu_known=False)
+    return None if got is None else got[:4]
+
+
+def describe_bucket(
+    tensors: list[Any], algorithm: str, timings: dict[str, float] | None = None, cpu_known: bool = True
+) -> tuple[str, list[str], list[bool], list[int | None], list[tuple[int, ...]]] | None:
+    """`describe_columns` with the tensors' shapes (as tuples) as a fifth column, for the tap's drained
+    bucket, whose tensors are exactly `torch.Tensor` on the CPU (`cpu_known`: the tap checked each as it came).
+    The shapes of an all-1-D batch come from its element counts (no `torch.Size` per tensor)."""
     import sys
 
     import torch
 
     if not tensors or sys.byteorder != "little" or algorithm == "posmix128":
         return None
-    if not _one_fast_group(tensors, torch.strided):
+    counts = _one_fast_group(tensors, torch.strided, cpu_known)
+    if counts is None:
         return None
     clock = time.perf_counter if timings is not None else _no_clock
     digest = _one_shot_hexdigest(algorithm)
-    st_name, hexes, zeros, nonfinite, spent = _group_columns(tensors, tensors[0].dtype, algorithm, digest, clock)
+    st_name, hexes, zeros, nonfinite, spent, one_dim = _group_columns(
+        tensors, tensors[0].dtype, algorithm, digest, clock, counts
+    )
+    shapes = list(zip(counts)) if one_dim else list(map(tuple, map(_SHAPE, tensors)))
     if timings is not None:
         timings["digest"] = timings.get("digest", 0.0) + spent[0]
         timings["stats"] = timings.get("stats", 0.0) + spent[1]
-    return st_name, hexes, zeros, nonfinite
+    return st_name, hexes, zeros, nonfinite, shapes
 
 
 def _group_columns(
-    group: list[Any], dtype: Any, algorithm: str, digest: Any, clock: Any
-) -> tuple[str, list[str], list[bool], list[int | None], tuple[float, float]]:
+    group: list[Any], dtype: Any, algorithm: str, digest: Any, clock: Any, counts: list[int] | None = None
+) -> tuple[str, list[str], list[bool], list[int | None], tuple[float, float], bool]:
     """The one-pass description of tensors of one fast dtype (CPU, strided, non-empty): one flatten into a
     buffer, each tensor's slice hashed, the reductions done per segment by `np.maximum.reduceat`. Returns
-    (dtype name, hex digests, zeros, nonfinite, (hashing seconds, reducing seconds))."""
+    (dtype name, hex digests, zeros, nonfinite, (hashing seconds, reducing seconds), all 1-D). `counts`: the
+    tensors' element counts, when the caller has them."""
     import numpy as np
     import torch
 
     t0 = clock()
     st_name, itemsize, pattern = _fast_cache[dtype]  # type: ignore[misc]
     # One copy of the batch into a contiguous buffer (small tensors: it stays in cache for what follows).
-    if all(map((1).__eq__, map(torch.Tensor.dim, group))):
-        # All 1-D (norms, biases, scales: the many-small-tensor case): one `cat`, the same bytes as the flatten
-        # below without its reshaped view per tensor (~1.3 µs of ~1.8 per tensor).
-        flat = torch.cat(group).detach()
-    else:
-        flat = torch._utils._flatten_dense_tensors(group).detach()
+    # All 1-D (norms, biases, scales: the many-small-tensor case): one `cat`, the same bytes as the flatten
+    # without its reshaped view per tensor (~1.3 µs of ~1.8 per tensor).
+    one_dim = all(map((1).__eq__, map(torch.Tensor.dim, group)))
+    flat = (torch.cat(group) if one_dim else torch._utils._flatten_dense_tensors(group)).detach()
     data = flat.view(torch.uint8).numpy()
     view = memoryview(data)
-    counts = np.fromiter(map(_NUMEL, group), dtype=np.int64, count=len(group))
+    sizes = (
+        np.fromiter(map(_NUMEL, group), dtype=np.int64, count=len(group))
+        if counts is None
+        else np.array(counts, dtype=np.int64)
+    )
     starts = np.zeros(len(group), dtype=np.int64)
     if len(group) > 1:
-        np.cumsum(counts[:-1], out=starts[1:])
+        np.cumsum(sizes[:-1], out=starts[1:])
     t1 = clock()
     u_name, s_name = _INT_NAMES[itemsize]
     u_max = np.maximum.reduceat(data.view(u_name), starts)
@@ -434,26 +451,31 @@ def _group_columns(
         sign = (1 << (itemsize * 8 - 1)) | pattern  # type: ignore[operator]
         for k in np.flatnonzero((s_max >= pattern) | (u_max >= sign)).tolist():
             zeros[k], nonfinite[k] = False, _exact_nonfinite(group[k])
-    return st_name, hexes, zeros, nonfinite, ((t1 - t0) + (clock() - t2), t2 - t1)
+    return st_name, hexes, zeros, nonfinite, ((t1 - t0) + (clock() - t2), t2 - t1), one_dim
 
 
-def _one_fast_group(tensors: list[Any], strided: Any) -> bool:
-    """True when every tensor has the first one's dtype, one the pass handles, and is CPU, strided, non-empty."""
+def _one_fast_group(tensors: list[Any], strided: Any, cpu_known: bool = False) -> list[int] | None:
+    """The tensors' element counts when every tensor has the first one's dtype, one the pass handles, and is
+    CPU (`cpu_known`: the caller checked), strided and non-empty; else None."""
     first = tensors[0].dtype
     dtypes = list(map(_DTYPE, tensors))
-    return (
-        dtypes.count(first) == len(dtypes)
-        and (_fast_cache[first] if first in _fast_cache else fast_dtype(first)) is not None
-        and all(map(_IS_CPU, tensors))
-        and all(map(operator.is_, map(_LAYOUT, tensors), itertools.repeat(strided)))
-        and all(map(_NUMEL, tensors))
-    )
+    if dtypes.count(first) != len(dtypes):
+        return None
+    if (_fast_cache[first] if first in _fast_cache else fast_dtype(first)) is None:
+        return None
+    if not cpu_known and not all(map(_IS_CPU, tensors)):
+        return None
+    if set(map(_LAYOUT, tensors)) != {strided}:
+        return None
+    counts = list(map(_NUMEL, tensors))
+    return counts if all(counts) else None
 
 
 _DTYPE = operator.attrgetter("dtype")
 _IS_CPU = operator.attrgetter("is_cpu")
 _LAYOUT = operator.attrgetter("layout")
 _NUMEL = operator.methodcaller("numel")
+_SHAPE = operator.attrgetter("shape")
 
 
 def _one_shot_hexdigest(algorithm: str) -> Any:
