@@ -124,6 +124,10 @@ class Pattern:
     # ... or, without transformers, why the pattern cannot vouch for this config: its WC410/WC501 findings
     # are then warnings, never errors.
     unvalidated: tuple[str, ...] = ()
+    # Set by `detect_pattern` when a wrapper model_type with no pattern of its own (a VLM such as Kimi-K2.5's
+    # `kimi_k25`) borrows its text_config's: the wrapper's model_type. Its checkpoints keep the language model
+    # under a root of the wrapper's choosing (`borrowed`).
+    borrowed_by: str | None = None
 
 
 def _module(section: str, name: str, spec: Any, where: str) -> ModuleSpec:
@@ -618,12 +622,15 @@ def detect_pattern(config: dict[str, Any]) -> Pattern | None:
     for t in (top, *texts):
         if not t:
             continue
+        found = None
         for name, p in patterns.items():
             if t in p.model_types:
-                return overlaid(name, t)
-        found = _generated_for(t)
+                found = overlaid(name, t)
+                break
+        if found is None:
+            found = _generated_for(t)
         if found is not None:
-            return found
+            return found if t == top or not isinstance(top, str) or not top else borrowed(found, top)
     archs = [a for a in config.get("architectures") or [] if isinstance(a, str)]
     for name, p in patterns.items():
         if any(a in p.architectures for a in archs):
@@ -633,6 +640,30 @@ def detect_pattern(config: dict[str, Any]) -> Pattern | None:
         if a in by_arch:
             return generated_pattern(by_arch[a])
     return None
+
+
+def borrowed(pattern: Pattern, wrapper: str) -> Pattern:
+    """`pattern` (a text model's) as lint applies it to a checkpoint of `wrapper`, a model_type with no pattern
+    of its own whose text_config is `pattern`'s. The wrapper's checkpoints keep the language model under a
+    root of their own: `language_model.model.layers` with the head at `language_model.lm_head` (the original
+    Kimi-K2.5 and LLaVA layouts; moonshotai/Kimi-K2.5's released names) or `model.language_model.layers` with
+    the head at `lm_head` (transformers >= 4.52's VLM layout). Both become root aliases, picked from the
+    checkpoint's names (or, config-only, from the ignore list's plain entries: `expand_runs`); the pattern
+    was never checked against the wrapper's class, so it vouches for nothing (`unvalidated`): its missing-
+    weight and shape findings are warnings."""
+    from weightcheck.lightclass import replace
+
+    canonical = pattern.layer_prefix.rsplit(".", 1)[0]
+    aliases = [f"language_model.{canonical}"]
+    if canonical == "model":
+        aliases.append("model.language_model")
+    why = f"model_type {wrapper!r} borrows {pattern.name!r} through its text_config"
+    return replace(
+        pattern,
+        root_aliases=[*pattern.root_aliases, *(a for a in aliases if a not in pattern.root_aliases)],
+        borrowed_by=wrapper,
+        unvalidated=(*pattern.unvalidated, why),
+    )
 
 
 def resolve_pattern(choice: str | None, config: dict[str, Any]) -> Pattern | None:
@@ -776,7 +807,8 @@ EXPANSION_CONFIG_ONLY = 500_000
 
 
 def layer_root(pattern: Pattern, names: Iterable[str] | None) -> str:
-    """The language-model root (`model` in `model.layers`) as this checkpoint spells it."""
+    """The language-model root (`model` in `model.layers`) as this checkpoint (or, config-only, its ignore
+    list) spells it."""
     canonical = pattern.layer_prefix.rsplit(".", 1)[0]
     if names is None or not pattern.root_aliases:
         return canonical
@@ -799,20 +831,34 @@ def expand(
     return [m for run in runs for m in run.modules()], notes
 
 
+def _rerooted(pattern: Pattern, root: str, runs: list[Any]) -> list[Any]:
+    """`runs` (or modules) with the language-model root spelled `root`. For a borrowed pattern whose root
+    gained a wrapper's prefix (`language_model.model`), the names outside the root (the head) move under
+    that prefix too (`language_model.lm_head`)."""
+    canonical = pattern.layer_prefix.rsplit(".", 1)[0]
+    if root == canonical:
+        return runs
+    outside = root[: -len(canonical)] if pattern.borrowed_by and root.endswith("." + canonical) else ""
+    under = canonical + "."
+    return [m._replace(name=root + m.name[len(canonical) :]) if m.name.startswith(under)
+            else m._replace(name=outside + m.name) if outside else m
+            for m in runs]  # fmt: skip
+
+
 def expand_runs(
-    pattern: Pattern, config: dict[str, Any], names: Iterable[str] | None = None
-) -> tuple[list[ExpectedRun], list[str]]:
+    pattern: Pattern, config: dict[str, Any], names: Iterable[str] | None = None,
+    root_hints: Iterable[str] | None = None,
+) -> tuple[list[ExpectedRun], list[str]]:  # fmt: skip
     """`expand` before the expert ids are filled in: one `ExpectedRun` per pattern entry and layer (all the
     experts of an expert entry in one run), in `expand`'s order; the same notes. Callers that reason per
-    name template (an ignore list over 19k expert modules) read the runs and never build the names."""
+    name template (an ignore list over 19k expert modules) read the runs and never build the names.
+    `root_hints` (config-only: the ignore list's plain entries) pick a root alias when there are no names."""
     notes: list[str] = []
+    if names is not None and not isinstance(names, (list, tuple, dict, set, frozenset)):
+        names = list(names)
+    root = layer_root(pattern, names if names is not None else root_hints)
     if pattern.exact is not None:
-        canonical = pattern.layer_prefix.rsplit(".", 1)[0]
-        root = layer_root(pattern, names)
-        exact = list(pattern.exact)
-        if root != canonical:
-            exact = [m._replace(name=root + m.name[len(canonical) :]) if m.name.startswith(canonical + ".") else m
-                     for m in exact]  # fmt: skip
+        exact = _rerooted(pattern, root, list(pattern.exact))
         return [ExpectedRun(m.name, m.spec, m.layer, m.expert, None, m.shape, m.params, m.optional_params)
                 for m in exact], notes  # fmt: skip
     env = config_env(pattern, config)
@@ -822,8 +868,6 @@ def expand_runs(
     out: list[ExpectedRun] = []
     # Budget, checked before allocating: counts that are each plausible can multiply into billions of
     # modules (1,000 layers x 1,000 experts). Expand no more than the checkpoint could possibly hold.
-    if names is not None and not isinstance(names, (list, tuple, dict, set, frozenset)):
-        names = list(names)
     budget = max(EXPANSION_FLOOR, 4 * len(names)) if names is not None else EXPANSION_CONFIG_ONLY
     sections = (pattern.layer, pattern.moe_layer, pattern.dense_layer, pattern.mtp_layer)
     per_layer = sum(len(s) for s in sections)
@@ -913,12 +957,7 @@ def expand_runs(
                         add(spec, f"{prefix}.{spec.name}", lenv, layer, range(n_experts))
                 else:
                     add(spec, f"{prefix}.{spec.name}", lenv, layer, None)
-    canonical = pattern.layer_prefix.rsplit(".", 1)[0]
-    root = layer_root(pattern, names)
-    if root != canonical:
-        out = [m._replace(name=root + m.name[len(canonical) :]) if m.name.startswith(canonical + ".") else m
-               for m in out]  # fmt: skip
-    return out, sorted(set(notes))
+    return _rerooted(pattern, root, out), sorted(set(notes))
 
 
 # ---- coverage: the configs a generated pattern was validated on --------------------------------------
@@ -1023,6 +1062,12 @@ def fit_to_config(pattern: Pattern, config: dict[str, Any], text: dict[str, Any]
 
     from weightcheck.lightclass import replace
 
+    if pattern.borrowed_by is not None:  # checked against the text model's class only: the wrapper's is unknown
+        return pattern, [
+            f"model_type {pattern.borrowed_by!r} has no pattern of its own: its language model is checked with "
+            f"{pattern.name!r} (its text_config's), under the root the checkpoint uses; missing weights and "
+            "shape mismatches are reported as warnings, not errors"
+        ]
     domain, borrowed = domain_of(pattern, text)
     if not domain:
         return pattern, []

@@ -217,7 +217,10 @@ def analyze_checkpoint(ckpt: Checkpoint, pattern_choice: str | None = None) -> Q
         tensors.update(ckpt.all_tensors())
         inventory = from_checkpoint(tensors, pattern, text)
     elif pattern is not None:
-        inventory = from_config(pattern, text)
+        # The ignore list's plain entries name modules as the checkpoint does: they pick the root of a pattern
+        # with aliases (a borrowed one: `language_model.model.layers.1.mlp.gate`).
+        hints = [e for e in spec.ignore if isinstance(e, str) and not e.startswith("re:")] if spec else []
+        inventory = from_config(pattern, text, hints)
         notes.append(
             f"config-only: module list derived from pattern {pattern.name!r} and the config's dimensions; "
             "checks of stored tensors (companions, shapes, quantized-vs-ignored) could not run"

@@ -211,9 +211,10 @@ def from_checkpoint(
     )  # fmt: skip
 
 
-def from_config(pattern: Pattern, config: dict[str, Any]) -> Inventory:
-    """Config-only mode: the modules the pattern and the config's dimensions imply, no tensors."""
-    runs, notes = expand_runs(pattern, config)
+def from_config(pattern: Pattern, config: dict[str, Any], root_hints: Sequence[str] = ()) -> Inventory:
+    """Config-only mode: the modules the pattern and the config's dimensions imply, no tensors. `root_hints`
+    (the ignore list's plain entries) pick the language-model root a pattern's aliases allow."""
+    runs, notes = expand_runs(pattern, config, root_hints=root_hints)
     names = [run.names() for run in runs]
     modules = RunModules(runs)
 

@@ -10,7 +10,7 @@ from operator import add, getitem, itemgetter
 from weightcheck.collapse import summarize
 from weightcheck.findings import Severity
 from weightcheck.names import Template
-from weightcheck.patterns import Pattern, _count, config_env
+from weightcheck.patterns import Pattern, _count, config_env, layer_root
 from weightcheck.rules import LintContext, name_templates, rule
 from weightcheck.rules.quant import analysis_of, pattern_known_names
 from weightcheck.structure import normalize_param
@@ -176,6 +176,11 @@ def unexpected_key(ctx: LintContext) -> None:
         if norm not in known and not (allowed and n.startswith(allowed))
         and not n.endswith((".k_scale", ".v_scale"))  # KV-cache scales sit on the attention module
     ]  # fmt: skip
+    if odd and pattern.borrowed_by is not None:
+        # A wrapper's checkpoint (its text_config's pattern borrowed): what lies outside the language model's
+        # root is the wrapper's own (vision tower, projector), which the pattern does not know.
+        root = layer_root(pattern, ctx.ckpt.tensor_names()) + "."
+        odd = [n for n in odd if n.startswith(root)]
     if odd:
         ctx.report(
             f"{len(odd)} tensor(s) not in pattern {pattern.name!r}: {summarize(odd)}",

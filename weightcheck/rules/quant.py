@@ -9,12 +9,13 @@ from __future__ import annotations
 import json
 import re
 from collections import defaultdict
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from itertools import repeat
 from operator import add
 
 from weightcheck.collapse import ids_pattern, summarize
 from weightcheck.findings import Severity
+from weightcheck.patterns import config_env, layer_root
 from weightcheck.quant.analysis import PARAM_SUFFIXES, QuantAnalysis, analyze_checkpoint, is_class_entry, regex_error
 from weightcheck.quant.config import WeightScheme, packed_width, validate_ct
 from weightcheck.quant.covering import covering_entries, ignore_entries
@@ -112,9 +113,16 @@ def ignore_entry_unmatched(ctx: LintContext) -> None:
     if qa is None or qa.inventory is None or not qa.spec.ignore:
         return
     # A tied head has no lm_head module (it is the embedding); llm-compressor still writes its default
-    # `ignore: ["lm_head"]`, which is harmless.
-    tied = ctx.ckpt.text_config().get("tie_word_embeddings") is True and "lm_head" not in qa.inventory.modules
+    # `ignore: ["lm_head"]`, which is harmless. A config.json that leaves the flag out has its class's
+    # default (Gemma-2/3: tied), as the pattern's expansion reads it.
+    tie = ctx.ckpt.text_config().get("tie_word_embeddings")
+    if not isinstance(tie, bool) and qa.pattern is not None:
+        tie = config_env(qa.pattern, ctx.ckpt.text_config()).get("tie_word_embeddings")
+    tied = tie is True and "lm_head" not in qa.inventory.modules
     unlisted = _unlisted_prefixes(qa) if qa.inventory.from_config_only else ()
+    # A borrowed pattern (a wrapper's text_config's) knows only the language model: an entry that is not a
+    # plain name under its root may name the wrapper's own modules (vision tower, projector), not checked.
+    outside_lm = _outside_language_model(ctx, qa)
     inert: tuple[set[str], set[str]] | None = None  # made on the first entry that reaches the question
     skipped: list[str] = []
     for entry in qa.spec.ignore:
@@ -127,7 +135,7 @@ def ignore_entry_unmatched(ctx: LintContext) -> None:
         matched_by = [c for c in qa.consumers if entry in qa.entries_hit(c)]
         if any(c.key in _PRIMARY_READERS for c in matched_by):
             continue
-        if unlisted and _under(entry, unlisted, qa):
+        if (unlisted and _under(entry, unlisted, qa)) or (outside_lm is not None and outside_lm(entry)):
             skipped.append(entry)
             continue
         inert = inert or _inert_params(qa)
@@ -143,11 +151,32 @@ def ignore_entry_unmatched(ctx: LintContext) -> None:
             tensor=entry,
             details={"entry": entry, "matched_by": [c.key for c in matched_by]},
         )
-    if skipped:
+    if skipped and outside_lm is not None:
+        ctx.cache.setdefault("notes", []).append(
+            f"{len(skipped)} ignore entries are not plain names under the language model's root and may name "
+            f"modules of model_type {qa.pattern.borrowed_by!r} that its borrowed pattern does not list (vision "
+            "tower, projector); they were not checked"
+        )
+    elif skipped:
         ctx.cache.setdefault("notes", []).append(
             f"config-only mode: {len(skipped)} ignore entries name modules under {', '.join(unlisted)}, which the "
             f"architecture pattern does not list (vision tower, projector, MTP layers); they were not checked"
         )
+
+
+def _outside_language_model(ctx: LintContext, qa: QuantAnalysis) -> Callable[[str], bool] | None:
+    """For a borrowed pattern: a test of whether an ignore entry may lie outside the language model (anything
+    but a plain name under its root or one of the pattern's own module names); None for other patterns."""
+    pattern = qa.pattern
+    if pattern is None or pattern.borrowed_by is None or qa.inventory is None:
+        return None
+    if qa.inventory.from_config_only:
+        hints = [e for e in qa.spec.ignore if isinstance(e, str) and not e.startswith("re:")]
+        root = layer_root(pattern, hints) + "."
+    else:
+        root = layer_root(pattern, ctx.ckpt.tensor_names()) + "."
+    modules = qa.inventory.modules
+    return lambda entry: not (entry.startswith(root) or entry in modules)
 
 
 # The readers whose view decides whether an entry matches anything: the producer and the engines that load the
