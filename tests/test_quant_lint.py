@@ -173,6 +173,18 @@ def test_shard_name_ignore_on_class_without_packed_mapping(make_quant) -> None:
     assert "WC311" not in codes(result)  # all three shards ignored: no partial group
 
 
+def test_experts_ignored_by_shard_name_are_not_fused_linears(make_quant) -> None:
+    """GLM4-MoE in SGLang (no packed_modules_mapping): dense layer 0's q/k/v ignored by shard name is WC312;
+    layer 1's routed experts ignored by shard name are not (SGLang builds them as one FusedMoE, with no
+    per-expert `gate_up_proj`; its MoE method probes expert 0's shards)."""
+    qkv = tuple(f"model.layers.0.self_attn.{p}_proj" for p in "qkv")
+    experts = r"re:model\.layers\.1\.mlp\.experts\..*"
+    path = make_quant("glm4_moe", "W4A16", ignore=("lm_head", "re:.*mlp.gate$", *qkv, experts))
+    [finding] = by_code(run(path), "WC312")
+    assert "1 fused module(s)" in finding.message and "model.layers.0.self_attn.qkv_proj" in finding.message
+    assert "experts" not in finding.message
+
+
 def test_pattern_expected_unexpected_and_shape(make_quant) -> None:
     import torch
 
