@@ -143,3 +143,21 @@ def test_llm_compressors_default_head_entry_on_a_tied_model_is_not_unmatched(tmp
 def test_a_head_entry_misspelled_on_a_tied_model_is_unmatched(tmp_path: Path) -> None:
     (unmatched,) = by_code(run(_gemma2(tmp_path, ["lm_heads", "model.embed_tokens"])), "WC302")
     assert "'lm_heads'" in unmatched.message
+
+
+# ---- MTP blocks a pattern does not list: Nemotron-3 names them `mtp.layers.N` ------------------------------
+
+
+@pytest.mark.parametrize(("entry", "unmatched"), [("re:mtp.layers.*", False), ("re:mtpx.layers.*", True)])
+def test_an_entry_for_numbered_mtp_blocks_is_left_to_them(tmp_path: Path, entry: str, unmatched: bool) -> None:
+    """NVIDIA's Nemotron-3 checkpoints name their MTP blocks `mtp.layers.N...` (transformers does not build
+    them, so the pattern lists none): `re:mtp.layers.*` is for them, not "matches no module" (WC302)."""
+    from oracle_configs import published_configs
+
+    ((_, config),) = published_configs("nemotron_h")[:1]
+    config = {**config, "quantization_config": _ct_config(["lm_head", r"re:.*mixer\.gate$", entry])}
+    (tmp_path / "config.json").write_text(json.dumps(config))
+    result = run(tmp_path)
+    messages = [f.message for f in by_code(result, "WC302")]
+    assert len(messages) == unmatched
+    assert all(m.startswith(f"ignore entry {entry!r} matches no module") for m in messages)

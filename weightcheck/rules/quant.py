@@ -232,7 +232,7 @@ def _unlisted_prefixes(qa: QuantAnalysis) -> tuple[str, ...]:
     for mtp in ("mtp.", "model.mtp."):
         if not any(m.startswith(mtp) for m in names):
             prefixes.append(mtp)
-    return tuple(prefixes)
+    return tuple(dict.fromkeys(prefixes))  # each once (a pattern may allow `mtp.` itself)
 
 
 def _under(entry: str, prefixes: tuple[str, ...], qa: QuantAnalysis) -> bool:
@@ -241,9 +241,10 @@ def _under(entry: str, prefixes: tuple[str, ...], qa: QuantAnalysis) -> bool:
         stem = prefix.rstrip(".")
         if entry == stem or entry.startswith(prefix) or entry.startswith(stem + "*"):
             return True
-        probe = f"{prefix}0.proj"
-        if any(c.match(probe, entry) for c in qa.module_consumers()):
-            return True
+        # A module right under the prefix, or in its numbered blocks (Nemotron-3's MTP: `mtp.layers.0...`).
+        for probe in (f"{prefix}0.proj", f"{prefix}layers.0.proj"):
+            if any(c.match(probe, entry) for c in qa.module_consumers()):
+                return True
     return False
 
 
