@@ -79,6 +79,39 @@ def _pattern(ctx: LintContext) -> Pattern | None:
     return qa.pattern if qa.inventory is not None and not qa.inventory.from_config_only else None
 
 
+# A stacked experts parameter (transformers 5's `mlp.experts.gate_up_proj`, one leading dim per expert) and the
+# per-expert parameters that hold the same weights when the experts are stored one module each.
+_UNFUSED_EXPERT_PARAMS = {
+    "gate_up_proj": ("gate_proj.weight", "up_proj.weight"),
+    "down_proj": ("down_proj.weight",),
+    "gate_up_proj_bias": ("gate_proj.bias", "up_proj.bias"),
+    "down_proj_bias": ("down_proj.bias",),
+}
+
+
+def _unfused_experts(ctx: LintContext, pattern: Pattern) -> dict[str, tuple[str, ...]]:
+    """`<experts module>.<stacked param>` -> the per-expert names that hold the same weights, for the
+    pattern's stacked expert modules (kind `experts`): `...experts.gate_up_proj` ->
+    (`...experts.0.gate_proj.weight`, `...experts.0.up_proj.weight`, ... for every expert). Qwen3-VL-MoE,
+    Llama-4 and gpt-oss ship their experts stacked, and transformers 5 builds them so, but llm-compressor
+    unfuses them to quantize each expert's Linears and saves them one module each (as vLLM's loaders for those
+    models also read); either layout holds the weights the pattern requires."""
+
+    def compute() -> dict[str, tuple[str, ...]]:
+        text = ctx.ckpt.text_config()
+        stacked = [exp for exp in analysis_of(ctx).expected(text) if exp.spec.kind == "experts"]
+        n = _count(pattern.experts, config_env(pattern, text), "experts") if stacked else 0
+        out: dict[str, tuple[str, ...]] = {}
+        for exp in stacked if n else ():
+            for param in (*exp.params, *exp.optional_params):
+                leaves = _UNFUSED_EXPERT_PARAMS.get(param)
+                if leaves:
+                    out[f"{exp.name}.{param}"] = tuple(f"{exp.name}.{e}.{leaf}" for e in range(n) for leaf in leaves)
+        return out
+
+    return ctx.memo("unfused-experts", compute)
+
+
 @rule(
     "WC410",
     "expected-key-missing",
@@ -115,14 +148,23 @@ def expected_key_missing(ctx: LintContext) -> None:
             by_params[exp.params].append(exp.name)
     if all(present.issuperset(map(add, names, repeat("." + p))) for params, names in by_params.items() for p in params):
         expected = []
+    unfused = _unfused_experts(ctx, pattern) if expected else {}
     for exp in expected:
         if exp.spec.optional:
             continue
         for param in exp.params:
             name = f"{exp.name}.{param}"
-            if name not in present:
+            if name in present:
+                continue
+            missing = [name]
+            per_expert = unfused.get(name)
+            if per_expert:  # stacked experts stored one module each: those are what must all be there
+                lacking = [n for n in per_expert if n not in present]
+                if len(lacking) < len(per_expert):
+                    missing = lacking
+            if missing:
                 is_mtp = pattern.mtp_layers and exp.layer is not None and exp.layer >= n_layers
-                (mtp_missing if is_mtp else groups[exp.spec.kind]).append(name)
+                (mtp_missing if is_mtp else groups[exp.spec.kind]).extend(missing)
     # A pattern outside the configs it was validated on (and no transformers to build the real list) cannot
     # vouch that the weight must exist: a warning, never an error (fit_to_config says why in a note).
     severity = Severity.WARNING if pattern.unvalidated else Severity.ERROR
@@ -169,6 +211,9 @@ def unexpected_key(ctx: LintContext) -> None:
     known = pattern_known_names(ctx)
     if _present(ctx) <= known:  # every folded name is known (the usual case): one C-level set comparison
         return
+    unfused = _unfused_experts(ctx, pattern)
+    if unfused:  # the per-expert layout of the pattern's stacked experts is known too
+        known = known.union(*unfused.values())
     allowed = tuple(pattern.allowed_prefixes)
     odd = [
         n
