@@ -705,8 +705,11 @@ def shard_ignore_needs_fused_name(ctx: LintContext) -> None:
     # a fused module SGLang builds without the quant config (0.5.23's OLMo `qkv_proj`) is unquantized whatever
     # the list says: its bf16 shards load
     unquantized = {a for t in _model_types(ctx) for a in engine_unquantized_leaves("sglang", t).values()}
+    # ... and a fused name the class's packed_modules_mapping does list is expanded into its shards (0.5.23's
+    # Qwen2.5-VL maps `gate_up_proj` only, not `qkv_proj`): the registry's record of the class, read per name.
+    mapped = {leaf for t in _model_types(ctx) for leaf in _sglang_packed_leaves(t)}
     for fused, shards in sorted(groups.items()):
-        if fused.rsplit(".", 1)[-1] in unquantized:
+        if fused.rsplit(".", 1)[-1] in unquantized | mapped:
             continue
         shard_modules = [modules[s] for s in shards]
         if any(m.expert is not None for m in shard_modules):  # a routed expert's: part of the FusedMoE
@@ -717,8 +720,11 @@ def shard_ignore_needs_fused_name(ctx: LintContext) -> None:
             hits.append(fused)
     if hits:
         cls = qa.pattern.engines.get("sglang_class", qa.pattern.name)
+        lists = f"'s packed_modules_mapping lists only {', '.join(sorted(mapped))}" if mapped else (
+            " has no packed_modules_mapping"
+        )
         ctx.report(
-            f"SGLang {cls} has no packed_modules_mapping: {len(hits)} fused module(s) whose shards are ignored "
+            f"SGLang {cls}{lists}: {len(hits)} fused module(s) whose shards are ignored "
             f"by shard name are still built quantized (their bf16 shards have no parameter to load into: a "
             f"KeyError, or the layer left unloaded): {summarize(hits)}",
             file=CONFIG_FILE,
@@ -993,6 +999,14 @@ def _engine_leaves(ctx: LintContext, engine: str) -> dict[str, str]:
         if found:
             return found
     return {}
+
+
+def _sglang_packed_leaves(model_type: str) -> list[str]:
+    """The fused names the installed-SGLang record says the class's packed_modules_mapping lists."""
+    from weightcheck.patterns import _sglang_facts
+
+    mapping = _sglang_facts(model_type).get("packed_modules_mapping")
+    return [k for k in mapping if isinstance(k, str)] if isinstance(mapping, dict) else []
 
 
 def _model_types(ctx: LintContext) -> list[str]:
