@@ -112,3 +112,22 @@ def drop_add_tensors(path: Path, drop: set[str] = frozenset(), add: dict[str, An
 
         index["metadata"]["total_size"] = sum(read_header(path / s).data_end for s in set(wm.values()))
     (path / "model.safetensors.index.json").write_text(json.dumps(index, indent=2))
+
+
+def llmcompressor_fp8_dynamic(model_type: str, root: Path, ignore: list[str]) -> Path:
+    """transformers' tiny `model_type` (tools.archgen.tiny) quantized FP8_DYNAMIC by llm-compressor's
+    `oneshot` (targets Linear, `ignore` as its recipe takes it) and saved compressed, as a user's run writes
+    it: `root / "fp8"`."""
+    import torch
+    from llmcompressor import oneshot
+    from llmcompressor.modifiers.quantization import QuantizationModifier
+
+    from tools.archgen import tiny
+    from weightcheck.arch.oracle import model_class
+
+    config = tiny.tiny_config(model_type, "A")
+    tiny.materialize(config).save_pretrained(root / "base")
+    model = model_class(config).from_pretrained(root / "base", dtype=torch.bfloat16)
+    oneshot(model=model, recipe=QuantizationModifier(targets="Linear", scheme="FP8_DYNAMIC", ignore=ignore))
+    model.save_pretrained(root / "fp8", save_compressed=True, max_shard_size="300KB")
+    return root / "fp8"

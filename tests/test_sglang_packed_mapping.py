@@ -14,6 +14,7 @@ import json
 from pathlib import Path
 
 import pytest
+from factories import llmcompressor_fp8_dynamic
 from helpers import by_code, run
 
 pytest.importorskip("llmcompressor")
@@ -23,24 +24,11 @@ LAYER0 = "model.layers.0"  # the names as the released checkpoints spell them (t
 
 @pytest.fixture(scope="module")
 def qwen2_5_vl(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    import torch
-    from llmcompressor import oneshot
-    from llmcompressor.modifiers.quantization import QuantizationModifier
-
-    from tools.archgen import tiny
-    from weightcheck.arch.oracle import model_class
-
-    root = tmp_path_factory.mktemp("qwen2_5_vl")
-    config = tiny.tiny_config("qwen2_5_vl", "A")
-    tiny.materialize(config).save_pretrained(root / "base")
-    model = model_class(config).from_pretrained(root / "base", dtype=torch.bfloat16)
     # llm-compressor's Qwen2.5-VL example ignores the vision tower; layer 0's attention and MLP are left
     # unquantized too, by their shards' names, as a per-layer recipe does.
     ignore = ["lm_head", "re:.*visual.*", r"re:.*layers\.0\.self_attn\.(q|k|v)_proj$",
               r"re:.*layers\.0\.mlp\.(gate|up)_proj$"]  # fmt: skip
-    oneshot(model=model, recipe=QuantizationModifier(targets="Linear", scheme="FP8_DYNAMIC", ignore=ignore))
-    model.save_pretrained(root / "fp8", save_compressed=True, max_shard_size="300KB")
-    return root / "fp8"
+    return llmcompressor_fp8_dynamic("qwen2_5_vl", tmp_path_factory.mktemp("qwen2_5_vl"), ignore)
 
 
 def test_the_saved_list_names_the_shards(qwen2_5_vl: Path) -> None:

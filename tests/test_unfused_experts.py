@@ -14,6 +14,7 @@ import shutil
 from pathlib import Path
 
 import pytest
+from factories import llmcompressor_fp8_dynamic
 from helpers import by_code, rewrite_shard, run
 
 from weightcheck.findings import Severity
@@ -23,21 +24,8 @@ pytest.importorskip("llmcompressor")
 
 @pytest.fixture(scope="module")
 def unfused(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    import torch
-    from llmcompressor import oneshot
-    from llmcompressor.modifiers.quantization import QuantizationModifier
-
-    from tools.archgen import tiny
-    from weightcheck.arch.oracle import model_class
-
-    root = tmp_path_factory.mktemp("qwen3_vl_moe")
-    config = tiny.tiny_config("qwen3_vl_moe", "A")
-    tiny.materialize(config).save_pretrained(root / "base")
-    model = model_class(config).from_pretrained(root / "base", dtype=torch.bfloat16)
     ignore = ["lm_head", "re:.*mlp.gate$", "re:.*visual.*"]  # as llm-compressor's Qwen3-VL-MoE example
-    oneshot(model=model, recipe=QuantizationModifier(targets="Linear", scheme="FP8_DYNAMIC", ignore=ignore))
-    model.save_pretrained(root / "fp8", save_compressed=True, max_shard_size="300KB")
-    return root / "fp8"
+    return llmcompressor_fp8_dynamic("qwen3_vl_moe", tmp_path_factory.mktemp("qwen3_vl_moe"), ignore)
 
 
 def test_the_writer_saved_the_experts_one_module_each(unfused: Path) -> None:
