@@ -432,6 +432,13 @@ def _sglang_facts(model_type: str) -> dict[str, Any]:
     return found if isinstance(found, dict) else {}
 
 
+def sglang_packed_names(model_type: str) -> list[str]:
+    """The fused names the installed SGLang's class for `model_type` lists in its packed_modules_mapping (the
+    registry record; 0.5.23's Qwen2.5-VL: `gate_up_proj` only); [] when it declares none or is unknown."""
+    mapping = _sglang_facts(model_type).get("packed_modules_mapping")
+    return [k for k in mapping if isinstance(k, str)] if isinstance(mapping, dict) else []
+
+
 # ---- hand-written overlays ---------------------------------------------------------------------------
 # A hand-written TOML for a model_type that also has a generated file is an overlay on it (patterns/README.md,
 # "Hand-written patterns are overlays"): the generated file is the base, and the TOML adds or replaces named

@@ -194,6 +194,12 @@ class QuantAnalysis:
         return False
 
 
+def root_hints(spec: QuantSpec | None) -> list[str]:
+    """The ignore list's plain entries: module names as the checkpoint spells them, which pick the root of a
+    pattern with aliases when there are no tensor names (a borrowed one: `language_model.model.layers.1.mlp.gate`)."""
+    return [e for e in spec.ignore if isinstance(e, str) and not e.startswith("re:")] if spec else []
+
+
 def analyze_checkpoint(ckpt: Checkpoint, pattern_choice: str | None = None) -> QuantAnalysis:
     config = ckpt.config_data
     text = ckpt.text_config()
@@ -217,10 +223,7 @@ def analyze_checkpoint(ckpt: Checkpoint, pattern_choice: str | None = None) -> Q
         tensors.update(ckpt.all_tensors())
         inventory = from_checkpoint(tensors, pattern, text)
     elif pattern is not None:
-        # The ignore list's plain entries name modules as the checkpoint does: they pick the root of a pattern
-        # with aliases (a borrowed one: `language_model.model.layers.1.mlp.gate`).
-        hints = [e for e in spec.ignore if isinstance(e, str) and not e.startswith("re:")] if spec else []
-        inventory = from_config(pattern, text, hints)
+        inventory = from_config(pattern, text, root_hints(spec))
         notes.append(
             f"config-only: module list derived from pattern {pattern.name!r} and the config's dimensions; "
             "checks of stored tensors (companions, shapes, quantized-vs-ignored) could not run"

@@ -10,9 +10,10 @@ from operator import add, getitem, itemgetter
 from weightcheck.collapse import summarize
 from weightcheck.findings import Severity
 from weightcheck.names import Template
-from weightcheck.patterns import Pattern, _count, config_env, layer_root
+from weightcheck.patterns import Pattern, _count, config_env
+from weightcheck.quant.matchers import FUSED_SHARDS
 from weightcheck.rules import LintContext, name_templates, rule
-from weightcheck.rules.quant import analysis_of, pattern_known_names
+from weightcheck.rules.quant import analysis_of, language_model_root, pattern_known_names
 from weightcheck.structure import normalize_param
 
 
@@ -81,11 +82,11 @@ def _pattern(ctx: LintContext) -> Pattern | None:
 
 # A stacked experts parameter (transformers 5's `mlp.experts.gate_up_proj`, one leading dim per expert) and the
 # per-expert parameters that hold the same weights when the experts are stored one module each.
+# (`gate_up_proj` -> each expert's `gate_proj.weight` and `up_proj.weight`, as FUSED_SHARDS splits it.)
 _UNFUSED_EXPERT_PARAMS = {
-    "gate_up_proj": ("gate_proj.weight", "up_proj.weight"),
-    "down_proj": ("down_proj.weight",),
-    "gate_up_proj_bias": ("gate_proj.bias", "up_proj.bias"),
-    "down_proj_bias": ("down_proj.bias",),
+    f"{stacked}{suffix}": tuple(f"{shard}.{leaf}" for shard in FUSED_SHARDS.get(stacked, (stacked,)))
+    for stacked in ("gate_up_proj", "down_proj")
+    for suffix, leaf in (("", "weight"), ("_bias", "bias"))
 }
 
 
@@ -224,7 +225,7 @@ def unexpected_key(ctx: LintContext) -> None:
     if odd and pattern.borrowed_by is not None:
         # A wrapper's checkpoint (its text_config's pattern borrowed): what lies outside the language model's
         # root is the wrapper's own (vision tower, projector), which the pattern does not know.
-        root = layer_root(pattern, ctx.ckpt.tensor_names()) + "."
+        root = language_model_root(ctx) + "."
         odd = [n for n in odd if n.startswith(root)]
     if odd:
         ctx.report(

@@ -15,8 +15,15 @@ from operator import add
 
 from weightcheck.collapse import ids_pattern, summarize
 from weightcheck.findings import Severity
-from weightcheck.patterns import config_env, layer_root
-from weightcheck.quant.analysis import PARAM_SUFFIXES, QuantAnalysis, analyze_checkpoint, is_class_entry, regex_error
+from weightcheck.patterns import config_env, layer_root, sglang_packed_names
+from weightcheck.quant.analysis import (
+    PARAM_SUFFIXES,
+    QuantAnalysis,
+    analyze_checkpoint,
+    is_class_entry,
+    regex_error,
+    root_hints,
+)
 from weightcheck.quant.config import WeightScheme, packed_width, validate_ct
 from weightcheck.quant.covering import covering_entries, ignore_entries
 from weightcheck.quant.inventory import ModuleInfo
@@ -170,13 +177,23 @@ def _outside_language_model(ctx: LintContext, qa: QuantAnalysis) -> Callable[[st
     pattern = qa.pattern
     if pattern is None or pattern.borrowed_by is None or qa.inventory is None:
         return None
-    if qa.inventory.from_config_only:
-        hints = [e for e in qa.spec.ignore if isinstance(e, str) and not e.startswith("re:")]
-        root = layer_root(pattern, hints) + "."
-    else:
-        root = layer_root(pattern, ctx.ckpt.tensor_names()) + "."
+    root = language_model_root(ctx) + "."
     modules = qa.inventory.modules
     return lambda entry: not (entry.startswith(root) or entry in modules)
+
+
+def language_model_root(ctx: LintContext) -> str:
+    """The language-model root the pattern's expansion picked (`layer_root`: from the tensor names, or,
+    config-only, from the ignore list's plain entries), found once per run (WC302 and WC411 ask)."""
+
+    def compute() -> str:
+        qa = analysis_of(ctx)
+        assert qa.pattern is not None and qa.inventory is not None
+        if qa.inventory.from_config_only:
+            return layer_root(qa.pattern, root_hints(qa.spec))
+        return layer_root(qa.pattern, ctx.ckpt.tensor_names())
+
+    return ctx.memo("language-model-root", compute)
 
 
 # The readers whose view decides whether an entry matches anything: the producer and the engines that load the
@@ -707,7 +724,7 @@ def shard_ignore_needs_fused_name(ctx: LintContext) -> None:
     unquantized = {a for t in _model_types(ctx) for a in engine_unquantized_leaves("sglang", t).values()}
     # ... and a fused name the class's packed_modules_mapping does list is expanded into its shards (0.5.23's
     # Qwen2.5-VL maps `gate_up_proj` only, not `qkv_proj`): the registry's record of the class, read per name.
-    mapped = {leaf for t in _model_types(ctx) for leaf in _sglang_packed_leaves(t)}
+    mapped = {leaf for t in _model_types(ctx) for leaf in sglang_packed_names(t)}
     for fused, shards in sorted(groups.items()):
         if fused.rsplit(".", 1)[-1] in unquantized | mapped:
             continue
@@ -999,14 +1016,6 @@ def _engine_leaves(ctx: LintContext, engine: str) -> dict[str, str]:
         if found:
             return found
     return {}
-
-
-def _sglang_packed_leaves(model_type: str) -> list[str]:
-    """The fused names the installed-SGLang record says the class's packed_modules_mapping lists."""
-    from weightcheck.patterns import _sglang_facts
-
-    mapping = _sglang_facts(model_type).get("packed_modules_mapping")
-    return [k for k in mapping if isinstance(k, str)] if isinstance(mapping, dict) else []
 
 
 def _model_types(ctx: LintContext) -> list[str]:

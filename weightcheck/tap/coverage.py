@@ -522,10 +522,7 @@ class CallCoverage:
         tensor, in order, and the tensors have one dtype; else None."""
         if not seqs or len(logged) != len(seqs) or set(map(len, logged)) != {2}:
             return None
-        if list(map(_FIRST, logged)) != seqs:
-            return None
-        dtypes = list(map(_DTYPE_OF, tensors))
-        if dtypes.count(dtypes[0]) != len(dtypes):
+        if list(map(_FIRST, logged)) != seqs or not _one_dtype(tensors):
             return None
         return list(map(_SECOND, logged))
 
