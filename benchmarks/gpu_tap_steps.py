@@ -8,7 +8,9 @@ then SGLang's loading pattern), timed in alternating rounds in these variants:
 - `off`: the untapped `load_weights` (the baseline of every row);
 - `read`: off, plus one torch reduction per tensor on the GPU (bench_tap.py's "one extra read pass");
 - `launch`: off, plus the tap's fused digest kernel launched per tensor outside the tap (the digest's floor);
+- `launch-raw`: the same kernel launched with the tensor's address (`fused_stats_at`), no view made;
 - `on`: the tap as shipped (posmix128 on the device);
+- `on-views`: the tap with `DeviceBatch.raw_launches` off (each tensor's views made, the launcher reads them);
 - `on-nokernel`: the tap with the device digest's kernel left out (the tap's bookkeeping alone);
 - `on-timed`: the tap with a timer around each of its steps (inclusive times, per load; the timers add a
   little of their own, so this row's total is not the `on` row's).
@@ -22,6 +24,7 @@ from __future__ import annotations
 import argparse
 import functools
 import json
+import os
 import shutil
 import statistics
 import sys
@@ -51,6 +54,14 @@ def main() -> int:
 
     from weightcheck import tap
     from weightcheck.fuseddigest import fused_lanes_and_stats
+
+    try:
+        from weightcheck.fuseddigest import fused_stats_at
+    except ImportError:  # a tree before the raw launches (this script run against a baseline's package)
+
+        def fused_stats_at(*_args: Any) -> bool:
+            return False
+
     from weightcheck.posmix import _byte_view
     from weightcheck.tap import core, coverage, devicebatch
     from weightcheck.tap.devicebatch import DeviceBatch, fused_spec
@@ -93,6 +104,11 @@ def main() -> int:
     def launch(tensor: Any) -> None:
         fused_lanes_and_stats(_byte_view(tensor), width, pattern, out=rows[next(counter) % len(rows)])
 
+    def launch_raw(tensor: Any) -> None:
+        row = rows[next(counter) % len(rows)]
+        if not fused_stats_at(tensor, width, pattern, row.data_ptr()):
+            fused_lanes_and_stats(_byte_view(tensor), width, pattern, out=row)
+
     # -- the tap's steps, timed (inclusive) ----------------------------------------------------------------
     timings: dict[str, float] = defaultdict(float)
     calls: dict[str, int] = defaultdict(int)
@@ -133,6 +149,8 @@ def main() -> int:
         (DeviceBatch, "collect", "DeviceBatch.collect"),
         (devicebatch, "fused_lanes_and_stats", "    fused_lanes_and_stats"),
         (core, "_close_sync", "sync: close and write the record"),
+        (core, "write_atomic_bytes", "  write_atomic_bytes (encode, write, fsync)"),
+        (os, "fsync", "    os.fsync"),
     ]
 
     real_add = DeviceBatch.add
@@ -142,12 +160,14 @@ def main() -> int:
         self.pending.append((entry, "BF16", tensor.nbytes, True, tensor.numel(), rows[0]))
 
     def load(variant: str) -> tuple[float, float]:
-        extra = {"read": read_pass, "launch": launch}.get(variant)
+        extra = {"read": read_pass, "launch": launch, "launch-raw": launch_raw}.get(variant)
         if variant.startswith("on"):
             shutil.rmtree(records, ignore_errors=True)
             tap.configure(records, digest="posmix128")
         else:
             tap.configure(None)
+        if variant == "on-views":
+            DeviceBatch.raw_launches = False
         if variant == "on-nokernel":
             DeviceBatch.add = add_without_kernel  # type: ignore[method-assign]
         if variant == "on-timed":
@@ -164,11 +184,12 @@ def main() -> int:
         finally:
             untime()
             DeviceBatch.add = real_add  # type: ignore[method-assign]
+            DeviceBatch.raw_launches = True
             tap.configure(None)
 
-    variants = ["off", "read", "launch", "on", "on-nokernel", "on-timed"]
+    variants = ["off", "read", "launch", "launch-raw", "on", "on-views", "on-nokernel", "on-timed"]
     if device.type != "cuda":  # the kernel is Triton's on a GPU (the CPU run only checks this script)
-        variants.remove("launch")
+        variants = [v for v in variants if not v.startswith("launch")]
     for variant in variants:  # warm-up: compile, first touches
         load(variant)
     wall: dict[str, list[float]] = {v: [] for v in variants}

@@ -162,3 +162,42 @@ def test_direct_launches_of_the_compiled_kernel_equal_triton_own_launch(monkeypa
         data = values.reshape(-1).view(torch.uint8)
         first, second = (fused_lanes_and_stats(data, *fused_spec(dtype)).tolist() for _ in range(2))
         assert first == second
+
+
+def test_the_device_batch_launched_with_raw_addresses_records_what_the_view_making_path_records() -> None:
+    """`DeviceBatch.add` launches the fused kernel with the tensor's address once its key is compiled
+    (`fused_stats_at`): on every taken dtype, sizes that change Triton's specialization, addresses off 16 bytes
+    (a slice), zeros, NaN/Inf and non-contiguous tensors (the view-making path), over three rounds that revisit
+    each key, the entries equal those of the view-making path and the CPU reference, and the raw launches ran."""
+    from weightcheck.fuseddigest import _launcher
+    from weightcheck.tap.devicebatch import TAKEN, DeviceBatch, fused_spec
+    from weightcheck.tap.digesting import describe_tensor
+
+    cases: list[torch.Tensor] = []
+    for name in TAKEN:
+        host = _random(getattr(torch, name), (257, 64), seed=len(name) + 3)
+        if host.is_floating_point():
+            host[3, 5], host[100, 1] = float("nan"), float("-inf")
+        cases += [host, host[1:], host[:, 1:], host.reshape(-1)[4:4100], host.reshape(-1)[:1], torch.zeros_like(host)]
+    keys = ("dtype", "shape", "posmix128", "zeros", "nonfinite")
+    want = [{k: describe_tensor(t, "posmix128")[k] for k in keys} for t in cases]
+    on_gpu = [t.cuda() for t in cases]
+    fused = sum(
+        1
+        for t in on_gpu
+        if fused_spec(t.dtype) is not None and t.is_contiguous() and t.nbytes and not (t.nbytes | t.data_ptr()) & 3
+    )
+    launches_before = _launcher().direct_launches
+    for raw in (False, True, True, True):
+        batch = DeviceBatch()
+        batch.raw_launches = raw
+        entries: list[dict] = [{} for _ in on_gpu]
+        for entry, tensor in zip(entries, on_gpu, strict=True):
+            batch.add(entry, tensor)
+        batch.collect("posmix128")
+        got = [{k: (list(e[k]) if k == "shape" else e[k]) for k in keys} for e in entries]
+        assert got == want, raw
+        # The first round compiled every key; from then on each eligible tensor is launched raw.
+        assert batch.raw_added == (fused if raw else 0)
+    assert _launcher().enabled, "Triton's version or this environment left direct launches off"
+    assert _launcher().direct_launches - launches_before >= 3 * fused

@@ -10,7 +10,7 @@ from typing import Any
 
 import pytest
 
-from weightcheck.tritonlaunch import DirectLauncher, direct_supported, launch_key
+from weightcheck.tritonlaunch import DirectLauncher, direct_supported, int_key, launch_key, pointer_key, raw_key
 
 
 class FakeTensor:
@@ -178,3 +178,54 @@ def test_key_separates_pointer_alignment_and_integer_classes() -> None:
     assert key(16, (1 << 31) + 1) != key(16, (1 << 63) + 1)
     assert launch_key(0, (FakeTensor(16),), (), 4) != launch_key(1, (FakeTensor(16),), (), 4)
     assert launch_key(0, (True,), (), 4) != launch_key(0, (False,), (), 4) != launch_key(0, (1,), (), 4)
+
+
+def raw(ptr: int, out: int, n: int, steps: int, dtype: str = "int32") -> tuple[tuple[Any, ...], tuple[Any, ...]]:
+    """`launch_raw`'s runtime arguments and their key parts for a launch `launch` would see with tensors."""
+    specs = (pointer_key(dtype, ptr), pointer_key("int64", out), int_key(n), int_key(steps))
+    return (ptr, out, n, steps), specs
+
+
+@pytest.mark.parametrize("ptr", [0, 16, 4096, 4100, 1 << 40])
+@pytest.mark.parametrize("n", [1, 17, 32, (1 << 31) + 1, (1 << 63) + 1])
+def test_a_raw_launch_key_equals_the_key_of_the_same_launch_with_tensors(ptr: int, n: int) -> None:
+    _runtime, specs = raw(ptr, 8192, n, 3)
+    assert raw_key(0, specs, (2, 0x7C00), 4) == launch_key(
+        0, (FakeTensor(ptr), FakeTensor(8192, "int64"), n, 3), (2, 0x7C00), 4
+    )
+
+
+def test_a_raw_launch_runs_the_kernel_compiled_for_its_key_with_the_addresses_themselves() -> None:
+    launcher, jit, _ = make()
+    runtime, specs = raw(4096, 8192, 1008, 3)
+    assert not launcher.launch_raw(132, runtime, specs, (2, 0x7C00, 2048), 4)  # nothing compiled yet
+    assert not jit.calls and launcher.direct_launches == 0
+    launcher.launch(132, (FakeTensor(4096), FakeTensor(8192, "int64"), 1008, 3), (2, 0x7C00, 2048), 4)
+    runtime, specs = raw(1 << 20, 8224, 2000, 5)  # another tensor, same key
+    assert launcher.launch_raw(264, runtime, specs, (2, 0x7C00, 2048), 4)
+    (run,) = jit.kernels[0].runs
+    assert run == (264, 1, 1, 77, "function", "metadata", None, None, None, 1 << 20, 8224, 2000, 5, 2, 0x7C00, 2048)
+    for other in (raw(4100, 8224, 2000, 5), raw(4096, 8224, 2001, 5), raw(4096, 8224, 2000, 1),
+                  raw(4096, 8224, 2000, 5, "float32")):  # fmt: skip
+        assert not launcher.launch_raw(264, *other, (2, 0x7C00, 2048), 4)
+    assert not launcher.launch_raw(264, runtime, specs, (2, 0x7C00, 1024), 4)
+    assert not launcher.launch_raw(264, runtime, specs, (2, 0x7C00, 2048), 8)
+    assert len(jit.kernels[0].runs) == 1 and len(jit.calls) == 1
+
+
+def test_a_raw_launch_is_refused_where_a_direct_launch_is() -> None:
+    args = ((FakeTensor(0), FakeTensor(0, "int64"), 32, 1), (0, 0, 2048))
+    runtime, specs = raw(0, 0, 32, 1)
+    launcher, jit, _ = make(hooks=["a profiler's hook"])
+    launcher.launch(4, *args, 4)
+    assert not launcher.launch_raw(4, runtime, specs, (0, 0, 2048), 4)
+    launcher, jit, _ = make(enabled=False)
+    launcher.launch(4, *args, 4)
+    assert not launcher.launch_raw(4, runtime, specs, (0, 0, 2048), 4)
+    launcher, jit, _ = make()
+    namespace = {"LIMIT": 1}
+    jit.used_global_vals = {("LIMIT", 0): (1, namespace)}
+    launcher.launch(4, *args, 4)
+    namespace["LIMIT"] = 2
+    assert not launcher.launch_raw(4, runtime, specs, (0, 0, 2048), 4)
+    assert all(not kernel.runs for kernel in jit.kernels)

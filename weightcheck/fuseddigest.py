@@ -26,7 +26,7 @@ import os
 from typing import TYPE_CHECKING, Any
 
 from weightcheck.posmix import M1, M2, G, S, _byte_view, _lanes_torch, finalize, torch_module
-from weightcheck.tritonlaunch import DirectLauncher, direct_supported
+from weightcheck.tritonlaunch import DirectLauncher, direct_supported, int_key, pointer_key
 
 if TYPE_CHECKING:
     import torch
@@ -174,6 +174,32 @@ def _multiprocessors(index: int | None) -> int:
 
     properties = torch.cuda.get_device_properties(torch.cuda.current_device() if index is None else index)
     return int(properties.multi_processor_count)
+
+
+def fused_stats_at(tensor: torch.Tensor, width: int, pattern: int, out_address: int) -> bool:
+    """`fused_lanes_and_stats` of a contiguous tensor on the current GPU into the zeroed int64[4] at device
+    address `out_address` (16-byte aligned), launched with raw addresses (`DirectLauncher.launch_raw`): no view
+    of the tensor is made. True when launched; False, having launched nothing, when this path does not apply
+    (a byte count or address not a multiple of 4, another device, no compiled kernel for the key yet, direct
+    launches off): `fused_lanes_and_stats` then does it, and compiles the key for the next tensor."""
+    n_bytes = tensor.nbytes
+    address = tensor.data_ptr()
+    if not n_bytes or n_bytes & 3 or address & 3:
+        return False
+    launcher = _launcher()
+    if not launcher.enabled:
+        return False
+    n_full = n_bytes >> 2
+    n_blocks = -(-n_full // BLOCK_WORDS)
+    index = tensor.get_device()
+    programs = max(1, min(n_blocks, _multiprocessors(index) * PROGRAMS_PER_SM), -(-n_blocks // MAX_STEPS))
+    iters = -(-n_blocks // programs)
+    torch = torch_module()
+    if index != torch.cuda.current_device():
+        return False
+    specs = (pointer_key(torch.int32, address), pointer_key(torch.int64, out_address), int_key(n_full),
+             int_key(iters))  # fmt: skip
+    return launcher.launch_raw(programs, (address, out_address, n_full, iters), specs, (width, pattern, BLOCK_WORDS), 4)
 
 
 def fused_lanes_and_stats(

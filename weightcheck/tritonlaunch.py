@@ -62,6 +62,21 @@ def launch_key(device: int, runtime: tuple[Any, ...], constexprs: tuple[Any, ...
     return tuple(parts)
 
 
+def pointer_key(dtype: Any, address: int) -> tuple[Any, bool]:
+    """`launch_key`'s part for a tensor of `dtype` at `address`, from the two values alone (`launch_raw`)."""
+    return (dtype, address % 16 == 0)
+
+
+def raw_key(device: int, specs: tuple[Any, ...], constexprs: tuple[Any, ...], num_warps: int) -> tuple[Any, ...]:
+    """`launch_key` of a launch whose runtime parts are given already (`pointer_key`, `_int_spec`): equal to
+    `launch_key` of the same launch with tensors (tests/test_tritonlaunch.py)."""
+    return (device, num_warps, constexprs, *specs)
+
+
+def int_key(value: int) -> tuple[bool, bool, bool, bool]:
+    return _int_spec(value)
+
+
 def _hooks_idle(knobs: Any) -> bool:
     """No launch hook is in use (Triton 3.6+ keeps an empty chain of hooks; older ones kept None)."""
     for chain in (knobs.runtime.launch_enter_hook, knobs.runtime.launch_exit_hook):
@@ -104,6 +119,30 @@ class DirectLauncher:
                 self.compiled[key] = kernel
             return
         self.jit[(grid,)](*runtime, *constexprs, num_warps=num_warps)
+
+    def launch_raw(
+        self, grid: int, runtime: tuple[Any, ...], specs: tuple[Any, ...], constexprs: tuple[Any, ...], num_warps: int
+    ) -> bool:
+        """A direct launch with raw device addresses (ints) where the kernel takes pointers, for a key that
+        `launch` compiled already; `specs` are the runtime arguments' key parts (`pointer_key`, `int_key`).
+        False, having launched nothing, where that is not so (the caller launches through `launch`).
+
+        Why: each tensor argument costs the launcher a `data_ptr()` call and a `cuPointerGetAttribute` driver
+        call, and the caller's views to make the tensor (flat, int32) cost four torch calls; right after the
+        engine's pageable copy each of them is several times slower than in a loop (benchmarks/gpu_tap_steps.py).
+        Triton's launchers take an int as the address itself (3.6 to 3.9, `backends/nvidia/driver.{c,py}`)."""
+        if not self.enabled:
+            return False
+        driver = self._driver
+        device = driver.active.get_current_device()
+        kernel = self.compiled.get(raw_key(device, specs, constexprs, num_warps))
+        if kernel is None or not self._globals_unchanged() or not _hooks_idle(self._knobs):
+            return False
+        stream = driver.active.get_current_stream(device)
+        kernel.run(grid, 1, 1, stream, kernel.function, kernel.packed_metadata, None, None, None, *runtime,
+                   *constexprs)  # fmt: skip
+        self.direct_launches += 1
+        return True
 
     def _globals_unchanged(self) -> bool:
         """Triton's own check before each launch: the globals the kernel read when compiled are unchanged."""

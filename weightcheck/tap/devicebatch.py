@@ -18,7 +18,7 @@ from __future__ import annotations
 import functools
 from typing import Any
 
-from weightcheck.fuseddigest import fused_lanes_and_stats
+from weightcheck.fuseddigest import fused_lanes_and_stats, fused_stats_at
 from weightcheck.posmix import _byte_view, torch_module
 from weightcheck.tap.digesting import fast_dtype
 
@@ -55,28 +55,48 @@ class DeviceBatch:
         self.pending: list[tuple[dict[str, Any], str, int, bool, int, Any]] = []
         # device -> an iterator over the zeroed rows of its current block not handed out yet
         self._slabs: dict[Any, Any] = {}
+        self.raw_added = 0  # tensors launched with raw addresses (the tests and benchmarks read it)
+        # a row taken for a raw launch that did not happen (still zero): the next row handed out
+        self._spare: tuple[Any, int] | None = None
         # dtype -> (safetensors name, the fused kernel's (width, pattern) or None)
         self._plans: dict[Any, tuple[str, tuple[int, int] | None]] = {}
         # device type -> whether the fused kernel may run (decided at the batch's first tensor; off after a failure)
         self._fused_ok: dict[str, bool] = {}
 
+    # Whether `add` may launch the fused kernel with raw addresses (`fused_stats_at`): off, every tensor takes
+    # the view-making path (benchmarks/gpu_tap_steps.py compares the two in one run; the tests, both).
+    raw_launches = True
+
     @staticmethod
     def takes(tensor: Any) -> bool:
-        """A dense CUDA tensor of a dtype above (the others keep the per-tensor path)."""
+        """A dense CUDA tensor of a dtype above (the others keep the per-tensor path). No complex dtype is
+        taken, so the conjugate bit cannot be set; the negative bit can (`torch._neg_view`)."""
         return (
-            tensor.device.type == "cuda"
-            and tensor.dtype in _taken_dtypes()
-            and tensor.layout is torch_module().strided
-            and not (tensor.is_conj() or tensor.is_neg())
+            tensor.is_cuda and tensor.dtype in _taken_dtypes() and tensor.layout is _strided() and not tensor.is_neg()
         )
 
     def add(self, entry: dict[str, Any], tensor: Any) -> None:
         """Queue the tensor's digest and statistics on its device (raises what the kernels raise)."""
-        torch = torch_module()
         plan = self._plans.get(tensor.dtype)
         if plan is None:
             plan = self._plans[tensor.dtype] = (fast_dtype(tensor.dtype)[0], fused_spec(tensor.dtype))  # type: ignore[index]
         st_name, spec = plan
+        if spec is not None and self.raw_launches and tensor.is_contiguous():
+            # The common tensor: launched with raw addresses, no view made (`fused_stats_at`).
+            row = self._row(tensor.device)
+            if row is not None:
+                try:
+                    launched = fused_stats_at(tensor, spec[0], spec[1], row[1])
+                except Exception as exc:
+                    self._failed(tensor.device, exc)
+                    launched = False
+                if launched:
+                    self.raw_added += 1
+                    entry["dtype"], entry["shape"] = st_name, tuple(tensor.shape)
+                    self.pending.append((entry, st_name, tensor.nbytes, True, tensor.numel(), row[0]))
+                    return
+                self._spare = row  # not launched: the row is still zero, the view-making path takes it
+        torch = torch_module()
         data = _byte_view(tensor)
         numel = tensor.numel()
         values = self._fused(data, spec) if numel and spec is not None else None
@@ -97,10 +117,9 @@ class DeviceBatch:
         entry["dtype"], entry["shape"] = st_name, tuple(tensor.shape)
         self.pending.append((entry, st_name, data.numel(), counts_nonfinite, numel, values))
 
-    def _fused(self, data: Any, spec: tuple[int, int]) -> Any:
-        """[lane a, lane b, words with a bit set, NaN/Inf count] from one fused kernel, in a fresh zeroed row of
-        the device's block, or None (not usable here, or it failed: logged once, the eager kernels from then on)."""
-        device = data.device
+    def _row(self, device: Any) -> tuple[Any, int] | None:
+        """A zeroed row of the device's block not handed out before, with its device address; None where the
+        fused kernel may not run (not usable here, or it failed)."""
         usable = self._fused_ok.get(device.type)
         if usable is None:
             from weightcheck.devdigest import fused_usable
@@ -108,23 +127,39 @@ class DeviceBatch:
             usable = self._fused_ok[device.type] = fused_usable(device.type)
         if not usable:
             return None
-        try:
-            # A row is handed out once, whatever the kernel does with it; `next` on the rows' iterator is one
-            # step under the GIL, so two threads adding at once never share a row.
-            rows = self._slabs.get(device)
-            row = next(rows, None) if rows is not None else None
-            if row is None:
-                torch = torch_module()
-                rows = self._slabs[device] = iter(
-                    torch.zeros((SLAB_ROWS, 4), dtype=torch.int64, device=device).unbind(0)
-                )
-                row = next(rows)
-            return fused_lanes_and_stats(data, *spec, out=row)
-        except Exception as exc:
-            from weightcheck.devdigest import fused_failed
+        spare = self._spare
+        if spare is not None and spare[0].device == device:
+            self._spare = None
+            return spare
+        # A row is handed out once, whatever the kernel does with it; `next` on the rows' iterator is one step
+        # under the GIL, so two threads adding at once never share a row.
+        rows = self._slabs.get(device)
+        row = next(rows, None) if rows is not None else None
+        if row is None:
+            torch = torch_module()
+            slab = torch.zeros((SLAB_ROWS, 4), dtype=torch.int64, device=device)
+            base, stride = slab.data_ptr(), 4 * slab.element_size()
+            addresses = range(base, base + SLAB_ROWS * stride, stride)
+            rows = self._slabs[device] = zip(slab.unbind(0), addresses, strict=True)
+            row = next(rows)
+        return row
 
-            self._fused_ok[device.type] = False
-            fused_failed(exc)
+    def _failed(self, device: Any, exc: Exception) -> None:
+        from weightcheck.devdigest import fused_failed
+
+        self._fused_ok[device.type] = False
+        fused_failed(exc)
+
+    def _fused(self, data: Any, spec: tuple[int, int]) -> Any:
+        """[lane a, lane b, words with a bit set, NaN/Inf count] from one fused kernel, in a fresh zeroed row of
+        the device's block, or None (not usable here, or it failed: logged once, the eager kernels from then on)."""
+        try:
+            row = self._row(data.device)
+            if row is None:
+                return None
+            return fused_lanes_and_stats(data, *spec, out=row[0])
+        except Exception as exc:
+            self._failed(data.device, exc)
             return None
 
     def collect(self, algorithm: str) -> None:
@@ -157,6 +192,11 @@ class DeviceBatch:
                 # The fused kernel counts NaN/Inf values; the eager reductions count finite ones.
                 entry["nonfinite"] = flat[at + 3] if counts_nonfinite else numel - flat[at + 3]
                 at += 4
+
+
+@functools.cache
+def _strided() -> Any:
+    return torch_module().strided
 
 
 @functools.cache
