@@ -12,6 +12,7 @@ then SGLang's loading pattern), timed in alternating rounds in these variants:
 - `on`: the tap as shipped (posmix128 on the device);
 - `on-views`: the tap with `DeviceBatch.raw_launches` off (each tensor's views made, the launcher reads them);
 - `on-nokernel`: the tap with the device digest's kernel left out (the tap's bookkeeping alone);
+- `on-state`: the tap with the engine-state digest (`WEIGHTCHECK_STATE=1`);
 - `on-timed`: the tap with a timer around each of its steps (inclusive times, per load; the timers add a
   little of their own, so this row's total is not the `on` row's).
 
@@ -48,6 +49,7 @@ def main() -> int:
     parser.add_argument("--keep", type=Path, default=None)
     parser.add_argument("--json", type=Path, default=None)
     parser.add_argument("--device", default="cuda")
+    parser.add_argument("--variants", default=None, help="comma-separated subset of the variants (default: all)")
     args = parser.parse_args()
 
     from safetensors import safe_open
@@ -163,7 +165,7 @@ def main() -> int:
         extra = {"read": read_pass, "launch": launch, "launch-raw": launch_raw}.get(variant)
         if variant.startswith("on"):
             shutil.rmtree(records, ignore_errors=True)
-            tap.configure(records, digest="posmix128")
+            tap.configure(records, digest="posmix128", state=variant == "on-state")
         else:
             tap.configure(None)
         if variant == "on-views":
@@ -187,7 +189,9 @@ def main() -> int:
             DeviceBatch.raw_launches = True
             tap.configure(None)
 
-    variants = ["off", "read", "launch", "launch-raw", "on", "on-views", "on-nokernel", "on-timed"]
+    variants = ["off", "read", "launch", "launch-raw", "on", "on-views", "on-nokernel", "on-timed", "on-state"]
+    if args.variants:
+        variants = ["off", *(v for v in variants if v != "off" and v in args.variants.split(","))]
     if device.type != "cuda":  # the kernel is Triton's on a GPU (the CPU run only checks this script)
         variants = [v for v in variants if not v.startswith("launch")]
     for variant in variants:  # warm-up: compile, first touches
