@@ -46,6 +46,9 @@ QUANT_COMPANIONS = (
 _NON_TEXT_HINTS = ("visual", "vision", "audio", "mm_projector", "image", "speech", "encoder")
 
 EXPERT_COUNT_KEYS = ("n_routed_experts", "num_experts", "num_local_experts", "moe_num_experts")
+# The decoder-layer count under the names configs give it: transformers' own attribute first, then the aliases
+# of GPT-2 / GPT-J / BLOOM (`n_layer`), GPT-Neo / LongCat-Flash (`num_layers`) and MPT / DBRX (`n_layers`).
+LAYER_COUNT_KEYS = ("num_hidden_layers", "n_layer", "num_layers", "n_layers")
 MTP_COUNT_KEYS = ("num_nextn_predict_layers", "mtp_num_hidden_layers", "num_mtp_layers")
 
 
@@ -169,7 +172,7 @@ def analyze(
         for layer, layer_names in layers.items():
             counts[prefix][layer] += len(layer_names)
 
-    num_layers = config_int(text_config, ("num_hidden_layers", "n_layer", "num_layers"), "layers")
+    num_layers = config_int(text_config, LAYER_COUNT_KEYS, "layers")
     mtp = config_int(text_config, MTP_COUNT_KEYS, "mtp") or 0
 
     def score(prefix: str) -> tuple[int, int, int]:

@@ -9,7 +9,7 @@ from weightcheck.collapse import format_ranges, summarize
 from weightcheck.findings import Severity
 from weightcheck.rules import LintContext, rule
 from weightcheck.safetensors_header import LAYOUT_KINDS, TRUNCATION_KINDS
-from weightcheck.structure import EXPERT_COUNT_KEYS, MAX_PLAUSIBLE, MTP_COUNT_KEYS
+from weightcheck.structure import EXPERT_COUNT_KEYS, LAYER_COUNT_KEYS, MAX_PLAUSIBLE, MTP_COUNT_KEYS
 
 # Files that legitimately sit next to HF shards without being indexed (Mistral's consolidated format).
 KNOWN_UNINDEXED = ("consolidated.safetensors", "consolidated-")
@@ -214,8 +214,9 @@ def shard_numbering(ctx: LintContext) -> None:
 )
 def config_invalid(ctx: LintContext) -> None:
     """Engines build the model from config.json before reading a single weight; a missing or unparseable
-    config fails at load, and a config without `num_hidden_layers` or `model_type` prevents weightcheck's
-    own layer-coverage checks (they are then skipped, and this finding says so)."""
+    config fails at load, and a config without `num_hidden_layers` (or the aliases some classes use instead:
+    `n_layer`, `num_layers`, `n_layers`) or `model_type` prevents weightcheck's own layer-coverage checks (they
+    are then skipped, and this finding says so)."""
     cfg = ctx.ckpt.config
     if cfg is None or not cfg.exists:
         ctx.report("config.json is missing", file="config.json")
@@ -229,7 +230,9 @@ def config_invalid(ctx: LintContext) -> None:
         ctx.report("config.json is not a JSON object", file="config.json")
         return
     text = ctx.ckpt.text_config()
-    lacking = [k for k in ("model_type", "num_hidden_layers") if k not in text]
+    lacking = [k for k in ("model_type",) if k not in text]
+    if not any(key in text for key in LAYER_COUNT_KEYS):  # GPT-2's `n_layer` and the other aliases count too
+        lacking.append("num_hidden_layers")
     if lacking:
         ctx.report(
             f"config.json lacks {', '.join(lacking)}; layer coverage checks are skipped",
@@ -239,7 +242,7 @@ def config_invalid(ctx: LintContext) -> None:
     nl = text.get("num_hidden_layers")
     if nl is not None and (not isinstance(nl, int) or isinstance(nl, bool) or nl < 0):
         ctx.report(f"num_hidden_layers is {str(nl)[:40]!r}, not a non-negative integer", file="config.json")
-    for kind, keys in (("layers", ("num_hidden_layers",)), ("experts", EXPERT_COUNT_KEYS), ("mtp", MTP_COUNT_KEYS)):
+    for kind, keys in (("layers", LAYER_COUNT_KEYS), ("experts", EXPERT_COUNT_KEYS), ("mtp", MTP_COUNT_KEYS)):
         for key in keys:
             value = text.get(key)
             if isinstance(value, int) and not isinstance(value, bool) and value > MAX_PLAUSIBLE[kind]:

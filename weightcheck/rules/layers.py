@@ -13,7 +13,7 @@ from weightcheck.findings import Severity
 from weightcheck.lazyregex import LazyRegex
 from weightcheck.names import last_segments_fixed
 from weightcheck.rules import LintContext, name_templates, rule
-from weightcheck.structure import MAX_PLAUSIBLE, LayerStructure, analyze, majority
+from weightcheck.structure import LAYER_COUNT_KEYS, MAX_PLAUSIBLE, LayerStructure, analyze, majority
 
 
 def structure_of(ctx: LintContext) -> LayerStructure:
@@ -30,6 +30,7 @@ def _layer_names(s: LayerStructure, layers: list[int], suffixes: list[str]) -> l
     "WC401",
     "decoder-layer-missing",
     Severity.ERROR,
+    also=(Severity.WARNING,),
     summary="A decoder layer 0..num_hidden_layers-1 has no tensors at all.",
     bad="config.json num_hidden_layers = 48; the index has model.layers.0..46 (47 missing)",
     good="Every layer id below num_hidden_layers has tensors.",
@@ -38,17 +39,40 @@ def decoder_layer_missing(ctx: LintContext) -> None:
     """A layer dropped by a converter (PP stage not gathered, a shard never written) leaves the engine's
     layer uninitialized, and nothing raises (NVIDIA-NeMo/Megatron-Bridge#4188, areal-project/AReaL#1403,
     NVIDIA/Megatron-LM#1304). Layer ids come from tensor names under
-    the language model's layer container (`model.layers`, `model.language_model.layers`, ...)."""
+    the language model's layer container (`model.layers`, `model.language_model.layers`, ...). With no
+    architecture pattern and a second stack of as many layers (HRM's `H_module`/`L_module`), the config's count
+    may not be one stack's: a warning."""
     s = structure_of(ctx)
     if s.num_hidden_layers is None or s.prefix is None:
         return
     missing = sorted(set(range(s.num_hidden_layers)) - s.ids)
     if missing:
+        # Without a pattern, a second stack of as many layers (HRM's H_module and L_module, whose config counts
+        # the unrolled cycles) says the config's count may not be this stack's.
+        parallel = sorted(p for p, count in s.other_prefixes.items() if count == len(s.ids) and not p.startswith("mtp"))
+        # ... and another count key of the config that the stored layers 0..n-1 match (LongCat-Flash: `num_layers`
+        # physical layers of two sublayers each, `num_hidden_layers` twice that, as transformers writes it).
+        cfg = ctx.ckpt.text_config()
+        stored = len(s.ids) if s.ids == set(range(len(s.ids))) else None
+        other_key = next((k for k in LAYER_COUNT_KEYS[1:] if stored and cfg.get(k) == stored), None)
+        why = ""
+        if parallel:
+            why = f"{parallel[0]} holds as many layers as {s.prefix}"
+        elif other_key:
+            why = f"config.json's {other_key} ({stored}) matches the stored layers"
+        unsure = bool(why) and not _pattern_known(ctx)
         ctx.report(
             f"{len(missing)} of {s.num_hidden_layers} decoder layers have no tensors: "
-            f"{s.prefix}.{ids_pattern(missing)}",
+            f"{s.prefix}.{ids_pattern(missing)}"
+            + (
+                f"; {why}, and no architecture pattern says whether num_hidden_layers counts this stack (check the "
+                "model class)"
+                if unsure
+                else ""
+            ),
             tensor=f"{s.prefix}.{ids_pattern(missing)}.*",
             count=len(missing),
+            severity=Severity.WARNING if unsure else None,
             details={"missing_layers": missing},
         )
 
@@ -67,10 +91,13 @@ def layer_keys_differ(ctx: LintContext) -> None:
     kind is the reference; a layer lacking some of its keys, or carrying a few extra, is reported with the
     names. Expert indices are folded (`experts.*`) and quantization companions are folded onto `weight`, so
     quantization differences are left to the WC3xx rules. Layers whose key sets differ wholesale (hybrid
-    attention/linear-attention stacks) are treated as another kind, not as broken."""
+    attention/linear-attention stacks) are treated as another kind, not as broken. With no architecture
+    pattern, keys lacking only in a run of layers at the start or end of the stack are a warning: classes build
+    those differently (ModernBERT's layer 0, DeepSeek-V4's hash-routed layers)."""
     s = structure_of(ctx)
     if s.prefix is None or len(s.signatures) < 2:
         return
+    known = _pattern_known(ctx)
     kinds: dict[str, list[int]] = defaultdict(list)
     for layer in s.signatures:
         kind = "mtp" if s.is_mtp(layer) else ("moe" if s.is_moe(layer) else "dense")
@@ -97,11 +124,13 @@ def layer_keys_differ(ctx: LintContext) -> None:
                 extra_groups[frozenset(extra)].append(layer)
         for keys, ids in sorted(missing_groups.items(), key=lambda kv: min(kv[1])):
             names = _layer_names(s, ids, sorted(keys))
+            at_edge = not known and _edge_run(ids, sorted(layers))
             ctx.report(
                 f"{kind} layers {ids_pattern(ids)} lack {len(keys)} key(s) that their {peers} peer "
-                f"layers have: {summarize(names)}",
+                f"layers have: {summarize(names)}" + (f"; {_EDGE_NOTE}" if at_edge else ""),
                 tensor=summarize(names, limit=3),
                 count=len(names),
+                severity=Severity.WARNING if at_edge else None,
                 details={"layers": ids, "missing": sorted(keys), "tensors": names[:1000]},
             )
         for keys, ids in sorted(extra_groups.items(), key=lambda kv: min(kv[1])):
@@ -114,6 +143,26 @@ def layer_keys_differ(ctx: LintContext) -> None:
                 severity=Severity.WARNING,
                 details={"layers": ids, "extra": sorted(keys)},
             )
+
+
+_EDGE_NOTE = (
+    "the first or last layers of the stack, and no architecture pattern says whether this model builds them "
+    "differently (ModernBERT's layer 0 has no attention norm; DeepSeek-V4's hash-routed first layers hold a "
+    "routing table): check the model class"
+)
+
+
+def _edge_run(ids: list[int], layers: list[int]) -> bool:
+    """The layers form one run at the start or the end of their kind's stack (`layers`, sorted)."""
+    count = len(ids)
+    return count < len(layers) and (sorted(ids) == layers[:count] or sorted(ids) == layers[-count:])
+
+
+def _pattern_known(ctx: LintContext) -> bool:
+    """An architecture pattern (generated, hand-written or borrowed) describes this checkpoint's model."""
+    from weightcheck.rules.quant import analysis_of
+
+    return analysis_of(ctx).pattern is not None
 
 
 @rule(
@@ -219,17 +268,26 @@ def mtp_layer_missing(ctx: LintContext) -> None:
 _REPEATED_SEGMENT = LazyRegex(r"(?:^|\.)([^.\d][^.]*)\.\1(?=\.|$)")
 
 
+# A repeat at the start of the name, or of a wrapper's own name anywhere (`model.language_model.language_model`).
+_ROOT_REPEAT = LazyRegex(
+    r"^([^.\d][^.]*)\.\1\.|(?:^|\.)(model|language_model|text_model|transformer|decoder|backbone)\.\2\."
+)
+
+
 @rule(
     "WC405",
     "repeated-path-segment",
     Severity.ERROR,
+    also=(Severity.WARNING,),
     summary="A tensor name repeats a path segment (`language_model.language_model.`, `model.model.`).",
     bad="language_model.language_model.layers.0.mlp.experts.w2_weight_packed",
     good="model.language_model.layers.0.mlp.experts.0.down_proj.weight_packed",
 )
 def repeated_path_segment(ctx: LintContext) -> None:
     """Writers that prepend a prefix to names that already carry it produce doubled segments; the engine
-    then finds no parameter of that name (vllm-project/llm-compressor#2568: KeyError at load)."""
+    then finds no parameter of that name (vllm-project/llm-compressor#2568: KeyError at load). With no
+    architecture pattern, a repeat below the root that is not a wrapper's name (`model`, `language_model`, ...)
+    may be the class's own (CPM-Ant's `ffn.ffn`): a warning."""
     # Check each distinct prefix/tail once (a few thousand strings even on DeepSeek-V3), then expand.
     s = structure_of(ctx)
     bad_parts = {p for p in s.distinct_parts if _REPEATED_SEGMENT.search(p)}
@@ -241,11 +299,29 @@ def repeated_path_segment(ctx: LintContext) -> None:
             if prefix in bad_parts and count:
                 doubled.extend(n for n in ctx.ckpt.tensor_names() if n.startswith(prefix + "."))
     doubled = sorted(set(doubled) - _architecture_names(ctx))
-    if doubled:
+    if not doubled:
+        return
+    if _pattern_known(ctx):
+        at_root, inner = doubled, []
+    else:
+        # No pattern to tell a class's own names from a doubled prefix: a repeat at the root, or of a wrapper's
+        # name, is the writer's bug; one deeper down may be the class's (CPM-Ant's `ffn.ffn`, GIT's
+        # `visual_projection.visual_projection`).
+        at_root = [n for n in doubled if _ROOT_REPEAT.search(n)]
+        inner = [n for n in doubled if not _ROOT_REPEAT.search(n)]
+    if at_root:
         ctx.report(
-            f"{len(doubled)} tensor names repeat a path segment: {summarize(doubled)}",
-            tensor=summarize(doubled, limit=3),
-            count=len(doubled),
+            f"{len(at_root)} tensor names repeat a path segment: {summarize(at_root)}",
+            tensor=summarize(at_root, limit=3),
+            count=len(at_root),
+        )
+    if inner:
+        ctx.report(
+            f"{len(inner)} tensor names repeat a path segment below the root: {summarize(inner)}; no "
+            "architecture pattern says whether the model class names them so (check the class)",
+            tensor=summarize(inner, limit=3),
+            count=len(inner),
+            severity=Severity.WARNING,
         )
 
 
@@ -301,6 +377,24 @@ def _head_leaves(ctx: LintContext) -> set[str]:
     return leaves
 
 
+def _head_by_shape(ctx: LintContext) -> list[str]:
+    """Without a pattern the head's name is unknown (BERT `cls.predictions.decoder`, RoBERTa `lm_head.decoder`,
+    RWKV and DeepSeek-V4 `head`, Whisper `proj_out`, BioGPT `output_projection`, GIT `output`): the 2-D tensors
+    outside the layers shaped `[vocab_size, n]` like another one (the input embedding), when there are two."""
+    vocab = ctx.ckpt.text_config().get("vocab_size")
+    if not isinstance(vocab, int) or isinstance(vocab, bool) or vocab <= 0:
+        return []
+    by_width: dict[int, list[str]] = defaultdict(list)
+    for name, info in ctx.ckpt.all_tensors().items():
+        shape = info.shape if info is not None else None
+        if shape and len(shape) == 2 and shape[0] == vocab and not _NUMBERED.search(name):
+            by_width[shape[1]].append(name)
+    return sorted(n for names in by_width.values() if len(names) >= 2 for n in names)
+
+
+_NUMBERED = LazyRegex(r"\.\d+\.")
+
+
 @rule(
     "WC407",
     "tied-embedding-mismatch",
@@ -315,7 +409,8 @@ def tied_embedding_mismatch(ctx: LintContext) -> None:
     (GradientHQ/parallax#444, QwenLM/Qwen3-VL-Embedding#89: error). `true` while the checkpoint also stores
     `lm_head.weight` is a warning: several
     engines skip the stored head or raise KeyError (vllm-project/vllm#6758, sgl-project/sglang#2935). Checked only
-    when the flag is explicit."""
+    when the flag is explicit. With no architecture pattern, a head stored under the class's own name (BERT's
+    `cls.predictions.decoder`, RWKV's `head`) is found by its `[vocab_size, hidden]` shape."""
     cfg = ctx.ckpt.text_config()
     tie = cfg.get("tie_word_embeddings")
     if not isinstance(tie, bool):
@@ -333,6 +428,8 @@ def tied_embedding_mismatch(ctx: LintContext) -> None:
         else:
             heads.extend(n for n, _ in members if is_head(n))
     heads.sort()
+    if not tie and not heads and not _pattern_known(ctx) and _head_by_shape(ctx):
+        return  # stored under the class's own name (BERT's cls.predictions.decoder, RWKV's head, ...)
     if not tie and not heads:
         head = min(leaves - {"lm_head"}, default="lm_head")  # the pattern's own name for it first
         ctx.report(f"tie_word_embeddings is false but no {head}.weight is stored", tensor=f"{head}.weight")
