@@ -380,16 +380,17 @@ def _head_leaves(ctx: LintContext) -> set[str]:
 def _head_by_shape(ctx: LintContext) -> list[str]:
     """Without a pattern the head's name is unknown (BERT `cls.predictions.decoder`, RoBERTa `lm_head.decoder`,
     RWKV and DeepSeek-V4 `head`, Whisper `proj_out`, BioGPT `output_projection`, GIT `output`): the 2-D tensors
-    outside the layers shaped `[vocab_size, n]` like another one (the input embedding), when there are two."""
+    outside the layers shaped `[vocab_size, n]`, when there are two: the input embedding and the head (whose
+    width may differ: RemBERT's `output_embedding_size`)."""
     vocab = ctx.ckpt.text_config().get("vocab_size")
     if not isinstance(vocab, int) or isinstance(vocab, bool) or vocab <= 0:
         return []
-    by_width: dict[int, list[str]] = defaultdict(list)
+    found = []
     for name, info in ctx.ckpt.all_tensors().items():
         shape = info.shape if info is not None else None
         if shape and len(shape) == 2 and shape[0] == vocab and not _NUMBERED.search(name):
-            by_width[shape[1]].append(name)
-    return sorted(n for names in by_width.values() if len(names) >= 2 for n in names)
+            found.append(name)
+    return sorted(found) if len(found) >= 2 else []
 
 
 _NUMBERED = LazyRegex(r"\.\d+\.")
