@@ -156,3 +156,40 @@ def test_a_second_layer_count_that_the_stored_layers_match_makes_a_missing_tail_
 
     edit_tensors(path, truncate)
     assert severities(path, "WC401") == [Severity.ERROR]
+
+
+def test_a_linear_named_like_an_embedding_quantized_under_linear_targets_is_a_linear(tmp_path: Path) -> None:
+    """llm-compressor's FP8 of ELECTRA quantizes `electra.embeddings_project` (an nn.Linear) under
+    `targets: ["Linear"]`: not a quantized embedding. The same module under a target that any module matches, or
+    a real embedding table stored quantized, is still WC308."""
+    import json
+
+    import torch
+    from factories import llmcompressor_fp8_dynamic
+
+    path = llmcompressor_fp8_dynamic("electra", tmp_path, ["lm_head"])
+    from safetensors import safe_open
+
+    stored = set()
+    for shard in path.glob("*.safetensors"):
+        with safe_open(str(shard), framework="pt") as fh:
+            stored.update(fh.keys())
+    assert "electra.embeddings_project.weight_scale" in stored  # llm-compressor quantized the Linear
+    assert not any("embeddings_project" in f.message for f in by_code(run(path), "WC308"))
+
+    config = json.loads((path / "config.json").read_text())
+    for group in config["quantization_config"]["config_groups"].values():
+        group["targets"] = ["re:.*"]
+    (path / "config.json").write_text(json.dumps(config))
+    assert any("embeddings_project" in f.message for f in by_code(run(path), "WC308"))
+
+    for group in config["quantization_config"]["config_groups"].values():
+        group["targets"] = ["Linear"]
+    (path / "config.json").write_text(json.dumps(config))
+
+    def quantize_table(tensors: dict[str, Any]) -> None:
+        tensors["electra.embeddings.word_embeddings.weight_scale"] = torch.ones(1)
+
+    edit_tensors(path, quantize_table)
+    found = by_code(run(path), "WC308")
+    assert any("word_embeddings" in f.message for f in found) and found[0].severity is Severity.ERROR

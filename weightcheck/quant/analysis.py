@@ -200,6 +200,17 @@ def root_hints(spec: QuantSpec | None) -> list[str]:
     return [e for e in spec.ignore if isinstance(e, str) and not e.startswith("re:")] if spec else []
 
 
+# The class names a compressed-tensors target may give for `torch.nn.Linear` (its `targets` match a module's class
+# name or, with `re:`, its name).
+LINEAR_CLASS_TARGETS = frozenset({"Linear", "nn.Linear", "torch.nn.Linear"})
+
+
+def _linear_only(spec: QuantSpec | None) -> bool:
+    """Every weight-quantizing target is the Linear class: only `nn.Linear` modules were quantized."""
+    targets = spec.targets if spec is not None else []
+    return bool(targets) and all(t in LINEAR_CLASS_TARGETS for t in targets)
+
+
 def analyze_checkpoint(ckpt: Checkpoint, pattern_choice: str | None = None) -> QuantAnalysis:
     config = ckpt.config_data
     text = ckpt.text_config()
@@ -221,7 +232,7 @@ def analyze_checkpoint(ckpt: Checkpoint, pattern_choice: str | None = None) -> Q
         # (WC308's companions, `modules` lists), which must not depend on the interpreter's hash seed
         tensors: dict[str, Any] = dict.fromkeys(ckpt.sorted_names())
         tensors.update(ckpt.all_tensors())
-        inventory = from_checkpoint(tensors, pattern, text)
+        inventory = from_checkpoint(tensors, pattern, text, linear_only=_linear_only(spec))
     elif pattern is not None:
         inventory = from_config(pattern, text, root_hints(spec))
         notes.append(

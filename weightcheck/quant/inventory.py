@@ -29,6 +29,9 @@ QUANTIZED_MARKERS = frozenset(
 )  # fmt: skip
 LOW_PRECISION_DTYPES = frozenset({"F8_E4M3", "F8_E5M2", "F8_E4M3FNUZ", "F8_E5M2FNUZ", "I8", "F4"})
 _ROUTER_LEAVES = {"gate", "router"}
+# Kinds the name heuristic gives that a quantized module under Linear-only targets cannot have (a router is a
+# Linear, and stays one: the engines build it unquantized).
+_NAMED_NON_LINEAR = frozenset({"embedding", "norm", "other"})
 _MOE_PARENTS = {"mlp", "block_sparse_moe", "moe", "feed_forward", "mixer"}
 
 
@@ -148,6 +151,13 @@ def _shape_kind(module: str, entry: ModuleInfo, config: dict[str, Any]) -> str:
     return entry.kind
 
 
+def _vocab_rows(entry: ModuleInfo, config: dict[str, Any]) -> bool:
+    """The module's weight has `vocab_size` rows: an embedding table, or a head (left to WC310 as one)."""
+    weight = entry.params.get("weight")
+    vocab = config.get("vocab_size")
+    return weight is not None and bool(weight.shape) and isinstance(vocab, int) and weight.shape[0] == vocab
+
+
 def split_param(name: str) -> tuple[str, str]:
     """`a.b.weight_packed` → (`a.b`, `weight_packed`); bitsandbytes `a.weight.absmax` → (`a`, `weight.absmax`)."""
     if ".weight." in name:
@@ -167,8 +177,11 @@ def _positions(module: str) -> tuple[int | None, int | None]:
 
 
 def from_checkpoint(
-    tensors: dict[str, TensorInfo | None], pattern: Pattern | None, config: dict[str, Any]
+    tensors: dict[str, TensorInfo | None], pattern: Pattern | None, config: dict[str, Any], linear_only: bool = False
 ) -> Inventory:
+    """The checkpoint's modules. `linear_only`: the quantization config targets only the Linear class, so a module
+    stored quantized was an `nn.Linear` whatever its name says (without a pattern, ELECTRA's `embeddings_project`,
+    Fuyu's `vision_embed_tokens` and RemBERT's `embedding_hidden_mapping_in` are Linears, not embeddings)."""
     expected: dict[str, ExpectedModule] = {}
     notes: list[str] = []
     if pattern is not None:
@@ -202,8 +215,11 @@ def from_checkpoint(
         else:
             layer, expert = _positions(module)
             entry = ModuleInfo(module, heuristic_kind(module, params), params, None, layer, expert, quantized)
-        if pattern is None:
-            entry.kind = _shape_kind(module, entry, config)
+            if pattern is None:
+                entry.kind = _shape_kind(module, entry, config)
+            # A module no pattern expects, named like an embedding or a norm but quantized as a Linear: a Linear.
+            if linear_only and quantized and entry.kind in _NAMED_NON_LINEAR and not _vocab_rows(entry, config):
+                entry.kind = "linear"
         modules[module] = entry
     return Inventory(
         modules=modules, params=sorted(tensors), from_config_only=False, pattern=pattern, notes=notes,
