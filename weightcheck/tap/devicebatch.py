@@ -56,8 +56,8 @@ class DeviceBatch:
         # device -> an iterator over the zeroed rows of its current block not handed out yet
         self._slabs: dict[Any, Any] = {}
         self.raw_added = 0  # tensors launched with raw addresses (the tests and benchmarks read it)
-        # a row taken for a raw launch that did not happen (still zero): the next row handed out
-        self._spare: tuple[Any, int] | None = None
+        # device -> rows taken for a raw launch that did not happen (still zero): handed out before new ones
+        self._spares: dict[Any, list[tuple[Any, int]]] = {}
         # dtype -> (safetensors name, the fused kernel's (width, pattern) or None)
         self._plans: dict[Any, tuple[str, tuple[int, int] | None]] = {}
         # device type -> whether the fused kernel may run (decided at the batch's first tensor; off after a failure)
@@ -95,7 +95,8 @@ class DeviceBatch:
                     entry["dtype"], entry["shape"] = st_name, tuple(tensor.shape)
                     self.pending.append((entry, st_name, tensor.nbytes, True, tensor.numel(), row[0]))
                     return
-                self._spare = row  # not launched: the row is still zero, the view-making path takes it
+                # Not launched: the row is still zero; the next row handed out on this device is this one.
+                self._spares.setdefault(tensor.device, []).append(row)
         torch = torch_module()
         data = _byte_view(tensor)
         numel = tensor.numel()
@@ -127,10 +128,12 @@ class DeviceBatch:
             usable = self._fused_ok[device.type] = fused_usable(device.type)
         if not usable:
             return None
-        spare = self._spare
-        if spare is not None and spare[0].device == device:
-            self._spare = None
-            return spare
+        spares = self._spares.get(device)
+        if spares:
+            try:
+                return spares.pop()  # one step under the GIL: a spare row goes to one caller
+            except IndexError:  # another thread took the last one meanwhile
+                pass
         # A row is handed out once, whatever the kernel does with it; `next` on the rows' iterator is one step
         # under the GIL, so two threads adding at once never share a row.
         rows = self._slabs.get(device)
