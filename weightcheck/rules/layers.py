@@ -364,17 +364,11 @@ def layer_beyond_config(ctx: LintContext) -> None:
 _LM_HEAD_RE = LazyRegex(r"(^|\.)\w+\.weight(_packed)?$")
 
 
-def _head_leaves(ctx: LintContext) -> set[str]:
-    """Leaf names of the output head: `lm_head`, plus what the architecture pattern stores only when
-    untied (its `when` reads tie_word_embeddings; GPT-NeoX saves its head as `embed_out`)."""
-    from weightcheck.rules.quant import analysis_of
+def _head_leaves(ctx: LintContext) -> frozenset[str]:
+    """Leaf names of the output head (`weightcheck.rules.quant.head_leaves`)."""
+    from weightcheck.rules.quant import analysis_of, head_leaves
 
-    pattern = analysis_of(ctx).pattern
-    leaves = {"lm_head"}
-    for spec in pattern.globals if pattern is not None else ():
-        if spec.when and "tie_word_embeddings" in spec.when and spec.kind == "linear":
-            leaves.add(spec.name.rsplit(".", 1)[-1])
-    return leaves
+    return head_leaves(analysis_of(ctx).pattern)
 
 
 def _head_by_shape(ctx: LintContext) -> list[str]:

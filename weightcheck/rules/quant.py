@@ -15,7 +15,7 @@ from operator import add
 
 from weightcheck.collapse import ids_pattern, summarize
 from weightcheck.findings import Severity
-from weightcheck.patterns import config_env, layer_root, sglang_packed_names
+from weightcheck.patterns import Pattern, config_env, layer_root, sglang_packed_names
 from weightcheck.quant.analysis import (
     PARAM_SUFFIXES,
     QuantAnalysis,
@@ -212,6 +212,16 @@ def _names_own_module(qa: QuantAnalysis, entry: str) -> bool:
     return entry in qa.inventory.modules and any(
         c.key in _PRIMARY_READERS and c.level == "module" and c.match(entry, entry) for c in qa.consumers
     )
+
+
+def head_leaves(pattern: Pattern | None) -> frozenset[str]:
+    """Leaf names of the output head: `lm_head`, plus what the architecture pattern stores only when untied (its
+    `when` reads tie_word_embeddings; GPT-NeoX saves its head as `embed_out`)."""
+    leaves = {"lm_head"}
+    for spec in pattern.globals if pattern is not None else ():
+        if spec.when and "tie_word_embeddings" in spec.when and spec.kind == "linear":
+            leaves.add(spec.name.rsplit(".", 1)[-1])
+    return frozenset(leaves)
 
 
 def _is_head(name: str) -> bool:
@@ -488,8 +498,9 @@ def targeted_module_unquantized(ctx: LintContext) -> None:
         return
     groups: dict[tuple[str, ...], list[str]] = defaultdict(list)
     engines = _engine_view(qa)
+    heads = head_leaves(qa.pattern)  # the engines build the head as their LM head, not a quantized Linear
     for module in qa.inventory.modules.values():
-        if module.kind != "linear" or module.quantized is not False or module.name.endswith("lm_head"):
+        if module.kind != "linear" or module.quantized is not False or module.name.rsplit(".", 1)[-1] in heads:
             continue
         if module.weight_ndim() != 2 or not qa.targeted_by_ct(module):
             continue
