@@ -11,6 +11,8 @@ import pytest
 from conftest import read_index, shards, write_index
 from helpers import by_code, codes, rewrite_shard, run
 
+from weightcheck.findings import Severity
+
 INTEGRITY = ["WC1", "WC2", "WC4"]
 
 
@@ -182,8 +184,13 @@ def test_wc109_config_only_directory_reports_no_weights(make_ckpt, tmp_path: Pat
     (cfg_only / "pytorch_model.bin").write_bytes(b"\x80\x04pickle")
     result = run(cfg_only)
     [finding] = by_code(result, "WC109")
-    assert "pickle" in finding.message
+    assert "pickle" in finding.message and finding.severity is Severity.WARNING
     assert any("config-only" in n for n in result.notes)
+    # The weights were never read: the config-level checks ran, the run does not end green.
+    assert result.exit_code() == 3 and "pytorch_model.bin" in result.unchecked_targets[0]
+    (cfg_only / "pytorch_model.bin").unlink()  # a config alone: config-only lint is a mode, exit 0
+    alone = run(cfg_only)
+    assert by_code(alone, "WC109") == [] and alone.exit_code() == 0
 
 
 def test_wc201_missing_shard_lists_its_tensors(make_ckpt) -> None:

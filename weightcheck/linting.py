@@ -73,6 +73,8 @@ def lint_many(
             merged.checked[key_] = merged.checked.get(key_, 0) + value
         if one.nothing_checked:
             merged.unchecked_targets.append(str(path))
+        else:
+            merged.unchecked_targets.extend(one.unchecked_targets)
     merged.notes.extend(f"{', '.join(names)}: {text}" for text, names in note_targets.items())
     # "Nothing was checked" only when no target was; one missing target among good ones is named instead
     # (and still exits 3: see Result.exit_code).
@@ -280,6 +282,14 @@ def _lint(path: Path, select: Iterable[str], ignore: Iterable[str], options: dic
 
     result.findings = ctx.findings
     finalize(result, opts.get("per_tensor_ignores"))
+    if config_only:
+        pickles = ckpt.pickle_weights()
+        if pickles:
+            # The weights are there, in a format lint never opens: the config-level checks ran, the weights were
+            # not checked, and the run must not end green (exit 3, naming them).
+            result.unchecked_targets.append(
+                f"{path} (pickle weights {', '.join(pickles[:4])}: never opened; convert them to safetensors)"
+            )
     result.checked = {
         "shards": len(ckpt.shards),
         **({"remote_bytes_received": resolved.source.bytes_received} if resolved.source else {}),

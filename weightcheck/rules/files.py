@@ -291,7 +291,7 @@ def pickles_found(ckpt: Checkpoint) -> str:
     "WC109",
     "no-weights",
     Severity.ERROR,
-    also=(Severity.INFO,),
+    also=(Severity.WARNING,),
     summary="The target holds no safetensors weights and no index.",
     bad="weightcheck lint ./ckpt   (directory with only tokenizer files, or a typo'd path)",
     good="weightcheck lint ./ckpt   (directory with model.safetensors or an index and its shards)",
@@ -299,8 +299,9 @@ def pickles_found(ckpt: Checkpoint) -> str:
 )
 def no_weights(ctx: LintContext) -> None:
     """A target with nothing to check must never pass green. When the directory holds a config but no
-    weights, lint runs in config-only mode; this finding records that no weight checks could run.
-    `.bin`/`.pt` pickles are reported but never opened (unpickling runs code)."""
+    weights, lint runs in config-only mode. `.bin`/`.pt` pickles are reported but never opened (unpickling
+    runs code): with a config beside them this finding is a warning that no weight checks could run, and the run
+    exits 3 naming them (the config-level checks ran; the weights it was pointed at were not checked)."""
     ckpt = ctx.ckpt
     if ckpt.has_weights:
         return
@@ -310,5 +311,5 @@ def no_weights(ctx: LintContext) -> None:
     ctx.report(
         "no .safetensors weights or index found: only config-level checks ran" + extra,
         file=ckpt.label,
-        severity=Severity.INFO if ctx.options.get("config_only") else None,
+        severity=Severity.WARNING if extra else None,
     )
