@@ -40,8 +40,9 @@ def decoder_layer_missing(ctx: LintContext) -> None:
     layer uninitialized, and nothing raises (NVIDIA-NeMo/Megatron-Bridge#4188, areal-project/AReaL#1403,
     NVIDIA/Megatron-LM#1304). Layer ids come from tensor names under
     the language model's layer container (`model.layers`, `model.language_model.layers`, ...). With no
-    architecture pattern and a second stack of as many layers (HRM's `H_module`/`L_module`), the config's count
-    may not be one stack's: a warning."""
+    architecture pattern, layers 0..n-1 stored beside a second stack of as many layers (HRM's
+    `H_module`/`L_module`), or matching another count key of the config (LongCat-Flash's `num_layers`, with
+    `num_hidden_layers` twice that), say the config's count may not be this stack's: a warning."""
     s = structure_of(ctx)
     if s.num_hidden_layers is None or s.prefix is None:
         return
@@ -405,7 +406,7 @@ def tied_embedding_mismatch(ctx: LintContext) -> None:
     `lm_head.weight` is a warning: several
     engines skip the stored head or raise KeyError (vllm-project/vllm#6758, sgl-project/sglang#2935). Checked only
     when the flag is explicit. With no architecture pattern, a head stored under the class's own name (BERT's
-    `cls.predictions.decoder`, RWKV's `head`) is found by its `[vocab_size, hidden]` shape."""
+    `cls.predictions.decoder`, RWKV's `head`) is found by its `[vocab_size, n]` shape beside the embedding's."""
     cfg = ctx.ckpt.text_config()
     tie = cfg.get("tie_word_embeddings")
     if not isinstance(tie, bool):

@@ -500,7 +500,9 @@ def targeted_module_unquantized(ctx: LintContext) -> None:
     engines = _engine_view(qa)
     heads = head_leaves(qa.pattern)  # the engines build the head as their LM head, not a quantized Linear
     for module in qa.inventory.modules.values():
-        if module.kind != "linear" or module.quantized is not False or module.name.rsplit(".", 1)[-1] in heads:
+        if module.kind != "linear" or module.quantized is not False:
+            continue
+        if module.name.endswith("lm_head") or module.name.rsplit(".", 1)[-1] in heads:
             continue
         if module.weight_ndim() != 2 or not qa.targeted_by_ct(module):
             continue
