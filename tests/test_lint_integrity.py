@@ -405,3 +405,25 @@ def test_hostile_counts_in_config_and_names_do_not_explode(make_ckpt) -> None:
     messages = [f.message for f in by_code(result, "WC107")]
     assert any("beyond any real model" in m for m in messages)
     assert result.exit_code() == 1
+
+
+def test_wc107_mistral_native_layout_is_a_warning_a_missing_config_elsewhere_an_error(tmp_path: Path) -> None:
+    """params.json beside consolidated.safetensors is Mistral's own layout (vLLM's --config-format mistral): no
+    config.json there is a warning that says so; safetensors without config.json or params.json is an error."""
+    import torch
+    from safetensors.torch import save_file
+
+    native = tmp_path / "native"
+    native.mkdir()
+    tensors = {"tok_embeddings.weight": torch.zeros(8, 4), "output.weight": torch.zeros(8, 4)}
+    for i in range(2):
+        tensors |= {f"layers.{i}.attention.wq.weight": torch.zeros(4, 4), f"layers.{i}.ffn_norm.weight": torch.zeros(4)}
+    save_file(tensors, str(native / "consolidated.safetensors"))
+    (native / "params.json").write_text(json.dumps({"dim": 4, "n_layers": 2, "n_heads": 1, "vocab_size": 8}))
+    [finding] = by_code(run(native), "WC107")
+    assert finding.severity is Severity.WARNING and "Mistral's native layout" in finding.message
+    assert run(native).exit_code() == 0
+
+    (native / "params.json").unlink()
+    [finding] = by_code(run(native), "WC107")
+    assert finding.severity is Severity.ERROR and run(native).exit_code() == 1

@@ -214,11 +214,22 @@ def shard_numbering(ctx: LintContext) -> None:
 )
 def config_invalid(ctx: LintContext) -> None:
     """Engines build the model from config.json before reading a single weight; a missing or unparseable
-    config fails at load, and a config without `num_hidden_layers` (or the aliases some classes use instead:
+    config fails at load (Mistral's native layout, `params.json` beside `consolidated*.safetensors`, is a warning:
+    vLLM's Mistral format loads it), and a config without `num_hidden_layers` (or the aliases some classes use instead:
     `n_layer`, `num_layers`, `n_layers`) or `model_type` prevents weightcheck's own layer-coverage checks (they
     are then skipped, and this finding says so)."""
     cfg = ctx.ckpt.config
     if cfg is None or not cfg.exists:
+        if "params.json" in ctx.ckpt.other_files and any(f.startswith(KNOWN_UNINDEXED) for f in ctx.ckpt.files_on_disk):
+            # Mistral's own layout: a valid checkpoint for vLLM's Mistral format, not for the HF loaders.
+            ctx.report(
+                "config.json is missing: this is Mistral's native layout (params.json, consolidated*.safetensors), "
+                "which vLLM loads with --config-format mistral --load-format mistral; transformers and SGLang need "
+                "the HF layout (config.json and HF tensor names). Checks that need config.json's counts are skipped",
+                file="config.json",
+                severity=Severity.WARNING,
+            )
+            return
         ctx.report("config.json is missing", file="config.json")
         return
     if cfg.error:
