@@ -151,15 +151,33 @@ def test_missing_tensor_fails_unless_allowed(make_ckpt, copy_ckpt) -> None:
     assert allowed.checked["only_in_reference"] == 1
 
 
-def test_tensor_without_policy_rule_is_an_error_not_a_pass(make_ckpt, copy_ckpt) -> None:
+def test_a_tensor_of_any_name_is_compared_by_the_built_in_policy(make_ckpt, copy_ckpt) -> None:
+    """A buffer saved with the weights (rotary inv_freq) has no rule of its own: the built-in policy's last rule
+    compares it as stored, so equal ones pass and a changed one is a mismatch, never a skip."""
     a = make_ckpt("llama")
     b = copy_ckpt(a)
     for path in (a, b):
         edit_tensors(path, lambda t: t.__setitem__("model.rotary_emb.inv_freq", torch.arange(8, dtype=torch.float32)))
     result = run_diff(a, b)
+    assert result.findings == [] and result.exit_code() == 0 and result.checked.get("skipped", 0) == 0
+    edit_tensors(b, lambda t: t.__setitem__("model.rotary_emb.inv_freq", torch.arange(8, dtype=torch.float32) * 2))
+    changed = run_diff(a, b)
+    assert changed.exit_code() == 1 and any("inv_freq" in (f.location.tensor or "") for f in changed.findings)
+
+
+def test_with_no_default_policy_a_tensor_no_rule_matches_is_an_error_not_a_pass(make_ckpt, copy_ckpt) -> None:
+    from weightcheck.compare.policy import parse_policy
+
+    a = make_ckpt("llama")
+    b = copy_ckpt(a)
+    for path in (a, b):
+        edit_tensors(path, lambda t: t.__setitem__("model.rotary_emb.inv_freq", torch.arange(8, dtype=torch.float32)))
+    weights_only = parse_policy(r"(^|\.)(weight|bias)$ auto", "test")
+    result = run_diff(a, b, policy_rules=weights_only, default_policy=False)
     (finding,) = result.findings
     assert finding.code == "WC716" and result.checked["skipped"] == 1 and result.exit_code() == 1
-    assert run_diff(a, b, allow_skip=["*.inv_freq"]).exit_code() == 0
+    allowed = run_diff(a, b, policy_rules=weights_only, default_policy=False, allow_skip=["*.inv_freq"])
+    assert allowed.exit_code() == 0
 
 
 def test_unreadable_shard_is_an_explicit_skip(make_ckpt, copy_ckpt) -> None:
@@ -288,3 +306,22 @@ def test_builtin_name_map_from_pattern_root_alias() -> None:
     assert [map_name(n, rules) for n in new_layout] == [*hub_layout[:2], "model.visual.blocks.0.attn.qkv.weight"]
     assert builtin_name_maps(cfg, hub_layout, hub_layout) == []
     assert builtin_name_maps({"model_type": "llama"}, new_layout, hub_layout) == []
+
+
+@pytest.mark.parametrize("model_type", ["gpt_oss", "gemma3", "rwkv"])
+def test_two_saves_of_one_model_are_equal_whatever_their_tensors_are_called(tmp_path: Path, model_type: str) -> None:
+    """gpt-oss's attention `sinks`, Gemma-3's SigLIP `probe` and `in_proj_weight`, RWKV's `time_*`: no rule of
+    their own, compared by the built-in policy's last rule. Two saves of one model (different sharding) are
+    equal: exit 0, nothing skipped; one sink changed is a mismatch."""
+    from tools.archgen.tiny import build
+
+    model = build(model_type, "A")
+    model.save_pretrained(tmp_path / "a")
+    model.save_pretrained(tmp_path / "b", max_shard_size="200KB")
+    result = run_diff(tmp_path / "a", tmp_path / "b")
+    assert result.exit_code() == 0 and result.findings == [] and result.checked.get("skipped", 0) == 0
+    if model_type == "gpt_oss":
+        sink = "model.layers.1.self_attn.sinks"
+        edit_tensors(tmp_path / "b", lambda t: t.__setitem__(sink, t[sink] + 1))
+        changed = run_diff(tmp_path / "a", tmp_path / "b")
+        assert changed.exit_code() == 1 and any(sink in (f.location.tensor or "") for f in changed.findings)

@@ -892,13 +892,23 @@ class DiffCase:
     apply: Callable[[Path, Path, list[Finding]], dict | None]
     said: str
     both: Callable[[Path], None] | None = None  # an edit made to reference and candidate alike first
+    options: dict | None = None  # DiffOptions fields of both diffs (the fix's `policy_rules` are added to these)
 
 
 def _inv_freq(path: Path) -> None:
-    """A buffer some exporters write (rotary inv_freq): no built-in policy rule covers it."""
+    """A buffer some exporters write (rotary inv_freq): no rule of a weights-only policy covers it."""
     import torch
 
     edit_tensors(path, add={"model.rotary_emb.inv_freq": torch.arange(8, dtype=torch.float32)})
+
+
+def _weights_only() -> list:
+    from weightcheck.compare.policy import parse_policy
+
+    return parse_policy(r"(^|\.)(weight|bias)$ auto", "test")
+
+
+_WEIGHTS_ONLY = _weights_only()
 
 
 def _policy_rule_for_named(b: Path, a: Path, found: list[Finding]) -> dict:
@@ -1053,7 +1063,14 @@ def _regular_file(b: Path, a: Path, found: list[Finding]) -> None:
 
 DIFF_CASES: list[DiffCase] = [
     DiffCase("WC715", _truncate_b, _readable_again, "make the data readable"),
-    DiffCase("WC716", lambda b: None, _policy_rule_for_named, "add a --policy rule", both=_inv_freq),
+    DiffCase(
+        "WC716",
+        lambda b: None,
+        _policy_rule_for_named,
+        "add a --policy rule",
+        both=_inv_freq,
+        options={"default_policy": False, "policy_rules": _WEIGHTS_ONLY},
+    ),
     DiffCase("WC701", _b_set(_noise), _write_reference_tensor, "find the conversion step"),
     DiffCase("WC702", _b_set(_rand01), _write_reference_tensor, "the tensor was never loaded"),
     DiffCase("WC703", _b_set(_zeros), _write_reference_tensor, "zeroed or never copied"),
@@ -1081,12 +1098,14 @@ def test_diff_fix_text_applied_clears_the_finding(make_ckpt, tmp_path: Path, cas
     if not case.both:
         assert not diff(a, b, DiffOptions()).findings
     case.damage(b)
-    before = _flat(diff(a, b, DiffOptions()).findings)
+    base = case.options or {}
+    before = _flat(diff(a, b, DiffOptions(**base)).findings)
     found = [f for f in before if f.code == case.code]
     assert found, f"damage did not trigger {case.code}: {[(f.code, f.message) for f in before]}"
     assert all(case.said in f.fix for f in found), found[0].fix
     options = case.apply(b, a, found) or {}
-    after = _flat(diff(a, b, DiffOptions(**options)).findings)
+    rules = [*options.get("policy_rules", []), *base.get("policy_rules", [])]  # the fix's rules, then the case's
+    after = _flat(diff(a, b, DiffOptions(**{**base, **options, "policy_rules": rules})).findings)
     assert not [f for f in after if f.code == case.code], [(f.code, f.message) for f in after]
     assert not _errors(after) - _errors(before), [(f.code, f.message) for f in after]
 

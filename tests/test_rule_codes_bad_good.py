@@ -244,19 +244,21 @@ def test_a_finding_with_an_unknown_code_fails_the_diff(make_ckpt, copy_ckpt, mon
     """Before: a mistyped code was dropped by the selection filter and the diff passed. Now it raises (the
     API and CLI turn that into WC000 / exit 2)."""
     diff_module = importlib.import_module("weightcheck.diffing")  # the engine module (`weightcheck.diff` is the API)
+    from weightcheck.compare.policy import parse_policy
     from weightcheck.rules.diff import UnknownRuleCode
 
     a, b = pair(make_ckpt, copy_ckpt)
     for path in (a, b):  # a tensor no policy rule matches: reported under NO_POLICY_RULE's code
         edit_tensors(path, lambda t: t.__setitem__("model.rotary_emb.inv_freq", torch.arange(8, dtype=torch.float32)))
-    assert codes(diff(a, b, DiffOptions())) == {"WC716"}
+    options = DiffOptions(policy_rules=parse_policy(r"(^|\.)(weight|bias)$ auto", "test"), default_policy=False)
+    assert codes(diff(a, b, options)) == {"WC716"}
 
     class Mistyped:
         code = "WC7l6"
 
     monkeypatch.setattr(diff_module, "NO_POLICY_RULE", Mistyped)
     with pytest.raises(UnknownRuleCode, match="WC7l6"):
-        diff(a, b, DiffOptions())
+        diff(a, b, options)
 
 
 def test_an_unknown_class_through_the_cli_is_an_internal_error(make_ckpt, copy_ckpt, monkeypatch) -> None:

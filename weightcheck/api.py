@@ -208,6 +208,7 @@ def diff(
     *,
     maps: Iterable[str] = (),
     policy: PathLike | None = None,
+    no_default_policy: bool = False,
     allow_skip: Iterable[str] = (),
     select: Iterable[str] | None = None,
     ignore: Iterable[str] | None = None,
@@ -224,7 +225,8 @@ def diff(
     cache_dir: PathLike | None = None,
 ) -> Result:
     """`weightcheck diff REFERENCE CANDIDATE`: tensor by tensor (needs `weightcheck[content]`). `maps` are
-    map files or inline `a.* -> b.*` rules, `policy` a policy file, `allow_skip` globs or `re:` patterns."""
+    map files or inline `a.* -> b.*` rules, `policy` a policy file (`no_default_policy`: its rules alone),
+    `allow_skip` globs or `re:` patterns."""
     from weightcheck.compare.policy import load_policy
     from weightcheck.diffing import DiffOptions, load_name_map
     from weightcheck.diffing import diff as run_diff
@@ -245,6 +247,7 @@ def diff(
     options = DiffOptions(
         maps=[rule for spec in (*settings.map, *maps) for rule in load_name_map(spec, base_dir)],
         policy_rules=load_policy(Path(policy)) if policy else [],
+        default_policy=not no_default_policy,
         allow_skip=check_entries([*settings.allow_skip, *allow_skip]),
         select=settings.select,
         ignore=settings.ignore,

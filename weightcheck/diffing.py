@@ -278,6 +278,8 @@ class Outcome:
 class DiffOptions:
     maps: list[NameMapRule] = field(default_factory=list)
     policy_rules: list[PolicyRule] = field(default_factory=list)
+    # False (`--no-default-policy`): only `policy_rules` apply; a tensor none of them matches is WC716.
+    default_policy: bool = True
     allow_skip: list[str] = field(default_factory=list)
     select: list[str] = field(default_factory=lambda: ["ALL"])
     ignore: list[str] = field(default_factory=list)
@@ -355,7 +357,7 @@ def plan_diff(view_a: LogicalCheckpoint, view_b: LogicalCheckpoint, opts: DiffOp
     from weightcheck.compare.classify import ReferenceIndex
     from weightcheck.compare.policy import Policy
 
-    policy = Policy.with_user_rules(opts.policy_rules)
+    policy = Policy.with_user_rules(opts.policy_rules, include_default=opts.default_policy)
     maps = [*opts.maps, *builtin_name_maps(view_a.store.ckpt.config_data, view_a.names(), view_b.names())]
     b_names = set(view_b.names())
     pairs: list[tuple[str, str]] = []

@@ -38,6 +38,13 @@ from weightcheck.cli import (
     "before the built-in rules.",
 )
 @click.option(
+    "--no-default-policy",
+    "no_default_policy",
+    is_flag=True,
+    help="Only the --policy rules apply (the built-in ones compare every tensor): a tensor none matches is an "
+    "error (WC716).",
+)
+@click.option(
     "--allow-skip",
     multiple=True,
     help="Tensors (glob, or `re:REGEX`; whole name) that may be skipped or missing without failing. Repeatable.",
@@ -54,6 +61,7 @@ def diff(
     candidate: Path,
     maps: tuple[str, ...],
     policy_path: Path | None,
+    no_default_policy: bool,
     allow_skip: tuple[str, ...],
     progress: bool | None,
     download: bool,
@@ -100,6 +108,7 @@ def diff(
     options = DiffOptions(
         maps=name_maps,
         policy_rules=policy_rules,
+        default_policy=not no_default_policy,
         allow_skip=skip_entries,
         select=settings.select,
         ignore=settings.ignore,

@@ -3,9 +3,10 @@
 A policy is an ordered list of rules; the first rule whose pattern matches the tensor's logical name in
 checkpoint A wins. Patterns follow the one user-pattern syntax (`weightcheck.userpattern`): a glob or
 `re:REGEX`, matching the whole name; a bare pattern without a glob wildcard keeps the format's older reading,
-a regex searched anywhere in the name (`\\.experts\\.`, `bias$`, `lm_head`). A tensor that matches no rule
-is an error (WC716), never a silent pass. User rules (`--policy FILE`) come before the built-in ones, so they
-can override them.
+a regex searched anywhere in the name (`\\.experts\\.`, `bias$`, `lm_head`). User rules (`--policy FILE`) come
+before the built-in ones, so they can override them. The built-in rules end with one that takes any name
+(`auto`): every tensor is compared. With `--no-default-policy` only the user's rules apply, and a tensor that
+matches none of them is an error (WC716), never a silent pass.
 
 File format, one rule per line (`#` starts a comment):
 
@@ -56,6 +57,9 @@ DEFAULT_POLICY_TEXT = r"""
 _(scale|scale_inv|scale_2|zero_point|global_scale|g_idx|shape|packed)$  auto
 # Fused 3-D experts (transformers v5 save_original_format=False): no `.weight` suffix.
 \.experts\.(gate_up_proj|down_proj|gate_proj|up_proj)(_bias)?$  auto
+# Any other stored tensor (gpt-oss's attention sinks, SigLIP's probe and in_proj_weight, RWKV's time_* and
+# MiniMax's decay parameters, a rotary inv_freq buffer saved with the weights): compared as stored, never skipped.
+re:.*                                                     auto
 """
 
 

@@ -238,10 +238,11 @@ NO_POLICY_RULE = _diff_rule(
     "diff-no-policy-rule",
     Severity.ERROR,
     summary="No comparison policy rule matches the tensor's name.",
-    doc="Every tensor must be matched by a policy rule (built-in rules cover weights, biases, norms and "
-    "quantization parameters); an unknown kind of tensor is an error rather than a silent pass. Add a rule "
-    "with `--policy` or allow the skip.",
-    bad="model.rotary_emb.inv_freq: no comparison policy rule matches this name",
+    doc="With `--no-default-policy` only the `--policy` rules apply, and every tensor must be matched by one of "
+    "them: a tensor none matches is an error rather than a silent pass. (The built-in rules end with one that "
+    "compares any other tensor as stored: gpt-oss's attention sinks, SigLIP's probe, RWKV's time_* parameters.) "
+    "Add a rule with `--policy` or allow the skip.",
+    bad="--no-default-policy, a policy for `*.weight` only: model.rotary_emb.inv_freq matches no rule",
     good="a `--policy` line such as `inv_freq$ exact`",
     fix="add a --policy rule that matches the tensor's name",
     also=_ALLOWED_IS_INFO,
