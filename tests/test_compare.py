@@ -77,7 +77,7 @@ def test_policy_errors_name_the_line(line: str, error: str) -> None:
         parse_policy(f"ok exact\n{line}", source="p")
 
 
-def test_default_policy_covers_weights_and_rejects_unknown_kinds() -> None:
+def test_default_policy_covers_every_name_and_user_rules_alone_reject_unknown_kinds() -> None:
     policy = Policy(DEFAULT_RULES)
     for name in (
         "model.layers.0.self_attn.q_proj.weight",
@@ -86,10 +86,13 @@ def test_default_policy_covers_weights_and_rejects_unknown_kinds() -> None:
         "model.layers.0.mlp.experts.gate_up_proj",
         "lm_head.weight",
     ):
-        assert policy.rule_for(name) is not None, name
-    assert policy.rule_for("model.rotary_emb.inv_freq") is None
+        assert policy.rule_for(name).pattern != DEFAULT_RULES[-1].pattern, name  # a rule of its own kind
+    for name in ("model.rotary_emb.inv_freq", "model.layers.0.self_attn.sinks", "vision_tower.head.probe"):
+        assert policy.rule_for(name) == DEFAULT_RULES[-1], name  # compared as stored, never skipped
     user = Policy.with_user_rules(parse_policy(r"q_proj\.weight$ stat"))
     assert user.rule_for("model.layers.0.self_attn.q_proj.weight").tier == "stat"
+    alone = Policy.with_user_rules(parse_policy(r"q_proj\.weight$ stat"), include_default=False)
+    assert alone.rule_for("model.rotary_emb.inv_freq") is None
 
 
 # ---- ULPs and metrics ---------------------------------------------------------------------------

@@ -59,7 +59,7 @@ _(scale|scale_inv|scale_2|zero_point|global_scale|g_idx|shape|packed)$  auto
 \.experts\.(gate_up_proj|down_proj|gate_proj|up_proj)(_bias)?$  auto
 # Any other stored tensor (gpt-oss's attention sinks, SigLIP's probe and in_proj_weight, RWKV's time_* and
 # MiniMax's decay parameters, a rotary inv_freq buffer saved with the weights): compared as stored, never skipped.
-re:.*                                                     auto
+.+                                                        auto
 """
 
 
