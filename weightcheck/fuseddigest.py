@@ -165,6 +165,11 @@ def grid_programs(device: Any, n_blocks: int, programs: int | None = None) -> in
     under the interpreter), never more than there are blocks, and enough that none takes over MAX_STEPS."""
     if programs is None:
         programs = _multiprocessors(device.index) * PROGRAMS_PER_SM if device.type == "cuda" else INTERPRETER_PROGRAMS
+    return _fit_grid(n_blocks, programs)
+
+
+def _fit_grid(n_blocks: int, programs: int) -> int:
+    """`programs`, never more than there are blocks, and enough that none takes over MAX_STEPS."""
     return max(1, min(n_blocks, programs), triton_cdiv(n_blocks, MAX_STEPS))
 
 
@@ -192,7 +197,7 @@ def fused_stats_at(tensor: torch.Tensor, width: int, pattern: int, out_address: 
     n_full = n_bytes >> 2
     n_blocks = -(-n_full // BLOCK_WORDS)
     index = tensor.get_device()
-    programs = max(1, min(n_blocks, _multiprocessors(index) * PROGRAMS_PER_SM), -(-n_blocks // MAX_STEPS))
+    programs = _fit_grid(n_blocks, _multiprocessors(index) * PROGRAMS_PER_SM)
     iters = -(-n_blocks // programs)
     torch = torch_module()
     if index != torch.cuda.current_device():

@@ -45,7 +45,8 @@ def direct_supported(version: str, environ: Any = None) -> bool:
     return VERSIONS[0] <= (major, minor) <= VERSIONS[1]
 
 
-def _int_spec(value: int) -> tuple[bool, bool, bool, bool]:
+def int_key(value: int) -> tuple[bool, bool, bool, bool]:
+    """`launch_key`'s part for a runtime integer: the classes Triton specializes it on."""
     return (value == 1, value % 16 == 0, -(1 << 31) <= value < (1 << 31), value < (1 << 63))
 
 
@@ -56,9 +57,9 @@ def launch_key(device: int, runtime: tuple[Any, ...], constexprs: tuple[Any, ...
         if isinstance(arg, bool):  # Triton's u1: by value, to be safe
             parts.append(("bool", arg))
         elif isinstance(arg, int):
-            parts.append(_int_spec(arg))
+            parts.append(int_key(arg))
         else:
-            parts.append((arg.dtype, arg.data_ptr() % 16 == 0))
+            parts.append(pointer_key(arg.dtype, arg.data_ptr()))
     return tuple(parts)
 
 
@@ -68,13 +69,9 @@ def pointer_key(dtype: Any, address: int) -> tuple[Any, bool]:
 
 
 def raw_key(device: int, specs: tuple[Any, ...], constexprs: tuple[Any, ...], num_warps: int) -> tuple[Any, ...]:
-    """`launch_key` of a launch whose runtime parts are given already (`pointer_key`, `_int_spec`): equal to
+    """`launch_key` of a launch whose runtime parts are given already (`pointer_key`, `int_key`): equal to
     `launch_key` of the same launch with tensors (tests/test_tritonlaunch.py)."""
     return (device, num_warps, constexprs, *specs)
-
-
-def int_key(value: int) -> tuple[bool, bool, bool, bool]:
-    return _int_spec(value)
 
 
 def _hooks_idle(knobs: Any) -> bool:

@@ -155,8 +155,8 @@ _EDGE_NOTE = (
 
 def _edge_run(ids: list[int], layers: list[int]) -> bool:
     """The layers form one run at the start or the end of their kind's stack (`layers`, sorted)."""
-    count = len(ids)
-    return count < len(layers) and (sorted(ids) == layers[:count] or sorted(ids) == layers[-count:])
+    run, count = sorted(ids), len(ids)
+    return count < len(layers) and run in (layers[:count], layers[-count:])
 
 
 def _pattern_known(ctx: LintContext) -> bool:
