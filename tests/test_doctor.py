@@ -171,3 +171,61 @@ def test_log_signal_phrases_each_on_the_log_line(tmp_path: Path) -> None:
     assert "long.log:2" in by["WC851"].message  # the over-long line is skipped, the next one still read
     assert any("stuck.log" in n for n in result.notes)
     assert next(x for x in lines if x.key == "log-signals").verdict == PROBLEM
+
+
+# The lines a Megatron trainer prints before it loads anything, as Megatron-LM prints them
+# (megatron/training/arguments.py `using world size: ...`; megatron/training/training.py `get_model`'s parameter
+# count, NVIDIA/Megatron-LM d98e8a6), and the line slime and miles log when --load is a Hugging Face
+# checkpoint (`_load_checkpoint_hf` in slime/backends/megatron_utils/checkpoint.py, THUDM/slime 624b824, and
+# miles/backends/megatron_utils/checkpoint.py, radixark/miles 31f1ca9).
+MEGATRON_START = (
+    "using world size: 2, data-parallel size: 1, context-parallel size: 1, hierarchical context-parallel sizes: "
+    "None, tensor-model-parallel size: 1, pipeline-model-parallel size: 2\n"
+    " > number of parameters on (tensor, gtp_weight_remat, pipeline) model parallel rank (0, 0, 0): 520192\n"
+)
+SLIME_HF_LOAD = "Load checkpoint from HuggingFace model into Megatron (path={load})\n"
+
+
+def _loaded_line(run: Path) -> Any:
+    _, lines = api.doctor(run, config=False)
+    return next(x for x in lines if x.key == "checkpoint-loaded")
+
+
+def test_engine_logs_alone_say_nothing_about_megatrons_load(tmp_path: Path) -> None:
+    """An SGLang log (or Ray's, or any log without a Megatron trainer's lines) lacks the load line because
+    it is not the trainer's log: the line is not checked, never a WC850 error."""
+    run = tmp_path / "run"
+    run.mkdir()
+    (run / "sglang.log").write_text(SGLANG_LOG)
+    (run / "raylet.out").write_text("[2026-11-20 10:00:00,001 I 1 1] main.cc:200: Starting raylet\n")
+    result, lines = api.doctor(run, config=False)
+    line = next(x for x in lines if x.key == "checkpoint-loaded")
+    assert line.verdict == NOT_CHECKED and "trainer" in line.why_not, (line.verdict, line.why_not)
+    assert "WC850" not in {f.code for f in result.findings}
+    # the bad twin: the trainer's log is among them, and it never loaded -> WC850 names that log
+    (run / "trainer.log").write_text(MEGATRON_START + "training ...\n")
+    result, lines = api.doctor(run, config=False)
+    wc850 = [f for f in result.findings if f.code == "WC850"]
+    assert len(wc850) == 1 and "trainer.log" in wc850[0].message and "sglang.log" not in wc850[0].message
+
+
+def test_slime_and_miles_loading_a_hugging_face_checkpoint_is_loaded(tmp_path: Path) -> None:
+    """slime and miles load a Hugging Face checkpoint given as --load into Megatron themselves: no
+    latest_checkpointed_iteration.txt, no Megatron 'successfully loaded' line, their own log line instead."""
+    from conftest import BUILDERS
+
+    run = tmp_path / "run"
+    load = BUILDERS["llama"](run / "load")  # transformers save_pretrained
+    (run / "trainer.log").write_text(MEGATRON_START + SLIME_HF_LOAD.format(load=load))
+    line = _loaded_line(run)
+    assert line.verdict == OK, (line.verdict, line.evidence)
+    assert any("Hugging Face checkpoint" in e for e in line.evidence)
+    assert any("Load checkpoint from HuggingFace" in e for e in line.evidence)
+    # bad twins: a load folder that is neither a Megatron checkpoint nor a Hugging Face one, and a trainer
+    # log without the line
+    (load / "config.json").unlink()
+    assert _loaded_line(run).verdict == PROBLEM
+    (load / "config.json").write_text("{}")
+    (run / "trainer.log").write_text(MEGATRON_START)
+    line = _loaded_line(run)
+    assert line.verdict == PROBLEM and any("no 'loaded checkpoint from' line" in e for e in line.evidence)

@@ -3,8 +3,10 @@ their order for one run, from whatever the run left on disk.
 
 Checklist (the guides' "first training step" section, then their log-reading section):
 
-1. checkpoint-loaded   Megatron loaded the checkpoint: `latest_checkpointed_iteration.txt` in the load dir,
-                       "successfully loaded checkpoint from" in the trainer log (WC850)
+1. checkpoint-loaded   Megatron loaded the checkpoint: `latest_checkpointed_iteration.txt` in the load dir
+                       (or a Hugging Face checkpoint there, which slime and miles load themselves),
+                       "successfully loaded checkpoint from" in the trainer log (WC850); logs without a
+                       Megatron trainer's lines (an engine's, Ray's) are not evidence either way
 2. checkpoint-lint     the HF checkpoint the engine serves is complete and consistent (`lint`)
 3. weight-sync         the first sync put every tensor under the right name (`verify`; PP/EP offsets)
 4. buffers             engine buffers survive release_memory_occupation (`verify`'s engine-state checks)
@@ -77,7 +79,8 @@ CHECKLIST = (
 NEXT_STEPS = {
     "checkpoint-loaded": "Fix --load / --ref-load: Megatron needs a directory holding "
     "latest_checkpointed_iteration.txt "
-    "(or --ckpt-step N); look for 'successfully loaded checkpoint from' in the trainer log.",
+    "(or --ckpt-step N), or, in slime and miles, a Hugging Face checkpoint folder; look for 'successfully loaded "
+    "checkpoint from' in the trainer log.",
     "checkpoint-lint": "Fix the conversion (missing shards, ignore list not covering mlp.gate / embeddings) "
     "and re-convert.",
     "weight-sync": "Fix the parameter name mapping for the stage or expert group named (pp_size > 1: the second "
@@ -226,8 +229,17 @@ SIGNALS = (
     ),
     Signal(None, "weight-sync", re.compile(r"weight_sync")),
 )
-_LOADED = re.compile(r"loaded checkpoint from", re.I)
+# Megatron-LM's `successfully loaded checkpoint from {load_dir} [ t .., p .. ] at iteration N`
+# (megatron/training/checkpointing.py), and slime's and miles' own line when --load is a Hugging Face checkpoint,
+# which they load into Megatron without Megatron's loader: `Load checkpoint from HuggingFace model into Megatron
+# (path=...)` (`_load_checkpoint_hf` in {slime,miles}/backends/megatron_utils/checkpoint.py).
+_LOADED = re.compile(r"loaded checkpoint from|Load checkpoint from HuggingFace model into Megatron", re.I)
 _NOT_LOADED = re.compile(r"will not load any checkpoints and will start from random", re.I)
+# Lines only a Megatron trainer's log holds (megatron/training/arguments.py's `using world size: N, ...`, the
+# model builder's ` > number of parameters on (tensor, [...,] pipeline) model parallel rank ...`, the checkpoint
+# tracker warning), besides the load lines above. A log without any is an engine's, Ray's or another tool's:
+# its lack of a load line says nothing about Megatron.
+_TRAINER = re.compile(r"using world size: \d|number of parameters on \(tensor|could not find the metadata file")
 _JSON_DECODE = re.compile(r"JSONDecodeError")
 _INDUCTOR = re.compile(r"torch/_inductor|torch\._inductor|inductor", re.I)
 
@@ -238,6 +250,7 @@ class LogScan:
     lines: int = 0
     loaded: list[str] = field(default_factory=list)
     not_loaded: list[str] = field(default_factory=list)
+    trainer_logs: list[str] = field(default_factory=list)  # the files with a Megatron trainer's lines
     hits: dict[str, list[str]] = field(default_factory=dict)
     unreadable: list[str] = field(default_factory=list)
     capped: list[str] = field(default_factory=list)
@@ -271,13 +284,18 @@ def scan_logs(logs: list[Path], run: Path) -> LogScan:
         try:
             recent: list[str] = []  # the last lines, to tell an inductor JSONDecodeError from another
             count = 0
+            trainer = False
             for number, text in read_lines(path):
                 count = number
                 where = f"{label}:{number}"
                 if _LOADED.search(text):
                     scan.loaded.append(f"{where}: {text.strip()[:200]}")
+                    trainer = True
                 if _NOT_LOADED.search(text):
                     scan.not_loaded.append(f"{where}: {text.strip()[:200]}")
+                    trainer = True
+                if not trainer and _TRAINER.search(text):
+                    trainer = True
                 for signal in SIGNALS:
                     if signal.pattern.search(text):
                         scan.hits.setdefault(signal.key, []).append(f"{where}: {text.strip()[:200]}")
@@ -286,6 +304,8 @@ def scan_logs(logs: list[Path], run: Path) -> LogScan:
                 recent = [*recent[-30:], text]
             scan.files += 1
             scan.lines += count
+            if trainer:
+                scan.trainer_logs.append(label)
             try:
                 if path.stat().st_size > MAX_LOG_BYTES:
                     scan.capped.append(label)
@@ -298,8 +318,15 @@ def scan_logs(logs: list[Path], run: Path) -> LogScan:
     return scan
 
 
-def _log_names(logs: list[Path], run: Path) -> str:
-    return ", ".join(_rel(p, run) for p in logs[:4]) + (", …" if len(logs) > 4 else "")
+def _names(labels: list[str]) -> str:
+    return ", ".join(labels[:4]) + (", …" if len(labels) > 4 else "")
+
+
+def _is_file(path: Path) -> bool:
+    try:
+        return path.is_file()
+    except OSError:
+        return False
 
 
 def _rel(path: Path, run: Path) -> str:
@@ -372,6 +399,14 @@ def doctor(
     for load in inputs.loads:
         looked = True
         tracker = load / "latest_checkpointed_iteration.txt"
+        if not _is_file(tracker) and _is_file(load / "config.json"):
+            # slime and miles load a Hugging Face checkpoint given as --load / --ref-load into Megatron
+            # themselves (their `_load_checkpoint_hf`); it needs no tracker, and lint checks it (line 2).
+            line.evidence.append(
+                f"{_rel(load, run)}: a Hugging Face checkpoint (config.json, no latest_checkpointed_iteration.txt); "
+                "slime and miles load it into Megatron directly"
+            )
+            continue
         try:
             text = safe_io.read_text(tracker, 4096, name=str(tracker)).strip()
         except safe_io.UnsafePath as exc:
@@ -394,7 +429,7 @@ def doctor(
                     file=_rel(tracker, run),
                 )
             )
-    if scan is not None and scan.files:
+    if scan is not None and scan.trainer_logs:
         looked = True
         if scan.not_loaded:
             problems.append(
@@ -410,7 +445,7 @@ def doctor(
             problems.append(
                 _finding(
                     "WC850",
-                    f"no 'loaded checkpoint from' line in {scan.files} log file(s) ({_log_names(inputs.logs, run)})",
+                    f"no 'loaded checkpoint from' line in the trainer log(s) ({_names(scan.trainer_logs)})",
                     file=None,
                 )
             )
@@ -418,6 +453,12 @@ def doctor(
         line.verdict = _verdict_of(problems)
         line.evidence = _evidence(problems) + line.evidence
         result.findings.extend(problems)
+    elif scan is not None and scan.files:
+        line.why_not = (
+            f"none of the {scan.files} log file(s) is a Megatron trainer's (no 'using world size', 'number of "
+            "parameters on (tensor, ...)' or checkpoint-load line), and no load directory was found; pass the "
+            "trainer's stdout with --log"
+        )
     else:
         line.why_not = "no Megatron load directory (latest_checkpointed_iteration.txt) and no log file found"
 

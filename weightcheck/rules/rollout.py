@@ -263,7 +263,12 @@ _rule(
     with `latest_checkpointed_iteration.txt` (miles FAQ). Megatron-LM prints
     `successfully loaded checkpoint from {load_dir} [ t .., p .. ] at iteration N` when it loaded, and
     `WARNING: could not find the metadata file ... will not load any checkpoints and will start from random`
-    when it did not (`megatron/training/checkpointing.py`).
+    when it did not (`megatron/training/checkpointing.py`). slime and miles also take a Hugging Face
+    checkpoint as --load / --ref-load and load it into Megatron themselves, logging `Load checkpoint from
+    HuggingFace model into Megatron (path=...)` (`_load_checkpoint_hf` in their
+    `backends/megatron_utils/checkpoint.py`): such a folder and that line are evidence of a load too. Only a
+    log with a Megatron trainer's lines (`using world size: ...`, `number of parameters on (tensor, ...`, a load
+    line) is read for this: an SGLang or Ray log without the line says nothing about Megatron.
     """,
     "trainer.log: no 'loaded checkpoint from' line; load/ lacks latest_checkpointed_iteration.txt",
     "trainer.log:812:  successfully loaded checkpoint from /ckpt [ t 1/1, p 1/1 ] at iteration 0",
