@@ -144,6 +144,14 @@ OTHER: dict[str, tuple[str, str]] = {
     ),
     "WC807": ("test_rollout.py::test_degenerate_rewards_and_masks", "test_rollout.py::test_clean_dumps_are_clean"),
     "WC809": ("test_rollout.py::test_degenerate_rewards_and_masks", "test_rollout.py::test_clean_dumps_are_clean"),
+    "WC433": (
+        "test_peft_adapters.py::test_wc433_fix_text_applied",
+        "test_peft_adapters.py::test_wc433_fix_text_applied",
+    ),
+    "WC502": (
+        "test_peft_adapters.py::test_wc502_fix_text_applied",
+        "test_peft_adapters.py::test_wc502_fix_text_applied",
+    ),
     "WC850": (
         "test_fix_texts_rollout.py::test_wc850_fix_text_applied",
         "test_fix_texts_rollout.py::test_wc850_fix_text_applied",

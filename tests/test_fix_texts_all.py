@@ -878,6 +878,8 @@ APPLIED_ELSEWHERE = {"WC202", "WC304", "WC309", "WC110", "WC720", "WC721", "WC73
 # candidate in diff; engine-state, FP8-cast, kept-tensor, stacked/expert and fused-pair loader syncs, and
 # SGLang's /weights_checker on a tapped engine).
 APPLIED_ELSEWHERE |= {"WC717", "WC730", "WC733", "WC736", "WC737", "WC740", "WC741", "WC742", "WC743", "WC745"}
+# WC433, WC502 (PEFT adapters): tests/test_peft_adapters.py re-saves the adapter / sets r as the texts say.
+APPLIED_ELSEWHERE |= {"WC433", "WC502"}
 
 
 # ---- WC7xx diff: candidate B is the reference A after a faulty conversion step --------------------------

@@ -67,6 +67,7 @@ LAYERS: list[tuple[str, tuple[str, ...]]] = [
             "weightcheck.tap",
             "weightcheck.rollouts.loading",
             "weightcheck.rollouts.readers",
+            "weightcheck.runlogs",
         ),
     ),
     (

@@ -133,6 +133,17 @@ class Checkpoint:
         listed = self.all_tensors()
         return sorted(listed if len(listed) == len(names) else names)
 
+    def peft_adapter(self) -> dict[str, Any] | None:
+        """The adapter_config.json of a PEFT adapter folder (`peft_type` set, no config.json: the base model's
+        config lives with the base model); None for a model checkpoint."""
+        if self.config is not None and self.config.exists:
+            return None
+        doc = self.extra_json.get("adapter_config.json")
+        data = doc.data if doc is not None else None
+        if isinstance(data, dict) and isinstance(data.get("peft_type"), str):
+            return data
+        return None
+
     @property
     def bytes_read(self) -> int:
         return sum(r.bytes_read for r in self.shards.values())
@@ -314,7 +325,7 @@ def load_checkpoint(target: str | os.PathLike[str] | FileSource) -> Checkpoint:
 PICKLE_SUFFIXES = (".bin", ".pt", ".pth", ".ckpt")
 
 # JSON files read besides config.json and the index (each whole, each size-capped).
-EXTRA_JSON = ("hf_quant_config.json", "generation_config.json")
+EXTRA_JSON = ("hf_quant_config.json", "generation_config.json", "adapter_config.json")
 
 
 def load_from_source(source: FileSource) -> Checkpoint:

@@ -372,3 +372,28 @@ def with_ids(name: str, layer: int | None = None, expert: int | None = None) -> 
     if expert is not None and len(new) > 1:
         new[1] = str(expert)
     return expand_template(parts, tuple(new))
+
+
+# ---- PEFT adapters ---------------------------------------------------------------------------------------
+# PEFT's `save_pretrained` writes a LoRA adapter's tensors under the wrapper path `base_model.model.` + the
+# base model's module path (PeftModel.base_model is the LoraModel, whose `.model` is the base model), with the
+# adapter's name taken out: `base_model.model.model.layers.0.self_attn.q_proj.lora_A.weight`. vLLM strips
+# the prefix when it maps them (`parse_fine_tuned_lora_name`); the doubled `model.model.` is PEFT's, not a
+# writer's bug.
+PEFT_PREFIX = "base_model.model."
+# The LoRA factor leaves, as PEFT names them: Linear/Conv `lora_A.weight`/`lora_B.weight` (`lora_B.bias` with
+# lora_bias), Embedding `lora_embedding_A`/`lora_embedding_B`; DoRA's `lora_magnitude_vector` has no pair.
+LORA_FACTORS = {
+    "lora_A.weight": ("A", "lora_B.weight"),
+    "lora_B.weight": ("B", "lora_A.weight"),
+    "lora_embedding_A": ("A", "lora_embedding_B"),
+    "lora_embedding_B": ("B", "lora_embedding_A"),
+}
+
+
+def lora_factor(name: str) -> tuple[str, str] | None:
+    """(module, factor leaf) of a LoRA factor tensor (`...q_proj`, `lora_A.weight`); None for any other name."""
+    for leaf in LORA_FACTORS:
+        if name.endswith(leaf) and name[-len(leaf) - 1 : -len(leaf)] == ".":
+            return name[: -len(leaf) - 1], leaf
+    return None

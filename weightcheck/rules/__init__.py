@@ -34,6 +34,7 @@ RULE_MODULES_BY_COMMAND: dict[str, tuple[str, ...]] = {
         "weightcheck.rules.arch",
         "weightcheck.rules.fused_experts",
         "weightcheck.rules.expert_layout",
+        "weightcheck.rules.adapter",
         "weightcheck.rules.content",
         "weightcheck.fixes",
     ),

@@ -206,7 +206,7 @@ def shard_numbering(ctx: LintContext) -> None:
     "WC107",
     "config-invalid",
     Severity.ERROR,
-    also=(Severity.WARNING,),
+    also=(Severity.WARNING, Severity.INFO),
     summary="config.json is missing, is not JSON, or lacks the fields loaders need.",
     bad='config.json: {"hidden_size": 64,   (truncated JSON) — or no config.json at all',
     good='config.json with "model_type", "architectures" and "num_hidden_layers".',
@@ -217,9 +217,23 @@ def config_invalid(ctx: LintContext) -> None:
     config fails at load (Mistral's native layout, `params.json` beside `consolidated*.safetensors`, is a warning:
     vLLM's Mistral format loads it), and a config without `num_hidden_layers` (or the aliases some classes use instead:
     `n_layer`, `num_layers`, `n_layers`) or `model_type` prevents weightcheck's own layer-coverage checks (they
-    are then skipped, and this finding says so)."""
+    are then skipped, and this finding says so). A PEFT adapter (adapter_config.json, no config.json) is loaded
+    on top of its base model, whose config.json lives there: an info that says which checks that skips."""
     cfg = ctx.ckpt.config
     if cfg is None or not cfg.exists:
+        adapter = ctx.ckpt.peft_adapter()
+        if adapter is not None:
+            base = adapter.get("base_model_name_or_path")
+            ctx.report(
+                f"no config.json: this is a PEFT {str(adapter.get('peft_type'))[:20]} adapter (adapter_config.json)"
+                f"{f' for {str(base)[:200]}' if isinstance(base, str) and base else ''}, loaded on top of its base "
+                "model (SGLang --lora-paths, vLLM --lora-modules, PEFT from_pretrained); checks that need the base "
+                "model's config.json (layer counts, shapes) are skipped",
+                file="adapter_config.json",
+                severity=Severity.INFO,
+                fix="nothing to fix in the adapter; lint the base model's checkpoint for those checks",
+            )
+            return
         if "params.json" in ctx.ckpt.other_files and any(f.startswith(KNOWN_UNINDEXED) for f in ctx.ckpt.files_on_disk):
             # Mistral's own layout: a valid checkpoint for vLLM's Mistral format, not for the HF loaders.
             ctx.report(

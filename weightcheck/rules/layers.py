@@ -11,7 +11,7 @@ from collections import defaultdict
 from weightcheck.collapse import ids_pattern, summarize
 from weightcheck.findings import Severity
 from weightcheck.lazyregex import LazyRegex
-from weightcheck.names import last_segments_fixed
+from weightcheck.names import PEFT_PREFIX, last_segments_fixed
 from weightcheck.rules import LintContext, name_templates, rule
 from weightcheck.structure import LAYER_COUNT_KEYS, MAX_PLAUSIBLE, LayerStructure, analyze, majority
 
@@ -300,6 +300,10 @@ def repeated_path_segment(ctx: LintContext) -> None:
             if prefix in bad_parts and count:
                 doubled.extend(n for n in ctx.ckpt.tensor_names() if n.startswith(prefix + "."))
     doubled = sorted(set(doubled) - _architecture_names(ctx))
+    if doubled and ctx.ckpt.peft_adapter() is not None:
+        # PEFT's own wrapper path (`base_model.model.` + the base model's `model.layers...`): judged without it
+        cut = len(PEFT_PREFIX)
+        doubled = [n for n in doubled if not n.startswith(PEFT_PREFIX) or _REPEATED_SEGMENT.search(n[cut:])]
     if not doubled:
         return
     if _pattern_known(ctx):

@@ -1,0 +1,173 @@
+"""PEFT LoRA adapters as PEFT's own `save_pretrained` writes them (adapter_config.json, adapter_model.safetensors
+under `base_model.model.` + the base model's names, no config.json): clean adapters of every common shape lint
+without an error or a warning (they were two false errors: "config.json is missing" and WC405's doubled
+`model.model.`), and each defect planted in one (a factor dropped, a factor of another rank, a config that gives
+another rank) is named: WC433, WC502. PEFT's own loader is run on the defects to show they are real."""
+
+from __future__ import annotations
+
+import json
+import warnings
+from pathlib import Path
+from typing import Any
+
+import pytest
+from factories import edit_tensors
+
+from weightcheck.linting import lint
+
+peft = pytest.importorskip("peft")
+
+TINY = dict(hidden_size=64, num_attention_heads=4, num_key_value_heads=2, vocab_size=128)
+LLAMA = dict(TINY, intermediate_size=128, num_hidden_layers=3, tie_word_embeddings=False)
+QWEN3_MOE = dict(TINY, intermediate_size=128, moe_intermediate_size=32, num_hidden_layers=2, head_dim=16,
+                 num_experts=4, num_experts_per_tok=2, tie_word_embeddings=False)  # fmt: skip
+
+# name -> (base model, LoraConfig arguments): the shapes of adapter people train and serve
+VARIANTS: dict[str, tuple[str, dict[str, Any]]] = {
+    "q-v": ("llama", dict(r=4, target_modules=["q_proj", "v_proj"])),
+    "rank-pattern": ("llama", dict(r=4, target_modules=["q_proj", "v_proj"],
+                                   rank_pattern={"layers.0.self_attn.q_proj": 8},
+                                   alpha_pattern={"layers.1.self_attn.v_proj": 32})),
+    "some-layers": ("llama", dict(r=4, target_modules=["q_proj", "v_proj"], layers_to_transform=[0, 2])),
+    "modules-to-save": ("llama", dict(r=4, target_modules=["q_proj", "v_proj"], modules_to_save=["lm_head"])),
+    "all-linear": ("llama", dict(r=4, target_modules="all-linear")),
+    "dora": ("llama", dict(r=4, target_modules=["q_proj", "v_proj"], use_dora=True)),
+    "embedding": ("llama", dict(r=4, target_modules=["embed_tokens", "q_proj"])),
+    "moe-all-linear": ("qwen3_moe", dict(r=4, target_modules="all-linear")),
+    "moe-expert-params": ("qwen3_moe", dict(r=4, target_modules=["q_proj"],
+                                            target_parameters=["mlp.experts.gate_up_proj", "mlp.experts.down_proj"])),
+}  # fmt: skip
+
+
+def _base(kind: str) -> Any:
+    import torch
+    from transformers import AutoModelForCausalLM, LlamaConfig, Qwen3MoeConfig
+
+    torch.manual_seed(0)
+    cfg = LlamaConfig(**LLAMA) if kind == "llama" else Qwen3MoeConfig(**QWEN3_MOE)
+    return AutoModelForCausalLM.from_config(cfg)
+
+
+def _peft_model(kind: str, lora: dict[str, Any]) -> Any:
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # PEFT's notes on embedding targets and unused pattern keys
+        return peft.get_peft_model(_base(kind), peft.LoraConfig(**lora))
+
+
+def _save(model: Any, path: Path) -> Path:
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        model.save_pretrained(path)
+    return path
+
+
+def _codes(path: Path) -> dict[str, set[str]]:
+    out: dict[str, set[str]] = {}
+    for f in lint(path).findings:
+        out.setdefault(f.severity.name.lower(), set()).add(f.code)
+    return out
+
+
+@pytest.fixture(scope="module")
+def adapters(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
+    root = tmp_path_factory.mktemp("peft")
+    return {name: _save(_peft_model(kind, lora), root / name) for name, (kind, lora) in VARIANTS.items()}
+
+
+@pytest.mark.parametrize("variant", sorted(VARIANTS))
+def test_clean_adapters_have_no_error_or_warning(adapters: dict[str, Path], variant: str) -> None:
+    path = adapters[variant]
+    assert not (path / "config.json").exists()
+    result = lint(path)
+    assert not [f for f in result.findings if f.severity.name in ("ERROR", "WARNING")], [
+        (f.code, f.message) for f in result.findings
+    ]
+    assert result.exit_code() == 0 and not result.nothing_checked
+    wc107 = [f for f in result.findings if f.code == "WC107"]
+    assert len(wc107) == 1 and "PEFT LORA adapter" in wc107[0].message and wc107[0].severity.name == "INFO"
+
+
+def test_a_model_folder_without_config_is_still_an_error(tmp_path: Path) -> None:
+    """The adapter exception needs adapter_config.json: the same safetensors file alone is a checkpoint
+    without its config (WC107 error), and a doubled prefix is still WC405."""
+    from safetensors.torch import save_file
+
+    base = _base("llama")
+    save_file({f"model.{k}": v.contiguous() for k, v in base.state_dict().items()}, tmp_path / "model.safetensors")
+    codes = _codes(tmp_path)
+    assert {"WC107", "WC405"} <= codes.get("error", set()), codes
+
+
+def test_doubled_prefix_inside_an_adapter_is_still_reported(adapters: dict[str, Path], tmp_path: Path) -> None:
+    import shutil
+
+    path = Path(shutil.copytree(adapters["q-v"], tmp_path / "a"))
+
+    def double(tensors: dict[str, Any]) -> None:
+        for name in list(tensors):
+            tensors[name.replace("base_model.model.model.", "base_model.model.model.model.")] = tensors.pop(name)
+
+    edit_tensors(path, double)
+    assert "WC405" in _codes(path).get("error", set())
+
+
+def _copy(adapters: dict[str, Path], variant: str, dest: Path) -> Path:
+    import shutil
+
+    return Path(shutil.copytree(adapters[variant], dest))
+
+
+Q0 = "base_model.model.model.layers.0.self_attn.q_proj"
+
+
+def test_wc433_fix_text_applied(adapters: dict[str, Path], tmp_path: Path) -> None:
+    """A converter that kept only the tensors matching `lora_A`: q_proj's lora_B is gone. PEFT loads the
+    adapter with a warning and a zero update for that module; lint names it. The fix text (re-save from the
+    trained PeftModel) clears it."""
+    path = _copy(adapters, "q-v", tmp_path / "a")
+    edit_tensors(path, lambda tensors: tensors.pop(f"{Q0}.lora_B.weight"))
+    result = lint(path)
+    found = [f for f in result.findings if f.code == "WC433"]
+    assert len(found) == 1 and "lora_B.weight" in found[0].message and "layers.0.self_attn.q_proj" in found[0].message
+    assert result.exit_code() == 1
+    assert "re-save the adapter" in found[0].fix
+    with pytest.warns(UserWarning, match="missing adapter keys"):  # PEFT's loader sees the same defect
+        peft.PeftModel.from_pretrained(_base("llama"), path)
+    kind, lora = VARIANTS["q-v"]
+    _save(_peft_model(kind, lora), path)  # the fix, done literally
+    assert "WC433" not in {f.code for f in lint(path).findings}
+
+
+def test_wc502_fix_text_applied(adapters: dict[str, Path], tmp_path: Path) -> None:
+    """adapter_config.json says r = 8 while the factors hold rank 4 (a converter wrote the config of another
+    run): PEFT refuses the tensors at load; lint names every module. Setting r to the rank the factors hold (the
+    fix text's second way) clears it. A rank_pattern that gives another rank to some modules stays clean."""
+    path = _copy(adapters, "q-v", tmp_path / "a")
+    cfg_path = path / "adapter_config.json"
+    cfg = json.loads(cfg_path.read_text())
+    cfg_path.write_text(json.dumps({**cfg, "r": 8}))
+    found = [f for f in lint(path).findings if f.code == "WC502"]
+    assert len(found) == 1 and "rank 4" in found[0].message and "r = 8" in found[0].message, found
+    assert "6 LoRA module(s)" in found[0].message
+    with pytest.raises(RuntimeError, match="size mismatch"):
+        peft.PeftModel.from_pretrained(_base("llama"), path)
+    assert "set r / rank_pattern to the rank the factors hold" in found[0].fix
+    cfg_path.write_text(json.dumps({**cfg, "r": 4}))
+    assert "WC502" not in {f.code for f in lint(path).findings}
+
+
+def test_wc502_factors_of_different_ranks(adapters: dict[str, Path], tmp_path: Path) -> None:
+    """One module's lora_B was cut to rank 3 while its lora_A has rank 4: the factors cannot multiply."""
+    import torch
+
+    path = _copy(adapters, "rank-pattern", tmp_path / "a")
+
+    def cut(tensors: dict[str, Any]) -> None:
+        name = "base_model.model.model.layers.1.self_attn.v_proj.lora_B.weight"
+        tensors[name] = torch.zeros(tensors[name].shape[0], 3, dtype=tensors[name].dtype)
+
+    edit_tensors(path, cut)
+    found = [f for f in lint(path).findings if f.code == "WC502"]
+    assert any("rows differ from their lora_B columns" in f.message and "layers.1.self_attn.v_proj" in f.message
+               for f in found), [f.message for f in found]  # fmt: skip
