@@ -301,3 +301,31 @@ def test_api_validate_with_compressed_tensors_missing_raises(monkeypatch) -> Non
     monkeypatch.setitem(sys.modules, "compressed_tensors", None)
     with pytest.raises(weightcheck.MissingDependency, match="\\[quant\\]"):
         weightcheck.lint(SAMPLE_CT, config=False, validate_with="compressed-tensors")
+
+
+# ---- a selection the target or the options rule out ---------------------------------------------------
+def test_selecting_only_content_rules_without_content_checks_nothing(make_ckpt) -> None:
+    """`lint CKPT --select WC601` (NaN/Inf) without --content ran no rule and printed "clean", exit 0: the
+    user read it as "no NaN". Now exit 3 and a note naming the rules and the option; with --content it runs
+    (and finds the planted NaN); a selection that still runs something keeps its exit and notes the rest."""
+    import torch
+    from factories import edit_tensors
+
+    path = make_ckpt("llama")
+    name = "model.layers.1.mlp.down_proj.weight"
+
+    def poison(tensors: dict) -> None:
+        tensors[name] = tensors[name].clone()
+        tensors[name][0, 0] = torch.nan
+
+    edit_tensors(path, poison)
+    out = wc("lint", str(path), "--select", "WC601")
+    assert out.returncode == 3, out.stdout + out.stderr
+    assert "WC601 need tensor data: not run without --content" in out.stdout + out.stderr
+    out = wc("lint", str(path), "--select", "WC601", "--content")
+    assert out.returncode == 1 and "WC601" in out.stdout, out.stdout + out.stderr
+    out = wc("lint", str(path), "--select", "WC601,WC201")
+    assert out.returncode == 0 and "not run without --content" in out.stdout + out.stderr
+    config = path / "config.json"
+    out = wc("lint", str(config), "--select", "WC201")  # a config alone: index rules need the weights
+    assert out.returncode == 3 and "not run on a config without weights" in out.stdout + out.stderr

@@ -171,3 +171,41 @@ def test_wc502_factors_of_different_ranks(adapters: dict[str, Path], tmp_path: P
     found = [f for f in lint(path).findings if f.code == "WC502"]
     assert any("rows differ from their lora_B columns" in f.message and "layers.1.self_attn.v_proj" in f.message
                for f in found), [f.message for f in found]  # fmt: skip
+
+
+def _trained(kind: str, lora: dict[str, Any]) -> Any:
+    """A PEFT model whose zero-initialised factors hold values, as after a training step."""
+    import torch
+
+    model = _peft_model(kind, lora)
+    with torch.no_grad():
+        for name, param in model.named_parameters():
+            if name.endswith(("lora_B.default.weight", "lora_embedding_A.default")):
+                param.normal_(0, 0.02)
+    return model
+
+
+def test_content_an_untrained_adapter_is_a_warning_a_lost_update_an_error(adapters: dict[str, Path],
+                                                                           tmp_path: Path) -> None:  # fmt: skip
+    """`lint --content`: PEFT starts lora_B (Embedding: lora_embedding_A) at zero, so a fresh adapter's
+    factors are all zeros by design: one WC602 warning that the adapter adds nothing, no error. A trained
+    adapter has none; one whose lora_B went back to zeros while the others kept their values lost that update:
+    a WC602 error naming it."""
+    fresh = lint(adapters["embedding"], options={"content": True})
+    wc602 = [f for f in fresh.findings if f.code == "WC602"]
+    assert [f.severity.name for f in wc602] == ["WARNING"] and "adds nothing" in wc602[0].message
+    assert "embed_tokens.lora_embedding_A" in wc602[0].message and fresh.exit_code() == 0
+
+    kind, lora = VARIANTS["embedding"]
+    path = _save(_trained(kind, lora), tmp_path / "trained")
+    assert "WC602" not in {f.code for f in lint(path, options={"content": True}).findings}
+
+    import torch
+
+    def lose(tensors: dict[str, Any]) -> None:
+        tensors[f"{Q0}.lora_B.weight"] = torch.zeros_like(tensors[f"{Q0}.lora_B.weight"])
+
+    edit_tensors(path, lose)
+    found = [f for f in lint(path, options={"content": True}).findings if f.code == "WC602"]
+    assert [f.severity.name for f in found] == ["ERROR"], [(f.severity, f.message) for f in found]
+    assert "lost their update" in found[0].message and "layers.0.self_attn.q_proj.lora_B" in found[0].message

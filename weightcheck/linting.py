@@ -193,8 +193,19 @@ def _existing_local(path: Path) -> _LocalTarget | None:
     return _LocalTarget(Path(text))
 
 
+def _explicit(select: Iterable[str]) -> bool:
+    """The user chose rules (`--select`), beyond the default of all."""
+    chosen = [s.strip().upper() for s in select]
+    return bool(chosen) and chosen != ["ALL"]
+
+
+def _codes(codes: list[str]) -> str:
+    return ", ".join(codes[:6]) + (f" and {len(codes) - 6} more" if len(codes) > 6 else "")
+
+
 def _lint(path: Path, select: Iterable[str], ignore: Iterable[str], options: dict[str, Any] | None) -> Result:
     result = Result(target=str(path), command="lint")
+    select = list(select)  # read twice (selection, then whether it was the user's)
     opts = dict(options or {})
     resolved: Any = _existing_local(path)
     if resolved is None:
@@ -263,8 +274,12 @@ def _lint(path: Path, select: Iterable[str], ignore: Iterable[str], options: dic
     opts["config_only"] = config_only
     ctx = LintContext(ckpt=ckpt, options=opts)
     rules = selected_rules(select, ignore)
+    cannot_run: list[str] = []  # why selected rules cannot run on this target with these options
     if not opts.get("content"):
+        data = [r.code for r in rules if "data" in r.needs]
         rules = [r for r in rules if "data" not in r.needs]
+        if data and _explicit(select):
+            cannot_run.append(f"{_codes(data)} need tensor data: not run without --content")
     if ckpt.index_only:
         shards = len(ckpt.indexed_shards)
         result.notes.append(
@@ -276,6 +291,16 @@ def _lint(path: Path, select: Iterable[str], ignore: Iterable[str], options: dic
         skipped = [r.code for r in rules if "tensors" in r.needs]
         rules = [r for r in rules if "tensors" not in r.needs]
         result.notes.append(f"config-only mode: no tensors to read, {len(skipped)} tensor-level rules could not run")
+        if skipped and _explicit(select):
+            cannot_run.append(f"{_codes(skipped)} need tensor headers: not run on a config without weights")
+    result.notes.extend(cannot_run)
+    if not any(r.check is not None and not r.retired for r in rules):
+        # An explicit selection that this target or these options rule out (`--select WC6` without --content):
+        # nothing ran, and the run must not read as clean.
+        result.nothing_checked = True
+        if not cannot_run:
+            result.notes.append("none of the selected rules applies to this target")
+        return result
     for crashed, exc in run_rules(ctx, rules):
         ctx.findings.append(internal_error(f"rule {crashed.code}", exc))
     from weightcheck.triage import finalize

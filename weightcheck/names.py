@@ -391,6 +391,11 @@ LORA_FACTORS = {
 }
 
 
+# The factor PEFT initialises to zeros (`reset_lora_parameters`: Linear/Conv `lora_B`, Embedding
+# `lora_embedding_A`), so that a new adapter starts as the base model.
+LORA_ZERO_INIT = frozenset({"lora_B.weight", "lora_embedding_A"})
+
+
 def lora_factor(name: str) -> tuple[str, str] | None:
     """(module, factor leaf) of a LoRA factor tensor (`...q_proj`, `lora_A.weight`); None for any other name."""
     for leaf in LORA_FACTORS:

@@ -16,6 +16,7 @@ from pathlib import Path
 from weightcheck.collapse import format_ranges, summarize
 from weightcheck.findings import Finding, Location, Severity
 from weightcheck.lazyregex import LazyRegex
+from weightcheck.names import LORA_ZERO_INIT, lora_factor
 from weightcheck.rules import LintContext, rule
 
 TYPE_CHECKING = False  # typing.TYPE_CHECKING without importing typing (lint's start-up, #20)
@@ -139,6 +140,7 @@ def tensor_nan_inf(ctx: LintContext) -> None:
     "WC602",
     "weight-all-zero",
     Severity.ERROR,
+    also=(Severity.WARNING,),
     summary="A weight matrix is all zeros.",
     bad="model.layers.0.mlp.gate.weight: every element is 0 (router never loaded)",
     good="weight matrices hold trained (non-zero) values; zero biases and zero points are fine",
@@ -148,12 +150,39 @@ def weight_all_zero(ctx: LintContext) -> None:
     """A weight matrix of zeros is a tensor that was allocated and never filled: an export that wrote
     the buffer before the copy, a shard written from the wrong rank, a zeroed router (vllm-omni#5573).
     Only matrices are checked (2-D and up); biases, zero points, and 1-D norms may legitimately be
-    zero."""
+    zero. In a PEFT LoRA adapter the factor PEFT initialises to zeros (`lora_B`, Embedding `lora_embedding_A`)
+    is all zeros until the first training step: a warning that those modules add nothing, not an error."""
     names = [s for s in content_scan(ctx) if _is_weight_matrix(s) and s.value_range and s.value_range.all_zero]
+    adapter = ctx.ckpt.peft_adapter() is not None
+    at_init: list[str] = []
     for scan in names:
         if _PACKED.search(scan.name):
             continue  # zero words are codes at the minimum, not zero weights: WC604 reports them
+        factor = lora_factor(scan.name) if adapter else None
+        if factor is not None and factor[1] in LORA_ZERO_INIT:
+            at_init.append(scan.name)
+            continue
         ctx.report(f"all {_numel(scan.shape)} elements are zero", file=scan.shard, tensor=scan.name)
+    if not at_init:
+        return
+    factors = sum(1 for n in ctx.ckpt.tensor_names() if (f := lora_factor(n)) is not None and f[1] in LORA_ZERO_INIT)
+    if len(at_init) < factors:
+        # others were trained: these modules lost their update (a failed copy, a filtered export)
+        ctx.report(
+            f"{len(at_init)} of {factors} LoRA factors (lora_B / lora_embedding_A) are still all zeros while the "
+            f"others were trained: those modules lost their update: {summarize(at_init)}",
+            tensor=summarize(at_init, limit=3),
+            count=len(at_init),
+        )
+        return
+    ctx.report(
+        f"every LoRA factor PEFT initialises to zeros ({len(at_init)}: lora_B / lora_embedding_A) is still all "
+        "zeros: the adapter adds nothing to the base model; expected before its first training step, a lost "
+        f"update after one: {summarize(at_init)}",
+        tensor=summarize(at_init, limit=3),
+        count=len(at_init),
+        severity=Severity.WARNING,
+    )
 
 
 @rule(
