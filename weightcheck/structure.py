@@ -41,6 +41,9 @@ QUANT_COMPANIONS = (
     "scales",
     "g_idx",
     "SCB",
+    # bitsandbytes 8-bit: the row/col format tag saved beside SCB (bitsandbytes' `maybe_rearrange_weight` pops
+    # it at load; transformers' 8-bit quantizer lists it with SCB and weight)
+    "weight_format",
 )
 
 _NON_TEXT_HINTS = ("visual", "vision", "audio", "mm_projector", "image", "speech", "encoder")

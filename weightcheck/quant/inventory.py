@@ -22,10 +22,12 @@ TYPE_CHECKING = False  # typing.TYPE_CHECKING without importing typing (lint's s
 if TYPE_CHECKING:
     from typing import Any
 
-# Companions whose presence means "this module is stored quantized".
+# Companions whose presence means "this module is stored quantized". bitsandbytes 4-bit stores its packed
+# codes as a uint8 `weight` with blobs under it (`weight.absmax`, `weight.quant_map`,
+# `weight.quant_state.bitsandbytes__nf4`; `split_param` keeps them as `weight.<blob>`): absmax is always there.
 QUANTIZED_MARKERS = frozenset(
     {"weight_packed", "weight_scale", "weight_scale_inv", "weight_zero_point", "weight_global_scale",
-     "weight_scale_2", "qweight", "qzeros", "scales", "SCB"}
+     "weight_scale_2", "qweight", "qzeros", "scales", "SCB", "weight.absmax"}
 )  # fmt: skip
 LOW_PRECISION_DTYPES = frozenset({"F8_E4M3", "F8_E5M2", "F8_E4M3FNUZ", "F8_E5M2FNUZ", "I8", "F4"})
 _ROUTER_LEAVES = {"gate", "router"}

@@ -29,6 +29,7 @@ from weightcheck.quant.covering import covering_entries, ignore_entries
 from weightcheck.quant.inventory import ModuleInfo
 from weightcheck.quant.matchers import Consumer, fused_group_of, get_consumer, overreach
 from weightcheck.rules import LintContext, name_templates, rule
+from weightcheck.safetensors_header import DTYPE_BITS, TensorInfo
 
 CONFIG_FILE = "config.json"
 
@@ -507,6 +508,11 @@ def targeted_module_unquantized(ctx: LintContext) -> None:
         if module.weight_ndim() != 2 or not qa.targeted_by_ct(module):
             continue
         affected = [c for c in engines if not qa.is_ignored(c, module)]
+        if module.expert is not None and qa.spec.method == "bitsandbytes":
+            # bitsandbytes replaces the nn.Linear modules of the transformers class it loads; transformers >= 5
+            # keeps routed experts as fused 3-D parameters (Qwen3MoeExperts.gate_up_proj), which it leaves
+            # unquantized and saves per expert: transformers reads them back unquantized.
+            affected = [c for c in affected if c.key != "transformers"]
         if affected:
             groups[tuple(c.label for c in affected)].append(module.name)
     for labels, names in groups.items():
@@ -902,9 +908,26 @@ def _shape_problem(qa: QuantAnalysis, module: ModuleInfo, scheme: WeightScheme |
         grid = (-(-weight.shape[0] // block[0]), -(-weight.shape[1] // block[1]))
         if tuple(inv.shape) != grid:
             return f"block scale {list(inv.shape)} is not the {list(grid)} grid of {block} blocks"
+    if weight is not None and expected and "weight.absmax" in p and len(expected) == 2:
+        return _bnb_4bit_problem(weight, expected)
     if weight is not None and expected and tuple(weight.shape) != tuple(expected) and module.quantized:
         return f"quantized weight shape {list(weight.shape)} != expected {list(expected)}"
     return None
+
+
+def _bnb_4bit_problem(weight: TensorInfo, expected: tuple[int, ...]) -> str | None:
+    """bitsandbytes 4-bit stores the codes of the `[out, in]` weight two per byte in a `[rows, 1]` column of its
+    storage dtype (uint8, or bf16/f32 for FSDP-QLoRA): bitsandbytes' `quantize_4bit` packs `ceil(n / 2)` bytes
+    (its default kernel) or makes `(n + 1) // (2 * itemsize)` rows (its CUDA kernel); either count passes."""
+    n = expected[0] * expected[1]
+    per_row = 2 * DTYPE_BITS.get(weight.dtype, 8) // 8
+    rows = (n // per_row, -(-n // per_row))
+    if len(weight.shape) == 2 and weight.shape[1] == 1 and weight.shape[0] in rows:
+        return None
+    return (
+        f"bitsandbytes 4-bit weight {weight.dtype}{list(weight.shape)} does not hold the {n} codes of the expected "
+        f"{list(expected)} ([{rows[1]}, 1] of {weight.dtype})"
+    )
 
 
 @rule(

@@ -1,0 +1,129 @@
+"""bitsandbytes checkpoints as transformers' own `save_pretrained` writes them after loading a model with a
+`BitsAndBytesConfig` (the QLoRA base people fine-tune and serve): 4-bit NF4/FP4, double-quantized, with a bf16
+storage dtype (FSDP-QLoRA), 8-bit. They linted as 8 errors (the packed `[n/2, 1]` uint8 weight read as an
+unquantized weight of the wrong shape) and a warning (8-bit's `weight_format` tag unknown). Each defect planted
+in one is still named."""
+
+from __future__ import annotations
+
+import warnings
+from pathlib import Path
+from typing import Any
+
+import pytest
+from factories import edit_tensors
+
+from weightcheck.linting import lint
+
+pytest.importorskip("bitsandbytes")
+
+TINY = dict(hidden_size=64, num_attention_heads=4, num_key_value_heads=2, vocab_size=128)
+O_PROJ = "model.layers.1.self_attn.o_proj.weight"
+
+
+def _bnb(**kw: Any) -> Any:
+    import torch
+    from transformers import BitsAndBytesConfig
+
+    if kw.get("bnb_4bit_quant_storage") == "bfloat16":
+        kw["bnb_4bit_quant_storage"] = torch.bfloat16
+    return BitsAndBytesConfig(**kw)
+
+
+VARIANTS: dict[str, tuple[str, dict[str, Any]]] = {
+    "nf4": ("llama", dict(load_in_4bit=True, bnb_4bit_quant_type="nf4")),
+    "nf4-double": ("llama", dict(load_in_4bit=True, bnb_4bit_quant_type="nf4", bnb_4bit_use_double_quant=True)),
+    "fp4": ("llama", dict(load_in_4bit=True, bnb_4bit_quant_type="fp4")),
+    "nf4-bf16-storage": ("llama", dict(load_in_4bit=True, bnb_4bit_quant_storage="bfloat16")),
+    "nf4-skip-o-proj": ("llama", dict(load_in_4bit=True, llm_int8_skip_modules=["lm_head", "o_proj"])),
+    "int8": ("llama", dict(load_in_8bit=True)),
+    "nf4-qwen3-tied": ("qwen3", dict(load_in_4bit=True)),
+}
+
+
+def _base(kind: str, path: Path) -> Path:
+    import torch
+    from transformers import AutoModelForCausalLM, LlamaConfig, Qwen3Config, Qwen3MoeConfig
+
+    torch.manual_seed(0)
+    if kind == "llama":
+        cfg = LlamaConfig(**TINY, intermediate_size=128, num_hidden_layers=3, tie_word_embeddings=False)
+    elif kind == "qwen3":
+        cfg = Qwen3Config(**TINY, intermediate_size=128, num_hidden_layers=2, head_dim=16, tie_word_embeddings=True)
+    else:
+        cfg = Qwen3MoeConfig(**TINY, intermediate_size=128, moe_intermediate_size=32, num_hidden_layers=2,
+                             head_dim=16, num_experts=4, num_experts_per_tok=2, tie_word_embeddings=False)  # fmt: skip
+    AutoModelForCausalLM.from_config(cfg).save_pretrained(path)
+    return path
+
+
+def _quantized(base: Path, quant: dict[str, Any], out: Path) -> Path:
+    from transformers import AutoModelForCausalLM
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        AutoModelForCausalLM.from_pretrained(base, quantization_config=_bnb(**quant), device_map="cpu").save_pretrained(
+            out
+        )
+    return out
+
+
+@pytest.fixture(scope="module")
+def saved(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
+    root = tmp_path_factory.mktemp("bnb")
+    bases = {kind: _base(kind, root / f"base-{kind}") for kind in ("llama", "qwen3", "qwen3_moe")}
+    out = {name: _quantized(bases[kind], quant, root / name) for name, (kind, quant) in VARIANTS.items()}
+    out["moe-nf4"] = _quantized(bases["qwen3_moe"], dict(load_in_4bit=True), root / "moe-nf4")
+    return out
+
+
+@pytest.mark.parametrize("variant", sorted(VARIANTS))
+def test_clean_bitsandbytes_checkpoints_lint_clean(saved: dict[str, Path], variant: str) -> None:
+    result = lint(saved[variant])
+    assert not [f for f in result.findings if f.severity.name in ("ERROR", "WARNING")], [
+        (f.code, f.message) for f in result.findings
+    ]
+    assert result.exit_code() == 0
+
+
+def test_a_4bit_weight_that_lost_codes_is_wc314(saved: dict[str, Path], tmp_path: Path) -> None:
+    """o_proj's packed column cut to half its rows (a truncated copy): it no longer holds 64 x 64 codes."""
+    import shutil
+
+    path = Path(shutil.copytree(saved["nf4"], tmp_path / "a"))
+
+    def cut(tensors: dict[str, Any]) -> None:
+        tensors[O_PROJ] = tensors[O_PROJ][: tensors[O_PROJ].shape[0] // 2].clone()
+
+    edit_tensors(path, cut)
+    found = [f for f in lint(path).findings if f.code == "WC314"]
+    assert len(found) == 1 and "bitsandbytes 4-bit weight U8[1024, 1]" in found[0].message
+    assert "self_attn.o_proj" in found[0].message and "[2048, 1]" in found[0].message
+
+
+def test_a_4bit_module_without_its_quant_state_is_reported(saved: dict[str, Path], tmp_path: Path) -> None:
+    """o_proj's bitsandbytes blobs dropped: its uint8 codes read as an unquantized weight of the wrong shape."""
+    import shutil
+
+    path = Path(shutil.copytree(saved["nf4"], tmp_path / "a"))
+    edit_tensors(path, lambda t: [t.pop(k) for k in list(t) if k.startswith(O_PROJ + ".")])
+    codes = {f.code for f in lint(path).findings if f.severity.name == "ERROR"}
+    assert {"WC307", "WC501"} <= codes, codes
+
+
+def test_moe_experts_transformers_kept_unquantized_are_an_engine_problem_only(saved: dict[str, Path]) -> None:
+    """transformers >= 5 keeps Qwen3-MoE's routed experts as fused 3-D parameters, which bitsandbytes (nn.Linear
+    only) leaves unquantized: transformers writes them per expert in bf16 and reads them back so. vLLM's
+    bitsandbytes loader builds experts quantized and fuses every expert's quant state: WC307 names it, not
+    transformers."""
+    from transformers import AutoModelForCausalLM
+
+    path = saved["moe-nf4"]
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        model = AutoModelForCausalLM.from_pretrained(path, device_map="cpu")  # transformers reads it back
+    experts = model.model.layers[0].mlp.experts
+    assert any(p.dtype.is_floating_point and p.dim() == 3 for p in experts.parameters())
+    found = [f for f in lint(path).findings if f.code == "WC307"]
+    assert len(found) == 1 and "vLLM bitsandbytes" in found[0].message, [f.message for f in found]
+    assert "transformers" not in found[0].message and "mlp.experts" in found[0].message
