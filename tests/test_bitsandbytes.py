@@ -127,3 +127,60 @@ def test_moe_experts_transformers_kept_unquantized_are_an_engine_problem_only(sa
     found = [f for f in lint(path).findings if f.code == "WC307"]
     assert len(found) == 1 and "vLLM bitsandbytes" in found[0].message, [f.message for f in found]
     assert "transformers" not in found[0].message and "mlp.experts" in found[0].message
+
+
+# ---- diff: the dequantizer (weightcheck.bnb) against bitsandbytes' own ------------------------------------
+
+
+@pytest.mark.parametrize("variant", ["nf4", "nf4-double", "fp4", "nf4-bf16-storage", "int8"])
+def test_dequantized_bit_for_bit_like_bitsandbytes(saved: dict[str, Path], variant: str) -> None:
+    import bitsandbytes.functional as F
+    import torch
+    from safetensors.torch import load_file
+
+    from weightcheck import bnb
+    from weightcheck.safetensors_header import read_header
+
+    path = saved[variant] / "model.safetensors"
+    tensors = load_file(path)
+    found, malformed = bnb.find(read_header(path).tensors, tensors.__getitem__)
+    assert not malformed and len(found) == 21, (malformed, sorted(found)[:3])
+    for name, qt in found.items():
+        ours, step = bnb.dequantize_rows(qt, tensors.__getitem__, 0, qt.rows, with_step=True)
+        if variant == "int8":
+            ref = F.int8_vectorwise_dequant(tensors[name], tensors[name.removesuffix("weight") + "SCB"])
+        else:
+            blobs = {k.removeprefix(name + "."): v for k, v in tensors.items() if k.startswith(name + ".")}
+            ref = F.dequantize_4bit(tensors[name], F.QuantState.from_dict(blobs, device=torch.device("cpu")))
+        assert ours.dtype == ref.dtype and ours.shape == ref.shape, (name, ours.dtype, ref.dtype, ours.shape)
+        assert torch.equal(ours, ref), name
+        assert step is not None and bool((step > 0).all())
+
+
+def test_diff_of_base_and_its_bitsandbytes_export_is_within_quantization_error(saved: dict[str, Path],
+                                                                                tmp_path: Path) -> None:  # fmt: skip
+    """`diff BASE QUANTIZED` compared the packed uint8 column with the bf16 weight (shape mismatch, 2 errors) and
+    listed the blobs as tensors only in B. Now each module is dequantized: within quantization error, exit 0. A
+    candidate whose layer-1 o_proj holds layer 0's codes and state (a mapping bug) is a mismatch."""
+    import shutil
+
+    from weightcheck.diffing import diff
+
+    base = saved["nf4"].parent / "base-llama"
+    clean = diff(base, saved["nf4-double"])
+    assert clean.exit_code() == 0, [(f.code, f.message) for f in clean.findings]
+    assert clean.checked.get("within_tolerance") == 21 and clean.checked.get("only_in_candidate") == 0, clean.checked
+
+    bad = Path(shutil.copytree(saved["nf4-double"], tmp_path / "bad"))
+    src, dst = O_PROJ.replace("layers.1", "layers.0"), O_PROJ
+
+    def shift(tensors: dict[str, Any]) -> None:
+        for name in [n for n in tensors if n == src or n.startswith(src + ".")]:
+            tensors[dst + name[len(src):]] = tensors[name].clone()  # fmt: skip
+
+    edit_tensors(bad, shift)
+    found = diff(base, bad)
+    assert found.exit_code() == 1
+    assert any(dst in (f.location.tensor or "") + f.message for f in found.findings if f.severity.name == "ERROR"), [
+        (f.code, f.message) for f in found.findings
+    ]

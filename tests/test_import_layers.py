@@ -54,6 +54,7 @@ LAYERS: list[tuple[str, tuple[str, ...]]] = [
             "weightcheck.tensors",
             "weightcheck.hub",
             "weightcheck.dequant",
+            "weightcheck.bnb",
             "weightcheck.collapse",
             "weightcheck.layout",
             "weightcheck.digest",

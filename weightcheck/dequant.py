@@ -65,6 +65,11 @@ _FP4_MAGNITUDES = (0.0, 0.5, 1.0, 1.5, 2.0, 3.0, 4.0, 6.0)
 Fetch = Callable[[str], "torch.Tensor"]
 
 
+# Dequantizers of formats that live in their own module (weightcheck.bnb registers bitsandbytes' on import), by
+# QuantSpec.format: (qt, fetch, r0, r1, with_step) -> (values, step). This module never imports them.
+EXTRA_FORMATS: dict[str, Callable[..., tuple[Any, Any]]] = {}
+
+
 class QuantFormatError(ValueError):
     """Quantized tensors whose shapes or dtypes are inconsistent: they cannot be dequantized."""
 
@@ -553,6 +558,9 @@ def dequantize_rows(
         if with_step:
             step = _fp8_ulp(codes) * scale_full.abs()
         return values, step
+    other = EXTRA_FORMATS.get(spec.format)
+    if other is not None:
+        return other(qt, fetch, r0, r1, with_step)
     raise QuantFormatError(f"no dequantizer for format {spec.format}")
 
 

@@ -228,6 +228,11 @@ def load_logical(path: Path) -> LogicalCheckpoint:
             raise QuantFormatError(f"cannot read {stored}: {exc}") from None
 
     quantized, malformed = find_quantized(infos, ckpt.config_data, read_small)
+    from weightcheck import bnb  # bitsandbytes' layout, and its dequantizer registered with weightcheck.dequant
+
+    more, bad = bnb.find({n: i for n, i in infos.items() if n not in quantized}, read_small)
+    quantized.update(more)
+    malformed.update(bad)
     consumed = {stored for qt in quantized.values() for stored in qt.parts.values()}
     for module, reason in malformed.items():
         name = f"{module}.weight" if module else "weight"
