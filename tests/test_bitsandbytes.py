@@ -77,9 +77,11 @@ def saved(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
     return out
 
 
+@pytest.mark.parametrize("content", [False, True], ids=["headers", "content"])
 @pytest.mark.parametrize("variant", sorted(VARIANTS))
-def test_clean_bitsandbytes_checkpoints_lint_clean(saved: dict[str, Path], variant: str) -> None:
-    result = lint(saved[variant])
+def test_clean_bitsandbytes_checkpoints_lint_clean(saved: dict[str, Path], variant: str, content: bool) -> None:
+    """Header-only and --content (the bf16-storage codes read as bf16 held "NaN" byte pairs: 21 WC601 errors)."""
+    result = lint(saved[variant], options={"content": content})
     assert not [f for f in result.findings if f.severity.name in ("ERROR", "WARNING")], [
         (f.code, f.message) for f in result.findings
     ]
@@ -184,3 +186,20 @@ def test_diff_of_base_and_its_bitsandbytes_export_is_within_quantization_error(s
     assert any(dst in (f.location.tensor or "") + f.message for f in found.findings if f.severity.name == "ERROR"), [
         (f.code, f.message) for f in found.findings
     ]
+
+
+def test_content_a_nan_in_a_4bit_scale_is_still_found(saved: dict[str, Path], tmp_path: Path) -> None:
+    """The packed codes are skipped by the value rules, not the module: a NaN absmax poisons a whole block."""
+    import shutil
+
+    import torch
+
+    path = Path(shutil.copytree(saved["nf4-bf16-storage"], tmp_path / "a"))
+
+    def poison(tensors: dict[str, Any]) -> None:
+        tensors[O_PROJ + ".absmax"] = tensors[O_PROJ + ".absmax"].clone()
+        tensors[O_PROJ + ".absmax"][3] = torch.nan
+
+    edit_tensors(path, poison)
+    found = [f for f in lint(path, options={"content": True}).findings if f.code == "WC601"]
+    assert len(found) == 1 and found[0].location.tensor == O_PROJ + ".absmax", [(f.location, f.message) for f in found]

@@ -86,6 +86,13 @@ def _scan(ctx: LintContext) -> list[TensorScan]:
         finally:
             if progress is not None:
                 progress.close()
+    # bitsandbytes 4-bit stores its codes as `<m>.weight`, viewed as the storage dtype (bf16 or f32 for
+    # FSDP-QLoRA): bytes, not values. Their digests stand; their value statistics mean nothing (a byte pair
+    # reads as NaN), so no value rule sees them.
+    codes = {n[: -len(".absmax")] for n in ctx.ckpt.tensor_names() if n.endswith(".weight.absmax")}
+    for scan in out:
+        if scan.name in codes:
+            scan.value_range = None
     known = ctx.ckpt.all_tensors()
     unreadable = store.unreadable()
     # The shard each unreadable tensor lives in, named by WC608 so the user knows what to mend.
