@@ -209,3 +209,50 @@ def test_content_an_untrained_adapter_is_a_warning_a_lost_update_an_error(adapte
     found = [f for f in lint(path, options={"content": True}).findings if f.code == "WC602"]
     assert [f.severity.name for f in found] == ["ERROR"], [(f.severity, f.message) for f in found]
     assert "lost their update" in found[0].message and "layers.0.self_attn.q_proj.lora_B" in found[0].message
+
+
+OTHER_TUNERS = {
+    "adalora": lambda: peft.AdaLoraConfig(init_r=8, target_r=4, target_modules=["q_proj", "v_proj"], total_step=10),
+    "loha": lambda: peft.LoHaConfig(r=4, target_modules=["q_proj", "v_proj"]),
+    "lokr": lambda: peft.LoKrConfig(r=4, target_modules=["q_proj", "v_proj"]),
+    "ia3": lambda: peft.IA3Config(target_modules=["q_proj", "v_proj", "down_proj"], feedforward_modules=["down_proj"]),
+    "vera": lambda: peft.VeraConfig(r=4, target_modules=["q_proj", "o_proj"]),
+}
+
+
+@pytest.mark.parametrize("tuner", sorted(OTHER_TUNERS))
+def test_other_peft_tuners_are_clean_with_content(tuner: str, tmp_path: Path) -> None:
+    """AdaLoRA's lora_E, LoHa's and LoKr's second factors start at zero too: a fresh adapter of any tuner has no
+    error, header-only or with --content."""
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        path = _save(peft.get_peft_model(_base("llama"), OTHER_TUNERS[tuner]()), tmp_path / tuner)
+    for content in (False, True):
+        result = lint(path, options={"content": content})
+        assert not [f for f in result.findings if f.severity.name == "ERROR"], [
+            (f.code, f.message) for f in result.findings
+        ]
+
+
+def test_content_zero_expert_factors_are_a_warning(tmp_path: Path) -> None:
+    """Per-expert LoRA factors (an adapter on a model whose experts are Linears) that are still zero while the
+    other experts' were trained: an expert never routed a token keeps its initialisation, so a warning, not
+    the lost-update error. The adapter is a trained PEFT save whose q/v factors are renamed to two experts."""
+    import torch
+
+    kind, lora = VARIANTS["q-v"]
+    path = _save(_trained(kind, lora), tmp_path / "a")
+
+    def experts(tensors: dict[str, Any]) -> None:
+        for name in list(tensors):
+            for proj, expert in (("q_proj", 0), ("v_proj", 1)):
+                if f"self_attn.{proj}." in name:
+                    tensors[name.replace(f"self_attn.{proj}", f"mlp.experts.{expert}.up_proj")] = tensors.pop(name)
+        key = "base_model.model.model.layers.2.mlp.experts.1.up_proj.lora_B.weight"
+        tensors[key] = torch.zeros_like(tensors[key])
+
+    edit_tensors(path, experts)
+    found = [f for f in lint(path, options={"content": True}).findings if f.code == "WC602"]
+    assert [f.severity.name for f in found] == ["WARNING"] and "never routed" in found[0].message, [
+        (f.severity, f.message) for f in found
+    ]

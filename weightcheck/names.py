@@ -391,9 +391,24 @@ LORA_FACTORS = {
 }
 
 
-# The factor PEFT initialises to zeros (`reset_lora_parameters`: Linear/Conv `lora_B`, Embedding
-# `lora_embedding_A`), so that a new adapter starts as the base model.
-LORA_ZERO_INIT = frozenset({"lora_B.weight", "lora_embedding_A"})
+# The parameter-name prefixes of PEFT's tuners (LoRA/AdaLoRA `lora_`, LoHa `hada_`, LoKr `lokr_`, IA3 `ia3_`,
+# VeRA `vera_`, OFT/BOFT, ...): a segment starting with one is an adapter parameter, not a base-model weight
+# (`modules_to_save` copies keep the base names).
+PEFT_TUNER_PREFIXES = ("lora_", "hada_", "lokr_", "ia3_", "vera_", "oft_", "boft_", "fourierft_", "vblora_", "hra_",
+                       "bone_", "randlora_", "shira_", "c3a_", "miss_", "road_")  # fmt: skip
+
+
+def adapter_factor(name: str) -> tuple[str, str] | None:
+    """(module, adapter leaf) of a PEFT adapter parameter (`...q_proj`, `lora_B.weight`; `...q_proj`,
+    `hada_w2_a`); None for any other name."""
+    start = 0
+    while True:
+        if name.startswith(PEFT_TUNER_PREFIXES, start):
+            return name[: start - 1] if start else "", name[start:]
+        dot = name.find(".", start)
+        if dot < 0:
+            return None
+        start = dot + 1
 
 
 def lora_factor(name: str) -> tuple[str, str] | None:

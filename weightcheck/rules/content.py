@@ -16,7 +16,7 @@ from pathlib import Path
 from weightcheck.collapse import format_ranges, summarize
 from weightcheck.findings import Finding, Location, Severity
 from weightcheck.lazyregex import LazyRegex
-from weightcheck.names import LORA_ZERO_INIT, lora_factor
+from weightcheck.names import adapter_factor, split_expert_module
 from weightcheck.rules import LintContext, rule
 
 TYPE_CHECKING = False  # typing.TYPE_CHECKING without importing typing (lint's start-up, #20)
@@ -157,39 +157,53 @@ def weight_all_zero(ctx: LintContext) -> None:
     """A weight matrix of zeros is a tensor that was allocated and never filled: an export that wrote
     the buffer before the copy, a shard written from the wrong rank, a zeroed router (vllm-omni#5573).
     Only matrices are checked (2-D and up); biases, zero points, and 1-D norms may legitimately be
-    zero. In a PEFT LoRA adapter the factor PEFT initialises to zeros (`lora_B`, Embedding `lora_embedding_A`)
-    is all zeros until the first training step: a warning that those modules add nothing, not an error."""
+    zero. In a PEFT adapter, factors PEFT initialises to zeros (LoRA `lora_B`, Embedding `lora_embedding_A`,
+    AdaLoRA `lora_E`, LoHa's and LoKr's second factors) are all zeros until training updates them: when every
+    factor of that kind is zero, one warning that the adapter adds nothing yet; when only some are, an error
+    (those modules lost their update), a warning when all of them are experts (an expert that was never routed
+    a token keeps its initialisation)."""
     names = [s for s in content_scan(ctx) if _is_weight_matrix(s) and s.value_range and s.value_range.all_zero]
     adapter = ctx.ckpt.peft_adapter() is not None
-    at_init: list[str] = []
+    at_init: dict[str, list[str]] = {}  # adapter leaf -> all-zero tensors
     for scan in names:
         if _PACKED.search(scan.name):
             continue  # zero words are codes at the minimum, not zero weights: WC604 reports them
-        factor = lora_factor(scan.name) if adapter else None
-        if factor is not None and factor[1] in LORA_ZERO_INIT:
-            at_init.append(scan.name)
+        factor = adapter_factor(scan.name) if adapter else None
+        if factor is not None:
+            at_init.setdefault(factor[1], []).append(scan.name)
             continue
         ctx.report(f"all {_numel(scan.shape)} elements are zero", file=scan.shard, tensor=scan.name)
-    if not at_init:
-        return
-    factors = sum(1 for n in ctx.ckpt.tensor_names() if (f := lora_factor(n)) is not None and f[1] in LORA_ZERO_INIT)
-    if len(at_init) < factors:
-        # others were trained: these modules lost their update (a failed copy, a filtered export)
+    if at_init:
+        _adapter_zeros(ctx, at_init)
+
+
+def _adapter_zeros(ctx: LintContext, at_init: dict[str, list[str]]) -> None:
+    held: dict[str, int] = {}
+    for name in ctx.ckpt.tensor_names():
+        factor = adapter_factor(name)
+        if factor is not None and factor[1] in at_init:
+            held[factor[1]] = held.get(factor[1], 0) + 1
+    untrained = sorted(n for leaf, zeros in at_init.items() if len(zeros) == held[leaf] for n in zeros)
+    lost = sorted(n for leaf, zeros in at_init.items() if len(zeros) < held[leaf] for n in zeros)
+    if lost:
+        experts = all(split_expert_module(adapter_factor(n)[0]) is not None for n in lost)  # type: ignore[index]
         ctx.report(
-            f"{len(at_init)} of {factors} LoRA factors (lora_B / lora_embedding_A) are still all zeros while the "
-            f"others were trained: those modules lost their update: {summarize(at_init)}",
-            tensor=summarize(at_init, limit=3),
-            count=len(at_init),
+            f"{len(lost)} adapter factor(s) are still all zeros (their initialisation) while the others of their "
+            f"kind were trained: those modules lost their update"
+            f"{' (or, experts all, were never routed a token)' if experts else ''}: {summarize(lost)}",
+            tensor=summarize(lost, limit=3),
+            count=len(lost),
+            severity=Severity.WARNING if experts else Severity.ERROR,
         )
-        return
-    ctx.report(
-        f"every LoRA factor PEFT initialises to zeros ({len(at_init)}: lora_B / lora_embedding_A) is still all "
-        "zeros: the adapter adds nothing to the base model; expected before its first training step, a lost "
-        f"update after one: {summarize(at_init)}",
-        tensor=summarize(at_init, limit=3),
-        count=len(at_init),
-        severity=Severity.WARNING,
-    )
+    if untrained:
+        ctx.report(
+            f"every adapter factor PEFT initialises to zeros ({len(untrained)}) is still all zeros: the adapter adds "
+            f"nothing to the base model; expected before its first training step, a lost update after one: "
+            f"{summarize(untrained)}",
+            tensor=summarize(untrained, limit=3),
+            count=len(untrained),
+            severity=Severity.WARNING,
+        )
 
 
 @rule(
