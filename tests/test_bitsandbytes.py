@@ -203,3 +203,51 @@ def test_content_a_nan_in_a_4bit_scale_is_still_found(saved: dict[str, Path], tm
     edit_tensors(path, poison)
     found = [f for f in lint(path, options={"content": True}).findings if f.code == "WC601"]
     assert len(found) == 1 and found[0].location.tensor == O_PROJ + ".absmax", [(f.location, f.message) for f in found]
+
+
+def test_gemma3_vision_pooling_head_is_not_a_bnb_target(tmp_path: Path) -> None:
+    """Gemma 3's SigLIP pooling head is a torch `nn.MultiheadAttention`, whose `out_proj` is a
+    `NonDynamicallyQuantizableLinear`: transformers' bitsandbytes replacement converts `type(m) is nn.Linear`
+    only, so a clean save stores it unquantized (it was a WC307 error). A vision MLP stored unquantized after
+    the same save (a lost quantization) is still WC307."""
+    import shutil
+
+    import transformers as T
+
+    cfg = T.Gemma3Config(
+        text_config=dict(TINY, intermediate_size=128, num_hidden_layers=2, head_dim=16),
+        vision_config=dict(hidden_size=32, intermediate_size=64, num_hidden_layers=2, num_attention_heads=2,
+                           image_size=28, patch_size=14),
+        mm_tokens_per_image=4,
+    )  # fmt: skip
+    T.AutoModelForImageTextToText.from_config(cfg).save_pretrained(tmp_path / "base")
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        model = T.AutoModelForImageTextToText.from_pretrained(
+            tmp_path / "base", quantization_config=_bnb(load_in_4bit=True), device_map="cpu"
+        )
+    model.save_pretrained(tmp_path / "nf4")
+    from safetensors import safe_open
+
+    with safe_open(str(tmp_path / "nf4" / "model.safetensors"), "np") as fh:
+        names = set(fh.keys())
+    head = "vision_tower.head.attention.out_proj"  # as the checkpoint names it
+    assert f"{head}.weight" in names and not any(n.startswith(f"{head}.weight.") for n in names), sorted(names)[:5]
+    result = lint(tmp_path / "nf4")
+    assert not [f for f in result.findings if f.severity.name == "ERROR"], [(f.code, f.message) for f in result.findings]
+
+    bad = Path(shutil.copytree(tmp_path / "nf4", tmp_path / "bad"))
+    base = Path(tmp_path / "base")
+    from safetensors.torch import load_file
+
+    fc1 = next(k for k in load_file(base / "model.safetensors") if k.endswith("layers.0.mlp.fc1.weight"))
+    plain = load_file(base / "model.safetensors")[fc1]
+
+    def lose(tensors: dict[str, Any]) -> None:
+        for name in [n for n in tensors if n.startswith(fc1 + ".")]:
+            del tensors[name]
+        tensors[fc1] = plain
+
+    edit_tensors(bad, lose)
+    found = [f for f in lint(bad).findings if f.code == "WC307"]
+    assert len(found) == 1 and "mlp.fc1" in found[0].message and "out_proj" not in found[0].message

@@ -185,13 +185,25 @@ class QuantAnalysis:
         assert self.spec is not None
         for target in self.spec.targets:
             if target == "Linear":
-                if module.kind == "linear" and not module.name.endswith("lm_head"):
+                if module.kind == "linear" and not module.name.endswith("lm_head") and not self._mha_out_proj(module):
                     return True
             elif is_class_entry(target):
                 continue
             elif ct_match(module.name, target):
                 return True
         return False
+
+
+    def _mha_out_proj(self, module: ModuleInfo) -> bool:
+        """Under bitsandbytes, the `out_proj` of a `torch.nn.MultiheadAttention` (its parent stores
+        `in_proj_weight`; SigLIP's pooling head in Gemma 3's vision tower): a `NonDynamicallyQuantizableLinear`,
+        which transformers' bitsandbytes replacement skips (it converts `type(module) is nn.Linear` only).
+        compressed-tensors matches a `Linear` target along the class's MRO, so llm-compressor does quantize it."""
+        parent, _, leaf = module.name.rpartition(".")
+        if leaf != "out_proj" or self.inventory is None or self.spec is None or self.spec.method != "bitsandbytes":
+            return False
+        owner = self.inventory.modules.get(parent)
+        return owner is not None and "in_proj_weight" in owner.params
 
 
 def root_hints(spec: QuantSpec | None) -> list[str]:
