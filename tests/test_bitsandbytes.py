@@ -234,7 +234,8 @@ def test_gemma3_vision_pooling_head_is_not_a_bnb_target(tmp_path: Path) -> None:
     head = "vision_tower.head.attention.out_proj"  # as the checkpoint names it
     assert f"{head}.weight" in names and not any(n.startswith(f"{head}.weight.") for n in names), sorted(names)[:5]
     result = lint(tmp_path / "nf4")
-    assert not [f for f in result.findings if f.severity.name == "ERROR"], [(f.code, f.message) for f in result.findings]
+    errors = [(f.code, f.message) for f in result.findings if f.severity.name == "ERROR"]
+    assert not errors, errors
 
     bad = Path(shutil.copytree(tmp_path / "nf4", tmp_path / "bad"))
     base = Path(tmp_path / "base")
