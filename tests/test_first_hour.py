@@ -72,6 +72,18 @@ def test_a_lone_config_json_stays_config_only(lost_shard: Path) -> None:
     assert not result.findings and result.checked["shards"] == 0
 
 
+def test_a_folder_without_weights_does_not_read_as_a_clean_checkpoint(make_ckpt, tmp_path: Path) -> None:
+    """A converter that crashed after writing config.json (slime's tools/convert_hf_to_int4_direct.py without
+    its CUDA kernel does) leaves a folder that config-only lint checks; the report said "clean: 0 shards, 0
+    tensors". It now says no weights were found (exit 0 as documented: the config's checks ran)."""
+    folder = tmp_path / "converted"
+    folder.mkdir()
+    shutil.copy(make_ckpt("llama") / "config.json", folder / "config.json")
+    proc = wc("lint", str(folder))
+    assert proc.returncode == 0 and "config only: no weights were found or read" in proc.stdout, proc.stdout
+    assert "clean: 0 shards" not in proc.stdout
+
+
 # ---- item 2: an index that cannot be read is a finding, never a config-only pass ----------------------
 def test_index_symlinked_out_of_the_folder_is_a_finding(make_ckpt, tmp_path: Path) -> None:
     source = make_ckpt("llama")

@@ -74,7 +74,11 @@ def _lines(result: Result, verbose: bool, quiet: bool = False) -> list[tuple[str
     if result.nothing_checked:
         out.append(("bold red", "nothing was checked"))
         return out
-    if not result.findings:
+    config_only = result.command == "lint" and not result.checked.get("shards") and not result.checked.get("tensors")
+    if not result.findings and config_only:
+        # a folder whose conversion never wrote weights must not read as a clean checkpoint
+        out.append(("bold green", "clean, config only: no weights were found or read"))
+    elif not result.findings:
         out.append(("bold green", f"clean: {checked}"))
     else:
         summary = ", ".join(plural(n, k) for k, n in counts.items() if n)
