@@ -123,6 +123,41 @@ def test_wc105_unindexed_shard_and_stray_single_file(make_ckpt) -> None:
     assert findings["consolidated.safetensors"].severity.label == "warning"
 
 
+# Mistral's native tensor names for a Llama-layout model, as vLLM maps them back to HF names
+# (`mistral_mapping` in vllm/model_executor/models/llama.py).
+MISTRAL_NAMES = (("model.", ""), ("embed_tokens", "tok_embeddings"), ("self_attn.q_proj", "attention.wq"),
+                 ("self_attn.k_proj", "attention.wk"), ("self_attn.v_proj", "attention.wv"),
+                 ("self_attn.o_proj", "attention.wo"), ("mlp.gate_proj", "feed_forward.w1"),
+                 ("mlp.down_proj", "feed_forward.w2"), ("mlp.up_proj", "feed_forward.w3"),
+                 ("input_layernorm", "attention_norm"), ("post_attention_layernorm", "ffn_norm"),
+                 ("lm_head", "output"))  # fmt: skip
+
+
+def test_wc105_mistral_repos_ship_their_native_copy_beside_the_hf_shards(make_ckpt) -> None:
+    """Mistral's Hub repos hold the HF shards with their index and, beside them, params.json with
+    consolidated.safetensors in Mistral's own names (for vLLM's --load-format mistral). The HF loaders follow the
+    index (vLLM and SGLang drop files it does not name): an info, and its Mistral-named tensors are not
+    WC411's unexpected keys. Without params.json the same file stays a warning."""
+    from safetensors.torch import load_file, save_file
+
+    path = make_ckpt("llama")
+    native = {}
+    for shard in shards(path):
+        for name, tensor in load_file(shard).items():
+            for hf, mistral in MISTRAL_NAMES:
+                name = name.replace(hf, mistral)
+            native[name] = tensor
+    save_file(native, str(path / "consolidated.safetensors"))
+    (path / "params.json").write_text(json.dumps({"dim": 64, "n_layers": 4, "n_heads": 4, "n_kv_heads": 2}))
+    result = run(path)
+    assert [(f.code, f.severity.label) for f in result.findings] == [("WC105", "info")], [
+        (f.code, f.message) for f in result.findings
+    ]
+    assert result.exit_code() == 0
+    (path / "params.json").unlink()
+    assert {(f.code, f.severity.label) for f in run(path).findings} == {("WC105", "warning"), ("WC411", "warning")}
+
+
 def test_wc106_numbering_gap(make_ckpt) -> None:
     path = make_ckpt("llama")
     files = shards(path)

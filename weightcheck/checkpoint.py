@@ -23,6 +23,9 @@ MAX_CHECKPOINT_TENSORS = 1 << 19
 
 INDEX_NAME = "model.safetensors.index.json"
 SINGLE_NAME = "model.safetensors"
+# Mistral's native weight files (mistral-inference's layout: params.json + consolidated*.safetensors), which
+# Mistral's Hugging Face repos ship beside the HF shards.
+KNOWN_UNINDEXED = ("consolidated.safetensors", "consolidated-")
 CONFIG_NAME = "config.json"
 # Shard names written by huggingface_hub / transformers; DeepSeek uses 6-digit totals.
 SHARD_RE = LazyRegex(r"^(?P<stem>.+)-(?P<index>\d{5,6})-of-(?P<total>\d{5,6})\.safetensors$")
@@ -132,6 +135,15 @@ class Checkpoint:
         names = self.tensor_names()
         listed = self.all_tensors()
         return sorted(listed if len(listed) == len(names) else names)
+
+    def mistral_native_copy(self) -> list[str]:
+        """Mistral's own copy of the weights beside an indexed HF checkpoint (`params.json` and unindexed
+        `consolidated*.safetensors`, as Mistral's Hub repos ship both): vLLM reads it with `--load-format mistral`;
+        the HF loaders follow the index and never open it (vLLM and SGLang drop files the index does not name)."""
+        if not self.weight_map or "params.json" not in self.other_files:
+            return []
+        indexed = set(self.indexed_shards)
+        return [f for f in self.files_on_disk if f.startswith(KNOWN_UNINDEXED) and f not in indexed]
 
     def peft_adapter(self) -> dict[str, Any] | None:
         """The adapter_config.json of a PEFT adapter folder (`peft_type` set, no config.json: the base model's

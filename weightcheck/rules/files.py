@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from collections import defaultdict
 
-from weightcheck.checkpoint import INDEX_NAME, SHARD_RE, SINGLE_NAME, Checkpoint
+from weightcheck.checkpoint import INDEX_NAME, KNOWN_UNINDEXED, SHARD_RE, SINGLE_NAME, Checkpoint
 from weightcheck.collapse import format_ranges, summarize
 from weightcheck.findings import Severity
 from weightcheck.rules import LintContext, rule
@@ -12,7 +12,6 @@ from weightcheck.safetensors_header import LAYOUT_KINDS, TRUNCATION_KINDS
 from weightcheck.structure import EXPERT_COUNT_KEYS, LAYER_COUNT_KEYS, MAX_PLAUSIBLE, MTP_COUNT_KEYS
 
 # Files that legitimately sit next to HF shards without being indexed (Mistral's consolidated format).
-KNOWN_UNINDEXED = ("consolidated.safetensors", "consolidated-")
 # `__metadata__["format"]` values transformers accepts.
 ACCEPTED_FORMATS = {"pt", "tf", "flax", "mlx"}
 
@@ -117,7 +116,7 @@ def file_refused(ctx: LintContext) -> None:
     "WC105",
     "shard-not-indexed",
     Severity.ERROR,
-    also=(Severity.WARNING,),
+    also=(Severity.WARNING, Severity.INFO),
     summary="A .safetensors file on disk is not referenced by the index.",
     bad="""
         model.safetensors.index.json names model-00001..00004, but model-00005-of-00005.safetensors
@@ -129,16 +128,27 @@ def shard_not_indexed(ctx: LintContext) -> None:
     """vLLM silently drops shards not named in the index and transformers never opens them, while loaders
     that glob files merge them (stale `model.safetensors` next to a fresh index, Blaizzy/mlx-vlm#1464). A file
     holding model tensors that no index entry references is an error; known side files
-    (`consolidated*.safetensors`) are a warning."""
+    (`consolidated*.safetensors`) are a warning, and an info beside `params.json`: Mistral's Hub repos ship their
+    native layout next to the HF one on purpose."""
     ckpt = ctx.ckpt
     if ckpt.index is None:
         return
     indexed = set(ckpt.indexed_shards)
+    mistral = set(ckpt.mistral_native_copy())
     for name in ckpt.files_on_disk:
         if name in indexed:
             continue
         report = ckpt.shards.get(name)
         n = len(report.tensors) if report else 0
+        if name in mistral:
+            ctx.report(
+                f"{name} ({n} tensors) is Mistral's native copy of the weights (params.json beside it), which vLLM "
+                f"reads with --load-format mistral; the HF loaders follow {INDEX_NAME} and never open it",
+                file=name,
+                severity=Severity.INFO,
+                fix="nothing to fix: both layouts are shipped on purpose (delete the copy to save disk space)",
+            )
+            continue
         known = name.startswith(KNOWN_UNINDEXED)
         what = "a single-file checkpoint left next to a sharded one" if name == SINGLE_NAME else "on disk"
         ctx.report(
