@@ -341,3 +341,23 @@ def test_selecting_only_content_rules_without_content_checks_nothing(make_ckpt) 
     config = path / "config.json"
     out = wc("lint", str(config), "--select", "WC201")  # a config alone: index rules need the weights
     assert out.returncode == 3 and "not run on a config without weights" in out.stdout + out.stderr
+
+
+def test_a_run_folder_names_the_checkpoints_inside_it(make_ckpt, tmp_path: Path) -> None:
+    """`lint OUTPUT_DIR` of a training run (checkpoints one or more levels down, as Trainer's checkpoint-N/ and
+    verl's global_step_N/actor/huggingface/ lay them out): still exit 3, and the note names them to lint."""
+    run = tmp_path / "run"
+    shutil.copytree(make_ckpt("llama"), run / "checkpoint-100")
+    (run / "global_step_10" / "actor" / "huggingface").mkdir(parents=True)
+    shutil.copy(run / "checkpoint-100" / "config.json", run / "global_step_10" / "actor" / "huggingface")
+    (run / "logs").mkdir()
+    (run / "logs" / "train.log").write_text("step 1\n")
+    out = wc("lint", str(run))
+    assert out.returncode == 3, out.stdout + out.stderr
+    assert "checkpoints in its subfolders, lint each: checkpoint-100, global_step_10/actor/huggingface" in (
+        out.stdout + out.stderr
+    )
+    empty = tmp_path / "empty"
+    (empty / "logs").mkdir(parents=True)
+    out = wc("lint", str(empty))
+    assert out.returncode == 3 and "subfolders" not in out.stdout + out.stderr

@@ -193,6 +193,38 @@ def _existing_local(path: Path) -> _LocalTarget | None:
     return _LocalTarget(Path(text))
 
 
+def _checkpoints_below(root: Path, depth: int = 3, limit: int = 5, budget: int = 2000) -> list[str]:
+    """Subfolders (relative, at most `depth` deep, symlinks not followed) holding a config.json or safetensors:
+    a training run's output (`checkpoint-100/`, verl's `global_step_10/actor/huggingface/`) given as the target.
+    Bounded: at most `budget` directory entries listed in all, never a file opened."""
+    from itertools import islice
+
+    out: list[str] = []
+    stack, left = [(root, 0)], budget
+    while stack and len(out) < limit and left > 0:
+        folder, level = stack.pop()
+        try:
+            with os.scandir(folder) as it:
+                entries = sorted(islice(it, left), key=lambda e: e.name)
+        except OSError:
+            continue
+        left -= len(entries)
+        for entry in entries:
+            if left <= 0 or not entry.is_dir(follow_symlinks=False) or entry.name.startswith("."):
+                continue
+            try:
+                with os.scandir(entry.path) as it:
+                    names = [e.name for e in islice(it, left) if e.is_file(follow_symlinks=False)]
+            except OSError:
+                continue
+            left -= len(names)
+            if "config.json" in names or any(n.endswith(".safetensors") for n in names):
+                out.append(str(Path(entry.path).relative_to(root)))
+            elif level + 1 < depth:
+                stack.append((Path(entry.path), level + 1))
+    return sorted(out)[:limit]
+
+
 def _explicit(select: Iterable[str]) -> bool:
     """The user chose rules (`--select`), beyond the default of all."""
     chosen = [s.strip().upper() for s in select]
@@ -264,7 +296,9 @@ def _lint(path: Path, select: Iterable[str], ignore: Iterable[str], options: dic
         # A newcomer's pickled checkpoint: say what was found and why it was not read, not only what was not.
         found = pickles_found(ckpt)
         convert = "; convert them to safetensors" if found else ""
-        result.notes.append(f"{path}: no safetensors weights, index or config.json to check{found}{convert}")
+        inside = _checkpoints_below(path) if resolved.path is not None and path.is_dir() else []
+        below = f"; checkpoints in its subfolders, lint each: {', '.join(inside)}" if inside else ""
+        result.notes.append(f"{path}: no safetensors weights, index or config.json to check{found}{convert}{below}")
         return result
 
     if opts.get("pattern"):  # an explicit --pattern must exist and be valid: fail early (usage error)
