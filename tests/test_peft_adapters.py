@@ -256,3 +256,31 @@ def test_content_zero_expert_factors_are_a_warning(tmp_path: Path) -> None:
     assert [f.severity.name for f in found] == ["WARNING"] and "never routed" in found[0].message, [
         (f.severity, f.message) for f in found
     ]
+
+
+def test_an_adapter_folder_holding_its_base_models_config_is_an_adapter(adapters: dict[str, Path],
+                                                                         tmp_path: Path) -> None:  # fmt: skip
+    """Some trainers copy the base model's config.json into the adapter's output folder: the config describes
+    the base model (4 errors: every base weight "missing", a doubled `model.model.`, no lm_head). With
+    adapter_config.json and adapter weights only, the folder is linted as the adapter. A model's own weights
+    beside the same files are still linted against the config."""
+    import shutil
+
+    from transformers import LlamaConfig
+
+    path = _copy(adapters, "some-layers", tmp_path / "a")
+    LlamaConfig(**LLAMA).save_pretrained(path)  # the base model's config.json, as transformers writes it
+    result = lint(path)
+    assert not [f for f in result.findings if f.severity.name in ("ERROR", "WARNING")], [
+        (f.code, f.message) for f in result.findings
+    ]
+    assert any(f.code == "WC107" and "config.json here is its base model's" in f.message for f in result.findings)
+
+    from weightcheck.checkpoint import load_checkpoint
+
+    model = tmp_path / "m"
+    shutil.copytree(path, model)
+    _base("llama").save_pretrained(model)  # model.safetensors beside the adapter: a model folder
+    assert load_checkpoint(model).peft_adapter() is None and load_checkpoint(path).peft_adapter() is not None
+    # no index: loaders that glob *.safetensors would load the adapter's tensors as model weights
+    assert lint(model).exit_code() == 1

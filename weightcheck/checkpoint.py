@@ -66,6 +66,8 @@ class Checkpoint:
     weight_map: dict[str, str] = field(default_factory=dict)
     other_files: list[str] = field(default_factory=list)
     extra_json: dict[str, JsonDoc] = field(default_factory=dict)
+    # A PEFT adapter folder's copy of its base model's config.json (set aside: it does not describe the tensors)
+    base_config: JsonDoc | None = None
     _names: frozenset[str] | None = field(default=None, repr=False)
     _all: tuple[tuple[Any, ...], dict[str, TensorInfo]] | None = field(default=None, repr=False)
 
@@ -146,8 +148,8 @@ class Checkpoint:
         return [f for f in self.files_on_disk if f.startswith(KNOWN_UNINDEXED) and f not in indexed]
 
     def peft_adapter(self) -> dict[str, Any] | None:
-        """The adapter_config.json of a PEFT adapter folder (`peft_type` set, no config.json: the base model's
-        config lives with the base model); None for a model checkpoint."""
+        """The adapter_config.json of a PEFT adapter folder (`peft_type` set, and no config.json, or one beside
+        adapter weights only: see `load_from_source`); None for a model checkpoint."""
         if self.config is not None and self.config.exists:
             return None
         doc = self.extra_json.get("adapter_config.json")
@@ -355,6 +357,19 @@ def load_from_source(source: FileSource) -> Checkpoint:
     if INDEX_NAME in entries:
         ckpt.index = source.read_json(INDEX_NAME)
         _parse_index(ckpt)
+    if (
+        ckpt.config is not None
+        and ckpt.config.exists
+        and ckpt.files_on_disk
+        and ckpt.index is None
+        and all(f.startswith("adapter_model") for f in ckpt.files_on_disk)
+        and "adapter_config.json" in ckpt.extra_json
+    ):
+        # A PEFT adapter folder that also holds the base model's config.json (some trainers copy it there): the
+        # config describes the base model, not these tensors, so the adapter is checked as one without it.
+        ckpt.base_config, ckpt.config = ckpt.config, None
+        if ckpt.peft_adapter() is None:  # not an adapter after all: keep the config
+            ckpt.config, ckpt.base_config = ckpt.base_config, None
 
     # Open every shard named by the index plus every .safetensors file present, each once.
     # A dict, not a list: an index naming 10^5 distinct shards must not cost a quadratic membership test.

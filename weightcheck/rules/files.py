@@ -234,8 +234,9 @@ def config_invalid(ctx: LintContext) -> None:
         adapter = ctx.ckpt.peft_adapter()
         if adapter is not None:
             base = adapter.get("base_model_name_or_path")
+            beside = "config.json here is its base model's" if ctx.ckpt.base_config is not None else "no config.json"
             ctx.report(
-                f"no config.json: this is a PEFT {str(adapter.get('peft_type'))[:20]} adapter (adapter_config.json)"
+                f"{beside}: this is a PEFT {str(adapter.get('peft_type'))[:20]} adapter (adapter_config.json)"
                 f"{f' for {str(base)[:200]}' if isinstance(base, str) and base else ''}, loaded on top of its base "
                 "model (SGLang --lora-paths, vLLM --lora-modules, PEFT from_pretrained); checks that need the base "
                 "model's config.json (layer counts, shapes) are skipped",
