@@ -252,3 +252,44 @@ def test_gemma3_vision_pooling_head_is_not_a_bnb_target(tmp_path: Path) -> None:
     edit_tensors(bad, lose)
     found = [f for f in lint(bad).findings if f.code == "WC307"]
     assert len(found) == 1 and "mlp.fc1" in found[0].message and "out_proj" not in found[0].message
+
+
+@pytest.mark.parametrize(
+    "state",
+    [
+        '{"quant_type": "nf4", "blocksize": 64, "dtype": ["float32"], "shape": [64, 64]}',
+        '{"quant_type": "nf4", "blocksize": 64, "dtype": "float32", "shape": [64, 64], "nested_blocksize": 256, '
+        '"nested_dtype": "load", "nested_offset": 0.1}',
+        '{"quant_type": "nf4", "blocksize": 64, "dtype": "float32", "shape": [99999999999, 99999999999]}',
+        '{"quant_type": "nf4", "blocksize": true, "dtype": "float32", "shape": [64, 64]}',
+        "[1, 2",
+    ],
+    ids=["dtype-list", "nested-dtype-not-a-dtype", "huge-shape", "bool-blocksize", "not-json"],
+)
+def test_a_hostile_quant_state_is_a_finding(saved: dict[str, Path], tmp_path: Path, state: str) -> None:
+    """The quant_state blob is JSON from the checkpoint: any value in it is a malformed-module finding in diff
+    (WC709 family), never a traceback, an allocation from its numbers, or a lookup of a torch attribute it
+    names."""
+    import shutil
+
+    import torch
+
+    from weightcheck.diffing import diff
+
+    path = Path(shutil.copytree(saved["nf4-double"], tmp_path / "a"))
+    blob = next(k for k in _names(path) if k.startswith(O_PROJ + ".quant_state."))
+
+    def plant(tensors: dict[str, Any]) -> None:
+        tensors[blob] = torch.frombuffer(bytearray(state.encode()), dtype=torch.uint8).clone()
+
+    edit_tensors(path, plant)
+    result = diff(saved["nf4"].parent / "base-llama", path)
+    assert result.exit_code() == 1 and not any(f.code == "WC000" for f in result.findings)
+    assert any(O_PROJ in (f.location.tensor or "") + f.message for f in result.findings if f.severity.name == "ERROR")
+
+
+def _names(path: Path) -> list[str]:
+    from safetensors import safe_open
+
+    with safe_open(str(path / "model.safetensors"), "np") as fh:
+        return list(fh.keys())

@@ -96,7 +96,9 @@ def _build_4bit(
         and shape
         and all(isinstance(d, int) and not isinstance(d, bool) and d > 0 for d in shape)
         and isinstance(blocksize, int)
+        and not isinstance(blocksize, bool)
         and blocksize > 0
+        and isinstance(dtype, str)
         and dtype in _OUT_DTYPES
         and state.get("quant_type") in ("nf4", "fp4")
     ):
@@ -111,8 +113,16 @@ def _build_4bit(
         raise QuantFormatError(f"absmax / quant_map do not fit {blocks} blocks of {blocksize} and 16 codes")
     if "nested_offset" in state or "nested_absmax" in parts:
         nested = state.get("nested_blocksize")
-        if not (isinstance(nested, int) and nested > 0 and isinstance(state.get("nested_offset"), (int, float))):
-            raise QuantFormatError("double-quantized quant_state lacks nested_blocksize or nested_offset")
+        offset = state.get("nested_offset")
+        if not (
+            isinstance(nested, int)
+            and nested > 0
+            and isinstance(offset, (int, float))
+            and not isinstance(offset, bool)
+            and math.isfinite(offset)
+            and _OUT_DTYPES.get(str(state.get("nested_dtype", "float32"))) is not None
+        ):
+            raise QuantFormatError("double-quantized quant_state lacks a valid nested_blocksize, offset or dtype")
         if "nested_absmax" not in parts or "nested_quant_map" not in parts:
             raise QuantFormatError("double-quantized module without nested_absmax / nested_quant_map")
         if math.prod(infos[parts["nested_absmax"]].shape) != -(-blocks // nested):
@@ -167,7 +177,7 @@ def _absmax(qt: QuantizedTensor, fetch: Fetch) -> torch.Tensor:
             table = fetch(qt.parts["nested_quant_map"]).reshape(-1).to(torch.float32)
             size = state["nested_blocksize"]
             absmax = table[absmax.to(torch.int64)] * nested[torch.arange(absmax.numel()) // size]
-            absmax = absmax.to(getattr(torch, state.get("nested_dtype", "float32"), torch.float32))
+            absmax = absmax.to(getattr(torch, state.get("nested_dtype", "float32")))  # validated in _build_4bit
             absmax += state["nested_offset"]
         qt._cache["absmax"] = absmax.to(torch.float32)
     return qt._cache["absmax"]
