@@ -147,6 +147,14 @@ class Checkpoint:
         indexed = set(self.indexed_shards)
         return [f for f in self.files_on_disk if f.startswith(KNOWN_UNINDEXED) and f not in indexed]
 
+    def stray_adapter_files(self) -> list[str]:
+        """A PEFT adapter's weight files (`adapter_model*.safetensors` with its adapter_config.json) in a folder
+        that also holds model weights: not an adapter folder, and a file the loaders may read as the model's."""
+        if self.peft_adapter() is not None or "adapter_config.json" not in self.extra_json:
+            return []
+        adapter = [f for f in self.files_on_disk if f.startswith("adapter_model")]
+        return adapter if len(adapter) < len(self.files_on_disk) else []
+
     def peft_adapter(self) -> dict[str, Any] | None:
         """The adapter_config.json of a PEFT adapter folder (`peft_type` set, and no config.json, or one beside
         adapter weights only: see `load_from_source`); None for a model checkpoint."""

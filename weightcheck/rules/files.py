@@ -129,14 +129,31 @@ def shard_not_indexed(ctx: LintContext) -> None:
     that glob files merge them (stale `model.safetensors` next to a fresh index, Blaizzy/mlx-vlm#1464). A file
     holding model tensors that no index entry references is an error; known side files
     (`consolidated*.safetensors`) are a warning, and an info beside `params.json`: Mistral's Hub repos ship their
-    native layout next to the HF one on purpose."""
+    native layout next to the HF one on purpose. A PEFT adapter's `adapter_model.safetensors` saved into the model's
+    folder is an error with or without an index (without one, vLLM and SGLang load every file in the folder)."""
     ckpt = ctx.ckpt
+    indexed = set(ckpt.indexed_shards)
+    for name in ckpt.stray_adapter_files():
+        if name in indexed:
+            continue
+        ctx.report(
+            f"{name} is a PEFT adapter's weights (adapter_config.json beside it) in the model's folder: "
+            + (
+                f"not in {INDEX_NAME}, so the HF loaders skip it, but loaders that glob files read its "
+                "base_model.model.* LoRA tensors"
+                if ckpt.index is not None
+                else "with no index, vLLM and SGLang load every *.safetensors here and meet its base_model.model.* "
+                "LoRA tensors as model weights (an unknown-parameter error at load)"
+            ),
+            file=name,
+            fix="move the adapter (adapter_model.safetensors, adapter_config.json) to its own folder",
+        )
     if ckpt.index is None:
         return
-    indexed = set(ckpt.indexed_shards)
     mistral = set(ckpt.mistral_native_copy())
+    adapters = set(ckpt.stray_adapter_files())
     for name in ckpt.files_on_disk:
-        if name in indexed:
+        if name in indexed or name in adapters:
             continue
         report = ckpt.shards.get(name)
         n = len(report.tensors) if report else 0

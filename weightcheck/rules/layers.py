@@ -300,8 +300,9 @@ def repeated_path_segment(ctx: LintContext) -> None:
             if prefix in bad_parts and count:
                 doubled.extend(n for n in ctx.ckpt.tensor_names() if n.startswith(prefix + "."))
     doubled = sorted(set(doubled) - _architecture_names(ctx))
-    if doubled and ctx.ckpt.peft_adapter() is not None:
+    if doubled and (ctx.ckpt.peft_adapter() is not None or ctx.ckpt.stray_adapter_files()):
         # PEFT's own wrapper path (`base_model.model.` + the base model's `model.layers...`): judged without it
+        # (an adapter file in a model's folder is WC105's)
         cut = len(PEFT_PREFIX)
         doubled = [n for n in doubled if not n.startswith(PEFT_PREFIX) or _REPEATED_SEGMENT.search(n[cut:])]
     if not doubled:
