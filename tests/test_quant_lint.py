@@ -55,6 +55,25 @@ def test_router_not_ignored_names_consumers(make_quant) -> None:
     assert finding.severity.label == "error"
 
 
+def test_slimes_online_int4_quantizer_is_a_consumer_of_integer_configs_only(make_quant) -> None:
+    """slime's and miles' online compressed-tensors quantizer packs INT weights (pack_layer with the first
+    group's group_size): for a W4A16 config it is a consumer of the ignore list; for FP8_DYNAMIC it is not
+    deployed (their FP8 path reads `quant_method: fp8`), so an unignored router or embedding is judged by the
+    engines alone. `consumers = ["slime-int4"]` in the settings still asks for it."""
+    w4 = make_quant("qwen3_moe", "W4A16")
+    set_ignore(w4, ["lm_head"])
+    assert any("slime-int4" in f.details["consumers"] for f in by_code(run(w4), "WC309"))
+    fp8 = make_quant("qwen3_moe", "FP8_DYNAMIC")
+    set_ignore(fp8, ["lm_head"])
+    assert not any("slime-int4" in f.details.get("consumers", ()) for f in run(fp8).findings)
+    from weightcheck.checkpoint import load_checkpoint
+    from weightcheck.quant.analysis import analyze_checkpoint
+
+    qa = analyze_checkpoint(load_checkpoint(fp8))
+    qa.deployed = ["slime-int4"]
+    assert "slime-int4" in [c.key for c in qa.consumers]
+
+
 def test_router_param_style_entry_fixes_online_quantizer_only(make_quant) -> None:
     path = make_quant("qwen3_moe", "W4A16")
     set_ignore(path, ["lm_head", "re:.*mlp\\.gate\\..*"])  # slime's recommended spelling

@@ -50,7 +50,21 @@ class QuantAnalysis:
 
     @property
     def consumers(self) -> list[Consumer]:
-        return consumers_for(self.spec.method, self.deployed) if self.spec else []
+        if not self.spec:
+            return []
+        found = consumers_for(self.spec.method, self.deployed)
+        if self.deployed is None and not self._integer_weights():
+            # slime's and miles' online compressed-tensors quantizer packs INT weights only (pack_layer with the
+            # first group's group_size, `quantizer_compressed_tensors.py`); for an FP8 or FP4 config it is not a
+            # consumer anyone deploys (their FP8 path reads `quant_method: fp8`): unless named in `consumers`.
+            found = [c for c in found if c.key != "slime-int4"]
+        return found
+
+    def _integer_weights(self) -> bool:
+        """The config's weight schemes are integer (W4A16, W8A16...), or it names none (kept, as before)."""
+        assert self.spec is not None
+        schemes = [s for s in self.spec.schemes if s.quantizes_weights]
+        return not schemes or any(s.type in (None, "int") for s in schemes)
 
     def module_consumers(self) -> list[Consumer]:
         return [c for c in self.consumers if c.level == "module"]
