@@ -255,7 +255,11 @@ def constant_tensor(ctx: LintContext) -> None:
     """A matrix filled with one value carries no information: typically a `torch.full`/`fill_`
     placeholder, an all-minimum packed tensor (every INT4 code -8 packs to one repeated word), or a
     broadcast that was saved instead of the real weight. All-zero matrices are WC602; vectors (norms,
-    biases) are skipped because constant initial values are legitimate there."""
+    biases) are skipped because constant initial values are legitimate there. In a PEFT adapter, scaling
+    vectors stored as `[n, 1]` matrices that PEFT starts at a constant (IA3's `ia3_l`, at 1) are one finding
+    for all of them: an adapter that has not been trained yet."""
+    adapter = ctx.ckpt.peft_adapter() is not None
+    at_init: list[str] = []
     for scan in content_scan(ctx):
         found = scan.value_range
         if not _is_weight_matrix(scan) or found is None or not found.constant:
@@ -264,8 +268,19 @@ def constant_tensor(ctx: LintContext) -> None:
             continue  # WC602
         if _numel(scan.shape) < 2:
             continue
+        if adapter and adapter_factor(scan.name) is not None and found.minimum == 1:
+            at_init.append(scan.name)
+            continue
         value = int(found.minimum) if found.minimum.is_integer() else found.minimum
         ctx.report(f"every element is {value}", file=scan.shard, tensor=scan.name, details={"value": found.minimum})
+    if at_init:
+        ctx.report(
+            f"{len(at_init)} adapter factor(s) hold PEFT's initial value 1 in every element (IA3's scaling vectors "
+            f"start so): the adapter changes nothing there yet: {summarize(sorted(at_init))}",
+            tensor=summarize(sorted(at_init), limit=3),
+            count=len(at_init),
+            details={"value": 1.0},
+        )
 
 
 @rule(

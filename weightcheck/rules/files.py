@@ -255,8 +255,12 @@ def config_invalid(ctx: LintContext) -> None:
             ctx.report(
                 f"{beside}: this is a PEFT {str(adapter.get('peft_type'))[:20]} adapter (adapter_config.json)"
                 f"{f' for {str(base)[:200]}' if isinstance(base, str) and base else ''}, loaded on top of its base "
-                "model (SGLang --lora-paths, vLLM --lora-modules, PEFT from_pretrained); checks that need the base "
-                "model's config.json (layer counts, shapes) are skipped",
+                + (
+                    "model (SGLang --lora-paths, vLLM --lora-modules, PEFT from_pretrained)"
+                    if adapter.get("peft_type") == "LORA"
+                    else "model by PEFT's from_pretrained (SGLang and vLLM serve LoRA adapters only)"
+                )
+                + "; checks that need the base model's config.json (layer counts, shapes) are skipped",
                 file="adapter_config.json",
                 severity=Severity.INFO,
                 fix="nothing to fix in the adapter; lint the base model's checkpoint for those checks",
