@@ -101,6 +101,18 @@ def test_overreaching_regex_and_partial_fused_group(make_quant) -> None:
     assert fused and all("gate_up_proj" in f.message for f in fused)
 
 
+def test_a_word_followed_by_dot_star_asks_for_its_extensions(make_quant) -> None:
+    """slime's default ignore rules (tools/convert_hf_to_int4_direct.py) spell `re:.*embed.*` and `re:.*norm.*`:
+    `embed_tokens` and `input_layernorm` are what they mean, not an overreach. Its `re:.*mlp\\.gate\\.*` (zero or
+    more dots after `gate`) does reach every `gate_proj` of a dense model: still WC305."""
+    path = make_quant("llama", "W4A16")
+    set_ignore(path, ["lm_head", "re:.*embed.*", "re:.*norm.*"])
+    assert not by_code(run(path), "WC305")
+    set_ignore(path, ["lm_head", "re:.*embed.*", "re:.*mlp\\.gate\\.*"])
+    [over] = by_code(run(path), "WC305")
+    assert "mlp\\\\.gate" in over.message and "gate_proj" in over.message
+
+
 def test_ignored_module_stored_quantized(make_quant) -> None:
     path = make_quant("llama", "W4A16")
     set_ignore(path, [*quant_config(path)["ignore"], "model.layers.0.self_attn.o_proj"])

@@ -390,9 +390,22 @@ def ignore_regex_overreach(ctx: LintContext) -> None:
     for entry in qa.spec.ignore:
         if not entry.startswith("re:") or regex_error(entry):
             continue
+        if _asks_for_extensions(entry[3:]):
+            continue
         hits = sorted(m for m in qa.regex_matches(entry) if overreach(entry[3:], m))
         if hits:
             _report_overreach(ctx, qa, entry, hits, "")
+
+
+def _asks_for_extensions(pattern: str) -> bool:
+    r"""A word followed by an explicit `.*` (`.*embed.*`, `.*norm.*`: slime's default ignore rules) asks for every
+    name that extends the word: `embed_tokens` is what it means. A number followed by `.*` does not
+    (`model.layers.1.*` reaching layers 10-19), nor a word the pattern ends on (`.*mlp.gate` reaching
+    `gate_proj`) or one followed by `\.*` (zero or more dots: a typo for `\..*`)."""
+    if not pattern.endswith(".*") or pattern.endswith(r"\.*"):
+        return False
+    stem = pattern[:-2]
+    return bool(stem) and (stem[-1].isalpha() or stem[-1] == "_")
 
 
 def _report_overreach(ctx: LintContext, qa: QuantAnalysis, entry: str, hits: list[str], how_read: str) -> None:
