@@ -430,7 +430,8 @@ def finish_diff(
     from weightcheck.triage import fill_fix_texts
 
     only_a, only_b = plan.only_a, plan.only_b
-    result.findings = _findings(outcomes, only_a, only_b, opts) + _refusal_findings(view_a, view_b, opts)
+    lossy = set(view_a.quantized) | set(view_b.quantized)
+    result.findings = _findings(outcomes, only_a, only_b, opts, lossy) + _refusal_findings(view_a, view_b, opts)
     fill_fix_texts(result.findings)  # the Python API's findings say what to do, as the CLI's do
     counts: dict[str, int] = defaultdict(int)
     for outcome in outcomes:
@@ -618,7 +619,18 @@ def _tensor_evidence(outcome: Outcome) -> dict[str, Any]:
     return item
 
 
-def _findings(outcomes: list[Outcome], only_a: list[str], only_b: list[str], opts: DiffOptions) -> list[Finding]:
+# The fix of a value mismatch between a tensor and its quantized form: a quantizer that clips or compensates error
+# moves some weights past one step on purpose, and the stat tier is how the README says to compare such pairs.
+_LOSSY_FIX = (
+    "one side is quantized: a quantizer that clips or compensates error (GPTQ, AWQ, AutoRound's optimized RTN) "
+    "leaves some weights past one quantization step; if that is the quantizer, compare with the stat tier "
+    '(a --policy file with the line "*.weight stat"); otherwise find the conversion step that changed the values'
+)
+
+
+def _findings(
+    outcomes: list[Outcome], only_a: list[str], only_b: list[str], opts: DiffOptions, lossy: set[str] | None = None
+) -> list[Finding]:
     from weightcheck.linting import selected_rules
 
     findings: list[Finding] = []
@@ -654,7 +666,10 @@ def _findings(outcomes: list[Outcome], only_a: list[str], only_b: list[str], opt
         else:
             groups[()] = items
         for layers, group in sorted(groups.items()):
-            findings.append(_class_finding(found, klass, layers, group))
+            finding = _class_finding(found, klass, layers, group)
+            if klass == "value-mismatch" and lossy and all(o.name_a in lossy or o.name_b in lossy for o in group):
+                finding.fix = _LOSSY_FIX
+            findings.append(finding)
     for (code, reason, allowed), items in sorted(skips.items()):
         names = [o.name_a for o in items]
         severity = Severity.INFO if allowed else None

@@ -358,8 +358,8 @@ def _partial(a: Operand, b: Operand, verdict: Verdict) -> Classification | None:
                 f"only {'rows' if dim == 0 else 'columns'} {start}..{end - 1} of {length} match",
                 evidence,
             )
-        if dim == 0 and n_good >= length // 2:
-            continue  # scattered bad rows are not a partial write
+        if n_good >= length // 2:
+            continue  # scattered bad rows or columns are not a partial write (a lossy quantizer's clipped columns)
         return Classification(PARTIAL, f"{n_good} of {length} {'rows' if dim == 0 else 'columns'} match", evidence)
     return None
 
