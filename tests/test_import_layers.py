@@ -55,6 +55,7 @@ LAYERS: list[tuple[str, tuple[str, ...]]] = [
             "weightcheck.hub",
             "weightcheck.dequant",
             "weightcheck.bnb",
+            "weightcheck.gptq",
             "weightcheck.collapse",
             "weightcheck.layout",
             "weightcheck.digest",

@@ -209,12 +209,6 @@ class LogicalCheckpoint:
         self.store.close()
 
 
-_QWEIGHT_REASON = (
-    "GPTQ/AWQ packing (qweight, qzeros, scales): weightcheck cannot dequantize it yet, so this weight is not "
-    "compared (--allow-skip it, or diff a compressed-tensors export of the same quantization)"
-)
-
-
 def load_logical(path: Path) -> LogicalCheckpoint:
     from weightcheck.dequant import COMPANION_SUFFIXES, find_quantized
     from weightcheck.tensors import TensorReadError, TensorStore
@@ -240,14 +234,17 @@ def load_logical(path: Path) -> LogicalCheckpoint:
     quantized.update(more)
     malformed.update(bad)
     consumed = {stored for qt in quantized.values() for stored in qt.parts.values()}
-    # GPTQ / AWQ / AutoRound packing (`qweight`, `qzeros`, `scales`, `g_idx`): no dequantizer yet. The module's
-    # weight is reported as not compared, with that reason, instead of its parts as tensors only in this side.
-    for stored in infos:
-        module, _, leaf = stored.rpartition(".")
-        if leaf == "qweight" and f"{module}.scales" in infos and f"{module}.weight" not in infos:
-            name = f"{module}.weight" if module else "weight"
-            view.unavailable[name] = (SKIPPED.code, _QWEIGHT_REASON)
-            consumed.update(f"{module}.{p}" for p in ("qweight", "qzeros", "scales", "g_idx"))
+    # GPTQ / AWQ / AutoRound packing (`qweight`, `qzeros`, `scales`, `g_idx`): dequantized where weightcheck.gptq
+    # reads the layout; another one is reported as not compared, with the reason, not as tensors only here.
+    from weightcheck import gptq
+
+    packed, bad, unsupported = gptq.find({n: i for n, i in infos.items() if n not in consumed}, ckpt.config_data)
+    quantized.update(packed)
+    malformed.update(bad)
+    consumed.update(stored for qt in packed.values() for stored in qt.parts.values())
+    for module, reason in unsupported.items():
+        view.unavailable[f"{module}.weight" if module else "weight"] = (SKIPPED.code, f"{reason}: not compared")
+        consumed.update(f"{module}.{p}" for p in ("qweight", "qzeros", "scales", "g_idx"))
     for module, reason in malformed.items():
         name = f"{module}.weight" if module else "weight"
         view.unavailable[name] = (QUANTIZED_TENSOR_MALFORMED.code, reason)
