@@ -206,8 +206,6 @@ def discover(run: Path, **given: Any) -> RunInputs:
     return inputs
 
 
-
-
 def _names(labels: list[str]) -> str:
     return ", ".join(labels[:4]) + (", …" if len(labels) > 4 else "")
 
@@ -217,8 +215,6 @@ def _is_file(path: Path) -> bool:
         return path.is_file()
     except OSError:
         return False
-
-
 
 
 # ---------------------------------------------------------------- the checklist

@@ -207,7 +207,6 @@ class QuantAnalysis:
                 return True
         return False
 
-
     def _mha_out_proj(self, module: ModuleInfo) -> bool:
         """Under bitsandbytes, the `out_proj` of a `torch.nn.MultiheadAttention` (its parent stores
         `in_proj_weight`; SigLIP's pooling head in Gemma 3's vision tower): a `NonDynamicallyQuantizableLinear`,
