@@ -17,10 +17,10 @@ from __future__ import annotations
 
 import json
 import math
-from collections.abc import Callable, Mapping
-from typing import TYPE_CHECKING, Any
+from collections.abc import Mapping
+from typing import TYPE_CHECKING
 
-from weightcheck.dequant import EXTRA_FORMATS, QuantFormatError, QuantizedTensor, QuantSpec
+from weightcheck.dequant import EXTRA_FORMATS, Fetch, QuantFormatError, QuantizedTensor, QuantSpec
 from weightcheck.safetensors_header import DTYPE_BITS, TensorInfo
 
 if TYPE_CHECKING:
@@ -33,8 +33,6 @@ _QUANT_STATE = "quant_state.bitsandbytes__"
 _OUT_DTYPES = {"float32": "F32", "bfloat16": "BF16", "float16": "F16"}
 _INT8_SCALE = 7.874015718698502e-3  # bitsandbytes' 1/127 as it writes it
 _MAX_STATE_BYTES = 4096
-
-Fetch = Callable[[str], Any]
 
 
 def find(infos: Mapping[str, TensorInfo], read_small: Fetch) -> tuple[dict[str, QuantizedTensor], dict[str, str]]:

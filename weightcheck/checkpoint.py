@@ -160,11 +160,13 @@ class Checkpoint:
         adapter weights only: see `load_from_source`); None for a model checkpoint."""
         if self.config is not None and self.config.exists:
             return None
+        return self.adapter_config()
+
+    def adapter_config(self) -> dict[str, Any] | None:
+        """adapter_config.json when it is PEFT's (a `peft_type` string), whatever else the folder holds."""
         doc = self.extra_json.get("adapter_config.json")
         data = doc.data if doc is not None else None
-        if isinstance(data, dict) and isinstance(data.get("peft_type"), str):
-            return data
-        return None
+        return data if isinstance(data, dict) and isinstance(data.get("peft_type"), str) else None
 
     @property
     def bytes_read(self) -> int:
@@ -371,13 +373,11 @@ def load_from_source(source: FileSource) -> Checkpoint:
         and ckpt.files_on_disk
         and ckpt.index is None
         and all(f.startswith("adapter_model") for f in ckpt.files_on_disk)
-        and "adapter_config.json" in ckpt.extra_json
+        and ckpt.adapter_config() is not None
     ):
         # A PEFT adapter folder that also holds the base model's config.json (some trainers copy it there): the
         # config describes the base model, not these tensors, so the adapter is checked as one without it.
         ckpt.base_config, ckpt.config = ckpt.config, None
-        if ckpt.peft_adapter() is None:  # not an adapter after all: keep the config
-            ckpt.config, ckpt.base_config = ckpt.base_config, None
 
     # Open every shard named by the index plus every .safetensors file present, each once.
     # A dict, not a list: an index naming 10^5 distinct shards must not cost a quadratic membership test.

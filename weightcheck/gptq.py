@@ -16,10 +16,10 @@ the caller as not dequantizable. Nothing from auto_gptq, gptqmodel or autoawq is
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping
+from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any
 
-from weightcheck.dequant import EXTRA_FORMATS, QuantFormatError, QuantizedTensor, QuantSpec
+from weightcheck.dequant import EXTRA_FORMATS, Fetch, QuantFormatError, QuantizedTensor, QuantSpec
 from weightcheck.safetensors_header import TensorInfo
 
 if TYPE_CHECKING:
@@ -27,10 +27,10 @@ if TYPE_CHECKING:
 
 GPTQ = "gptq-qweight"
 AWQ = "awq-qweight"
-_AWQ_ORDER = (0, 2, 4, 6, 1, 3, 5, 7)  # the output column (within 8) of the code at each 4-bit shift
+# AWQ packs the 8 output columns of a word in the order 0, 2, 4, 6, 1, 3, 5, 7: column k sits at shift slot
+# _AWQ_SLOT[k] (the inverse permutation; AutoAWQ's AWQ_REVERSE_ORDER, AutoRound's `new_order_map`).
+_AWQ_SLOT = [0, 4, 1, 5, 2, 6, 3, 7]
 _FLOATS = {"F16": "F16", "BF16": "BF16", "F32": "F32"}
-
-Fetch = Callable[[str], Any]
 
 
 def _config_bits(config: Mapping[str, Any]) -> tuple[int | None, bool]:
@@ -120,6 +120,11 @@ def _unpack(words: torch.Tensor, bits: int) -> torch.Tensor:
     return ((words.unsqueeze(-1) >> shifts) & ((1 << bits) - 1)).reshape(*words.shape[:-1], words.shape[-1] * per_word)
 
 
+def _awq_columns(words: torch.Tensor) -> torch.Tensor:
+    """[..., n] AWQ words → [..., 8n] 4-bit codes in output-column order."""
+    return _unpack(words, 4).reshape(*words.shape, 8)[..., _AWQ_SLOT].reshape(*words.shape[:-1], -1)
+
+
 def dequantize_rows(
     qt: QuantizedTensor, fetch: Fetch, r0: int, r1: int, with_step: bool
 ) -> tuple[torch.Tensor, torch.Tensor | None]:
@@ -127,16 +132,12 @@ def dequantize_rows(
     import torch
 
     spec, parts = qt.spec, qt.parts
-    in_features = qt.shape[1]
     scales = fetch(parts["scales"])
     if spec.format == GPTQ:
         codes = _unpack(fetch(parts["qweight"])[:, r0:r1].t().contiguous(), spec.num_bits)  # [rows, in]
     else:
-        words = fetch(parts["qweight"])  # [in, out / 8]
-        w0, w1 = r0 // 8, -(-r1 // 8)
-        unpacked = _unpack(words[:, w0:w1].contiguous(), 4).reshape(in_features, w1 - w0, 8)
-        reorder = torch.tensor([_AWQ_ORDER.index(k) for k in range(8)])
-        codes = unpacked[:, :, reorder].reshape(in_features, -1)[:, r0 - 8 * w0 : r1 - 8 * w0].t()  # [rows, in]
+        w0, w1 = r0 // 8, -(-r1 // 8)  # the words holding output columns r0..r1 of qweight [in, out / 8]
+        codes = _awq_columns(fetch(parts["qweight"])[:, w0:w1])[:, r0 - 8 * w0 : r1 - 8 * w0].t()  # [rows, in]
     group = _groups(qt, fetch)  # [in]
     scale = scales[:, r0:r1].t()[:, group]  # [rows, in]
     zero = _zeros(qt, fetch, r0, r1)[:, group] if "qzeros" in parts else (1 << (spec.num_bits - 1))
@@ -166,13 +167,8 @@ def _zeros(qt: QuantizedTensor, fetch: Fetch, r0: int, r1: int) -> torch.Tensor:
     import torch
 
     packed = fetch(qt.parts["qzeros"])
-    if qt.spec.format == GPTQ:
-        zeros = _unpack(packed, qt.spec.num_bits)[:, r0:r1]
-    else:
-        unpacked = _unpack(packed, 4).reshape(packed.shape[0], packed.shape[1], 8)
-        reorder = torch.tensor([_AWQ_ORDER.index(k) for k in range(8)])
-        zeros = unpacked[:, :, reorder].reshape(packed.shape[0], -1)[:, r0:r1]
-    return zeros.t().to(torch.int32) + qt._cache["zero_offset"]
+    unpack = _unpack(packed, qt.spec.num_bits) if qt.spec.format == GPTQ else _awq_columns(packed)
+    return unpack[:, r0:r1].t().to(torch.int32) + qt._cache["zero_offset"]
 
 
 EXTRA_FORMATS[GPTQ] = EXTRA_FORMATS[AWQ] = dequantize_rows

@@ -381,13 +381,14 @@ def with_ids(name: str, layer: int | None = None, expert: int | None = None) -> 
 # the prefix when it maps them (`parse_fine_tuned_lora_name`); the doubled `model.model.` is PEFT's, not a
 # writer's bug.
 PEFT_PREFIX = "base_model.model."
-# The LoRA factor leaves, as PEFT names them: Linear/Conv `lora_A.weight`/`lora_B.weight` (`lora_B.bias` with
-# lora_bias), Embedding `lora_embedding_A`/`lora_embedding_B`; DoRA's `lora_magnitude_vector` has no pair.
+# The LoRA factor leaves, as PEFT names them, each with its partner: Linear/Conv `lora_A.weight`/`lora_B.weight`
+# (`lora_B.bias` with lora_bias), Embedding `lora_embedding_A`/`lora_embedding_B`; DoRA's `lora_magnitude_vector`
+# has no pair.
 LORA_FACTORS = {
-    "lora_A.weight": ("A", "lora_B.weight"),
-    "lora_B.weight": ("B", "lora_A.weight"),
-    "lora_embedding_A": ("A", "lora_embedding_B"),
-    "lora_embedding_B": ("B", "lora_embedding_A"),
+    "lora_A.weight": "lora_B.weight",
+    "lora_B.weight": "lora_A.weight",
+    "lora_embedding_A": "lora_embedding_B",
+    "lora_embedding_B": "lora_embedding_A",
 }
 
 

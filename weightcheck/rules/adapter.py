@@ -56,7 +56,7 @@ def lora_factor_missing(ctx: LintContext) -> None:
     lacking: dict[str, list[str]] = {}
     for module, factors in _factors(ctx).items():
         for leaf in factors:
-            partner = LORA_FACTORS[leaf][1]
+            partner = LORA_FACTORS[leaf]
             if partner not in factors:
                 lacking.setdefault(partner, []).append(f"{module}.{leaf}")
     for partner, names in sorted(lacking.items()):

@@ -133,9 +133,8 @@ def shard_not_indexed(ctx: LintContext) -> None:
     folder is an error with or without an index (without one, vLLM and SGLang load every file in the folder)."""
     ckpt = ctx.ckpt
     indexed = set(ckpt.indexed_shards)
-    for name in ckpt.stray_adapter_files():
-        if name in indexed:
-            continue
+    adapters = set(ckpt.stray_adapter_files())
+    for name in sorted(adapters - indexed):
         ctx.report(
             f"{name} is a PEFT adapter's weights (adapter_config.json beside it) in the model's folder: "
             + (
@@ -151,7 +150,6 @@ def shard_not_indexed(ctx: LintContext) -> None:
     if ckpt.index is None:
         return
     mistral = set(ckpt.mistral_native_copy())
-    adapters = set(ckpt.stray_adapter_files())
     for name in ckpt.files_on_disk:
         if name in indexed or name in adapters:
             continue

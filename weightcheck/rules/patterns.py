@@ -222,9 +222,9 @@ def unexpected_key(ctx: LintContext) -> None:
         if norm not in known and not (allowed and n.startswith(allowed))
         and not n.endswith((".k_scale", ".v_scale"))  # KV-cache scales sit on the attention module
     ]  # fmt: skip
-    if odd and ctx.ckpt.mistral_native_copy():
+    copy = set(ctx.ckpt.mistral_native_copy()) if odd else set()
+    if copy:
         # tensors only Mistral's native copy holds (its own names): no HF loader opens that file (WC105 names it)
-        copy = set(ctx.ckpt.mistral_native_copy())
         held = {n for s, r in ctx.ckpt.shards.items() if s not in copy for n in r.tensors}
         odd = [n for n in odd if n in held]
     if odd and pattern.borrowed_by is not None:
