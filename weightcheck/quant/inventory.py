@@ -223,8 +223,11 @@ def from_checkpoint(
             if linear_only and quantized and entry.kind in _NAMED_NON_LINEAR and not _vocab_rows(entry, config):
                 entry.kind = "linear"
         modules[module] = entry
+    # The sorted parameter names only matter to an ignore list's parameter-level matching: made when first
+    # asked (a checkpoint whose config has no ignore list never sorts its 92k names).
+    names = list(tensors)
     return Inventory(
-        modules=modules, params=sorted(tensors), from_config_only=False, pattern=pattern, notes=notes,
+        modules=modules, params=lambda: sorted(names), from_config_only=False, pattern=pattern, notes=notes,
         expected=list(expected.values()),
     )  # fmt: skip
 
