@@ -295,3 +295,60 @@ def test_an_adapter_folder_holding_its_base_models_config_is_an_adapter(adapters
     for name in ("adapter_model.safetensors", "adapter_config.json"):
         shutil.move(model / name, tmp_path / "adapter" / name)
     assert lint(model).exit_code() == 0 and lint(tmp_path / "adapter").exit_code() == 0
+
+
+# adapter_config.json values PEFT's loader refuses (each confirmed below with PEFT 0.21's from_pretrained), as
+# (key, value, severity, words of the message): an error where vLLM and SGLang cannot use it either.
+BROKEN_ADAPTER_CONFIGS = [
+    ("r", "4", "error", 'r is "4", not a positive integer'),
+    ("r", 0, "error", "r is 0, not a positive integer"),
+    ("r", True, "error", "r is true, not a positive integer"),
+    ("r", None, "error", "r is null, not a positive integer"),
+    ("lora_alpha", None, "error", "lora_alpha is null, not a number"),
+    ("lora_alpha", "8", "error", 'lora_alpha is "8", not a number'),
+    ("rank_pattern", [], "warning", "rank_pattern is [], not an object of positive integer ranks"),
+    ("rank_pattern", None, "warning", "rank_pattern is null, not an object of positive integer ranks"),
+    ("rank_pattern", {"layers.0.self_attn.q_proj": "8"}, "warning", "rank_pattern is"),
+    ("alpha_pattern", "x", "warning", 'alpha_pattern is "x", not an object of numbers'),
+    ("target_modules", [5], "warning", "target_modules is [5], not a module name pattern"),
+    ("target_modules", [], "warning", "target_modules is an empty list"),
+    ("peft_type", "lora", "error", 'peft_type "lora" is not a PEFT type'),
+    ("peft_type", None, "error", "peft_type null is not a PEFT type"),
+]
+
+
+@pytest.mark.parametrize(("key", "value", "severity", "words"), BROKEN_ADAPTER_CONFIGS,
+                         ids=[f"{k}={v!r}" for k, v, _, _ in BROKEN_ADAPTER_CONFIGS])  # fmt: skip
+def test_adapter_config_values_peft_refuses_are_named(adapters: dict[str, Path], tmp_path: Path, key: str,
+                                                      value: Any, severity: str, words: str) -> None:  # fmt: skip
+    """A value in adapter_config.json that no loader can use was a silent pass (or, for a bad `peft_type`, two
+    false errors about a model folder: "config.json is missing" and a doubled prefix). Each is now one WC107
+    finding on adapter_config.json, and PEFT's own loader refuses the same file."""
+    path = _copy(adapters, "q-v", tmp_path / "a")
+    cfg_path = path / "adapter_config.json"
+    cfg_path.write_text(json.dumps({**json.loads(cfg_path.read_text()), key: value}))
+    found = [f for f in lint(path).findings if f.code == "WC107" and f.location.file == "adapter_config.json"
+             and f.severity.name.lower() != "info"]  # fmt: skip
+    assert len(found) == 1 and words in found[0].message and found[0].severity.name.lower() == severity, found
+    assert "WC405" not in {f.code for f in lint(path).findings}  # still read as an adapter
+    with pytest.raises(Exception), warnings.catch_warnings():  # noqa: B017 (PEFT raises KeyError, TypeError, ...)
+        warnings.simplefilter("ignore")
+        peft.PeftModel.from_pretrained(_base("llama"), path)
+
+
+def test_adapter_config_values_peft_accepts_stay_clean(adapters: dict[str, Path], tmp_path: Path) -> None:
+    """The good twins: values PEFT loads (a float alpha, null target_modules: PEFT's default targets for the
+    model type; patterns left out) add no finding."""
+    path = _copy(adapters, "q-v", tmp_path / "a")
+    cfg_path = path / "adapter_config.json"
+    cfg = json.loads(cfg_path.read_text())
+    cfg_path.write_text(json.dumps({**cfg, "lora_alpha": 8.5, "target_modules": None}))
+    assert not [f for f in lint(path).findings if f.severity.name.lower() != "info"]
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        peft.PeftModel.from_pretrained(_base("llama"), path)
+    cfg_path.write_text(json.dumps({k: v for k, v in cfg.items() if k not in ("rank_pattern", "alpha_pattern")}))
+    assert not [f for f in lint(path).findings if f.severity.name.lower() != "info"]
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        peft.PeftModel.from_pretrained(_base("llama"), path)

@@ -163,10 +163,11 @@ class Checkpoint:
         return self.adapter_config()
 
     def adapter_config(self) -> dict[str, Any] | None:
-        """adapter_config.json when it is PEFT's (a `peft_type` string), whatever else the folder holds."""
+        """adapter_config.json when it is PEFT's (a `peft_type` key: a broken value is still PEFT's file, and is
+        reported as one), whatever else the folder holds."""
         doc = self.extra_json.get("adapter_config.json")
         data = doc.data if doc is not None else None
-        return data if isinstance(data, dict) and isinstance(data.get("peft_type"), str) else None
+        return data if isinstance(data, dict) and "peft_type" in data else None
 
     @property
     def bytes_read(self) -> int:
