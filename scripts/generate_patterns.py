@@ -4,6 +4,7 @@
     python scripts/generate_patterns.py            # write
     python scripts/generate_patterns.py --check    # exit 1 when the checked-in data is stale
     python scripts/generate_patterns.py --sglang   # the SGLang half (run in .venv-sglang)
+    python scripts/generate_patterns.py --task-heads   # generated/task_heads.json (task-head and base classes)
     python scripts/generate_patterns.py llama gpt_oss   # only these model_types (writes them)
     python scripts/generate_patterns.py --engine-sources --vllm-src DIR [--sglang-src DIR]
         # engine facts read from sources: generated/vllm/*.json from vLLM's unzipped wheel (DIR holds
@@ -34,8 +35,16 @@ def main() -> int:
     ap.add_argument("--engine-sources", action="store_true", help="engine facts from SGLang/vLLM/transformers sources")
     ap.add_argument("--vllm-src", type=Path, help="an unzipped vLLM wheel (the folder holding vllm/)")
     ap.add_argument("--sglang-src", type=Path, help="an unzipped SGLang wheel (default: the installed SGLang)")
+    ap.add_argument("--task-heads", action="store_true",
+                    help="generated/task_heads.json: task-head and base classes' names (tools/archgen/task_heads.py)")
     args = ap.parse_args()
-    if args.engine_sources:
+    if args.task_heads:
+        from tools.archgen.task_heads import generate as generate_task_heads
+        from tools.archgen.task_heads import render
+
+        files = {"task_heads.json": render(generate_task_heads(list(ARCHITECTURES)))}
+        args.model_types = ["(task heads)"]  # no README rewrite
+    elif args.engine_sources:
         files = engine_source_files(args.vllm_src, args.sglang_src, GENERATED_DIR / "index.json")
         args.model_types = ["(engine sources)"]  # no README rewrite
     elif args.sglang:

@@ -12,7 +12,15 @@ from collections.abc import Container, Iterable
 from weightcheck.checkpoint import Checkpoint
 from weightcheck.lazyregex import LazyRegex
 from weightcheck.lightclass import dataclass, field
-from weightcheck.patterns import ExpectedModule, Pattern, PatternError, expand, fit_to_config, resolve_pattern
+from weightcheck.patterns import (
+    ExpectedModule,
+    Pattern,
+    PatternError,
+    base_layout,
+    expand,
+    fit_to_config,
+    resolve_pattern,
+)
 from weightcheck.quant import safe_regex
 from weightcheck.quant.compiled import CompiledIgnore, NameSet
 from weightcheck.quant.config import QuantSpec, parse_quant_spec
@@ -249,6 +257,9 @@ def analyze_checkpoint(ckpt: Checkpoint, pattern_choice: str | None = None) -> Q
         error = str(exc)
     inventory: Inventory | None
     notes: list[str] = []
+    if pattern is not None and ckpt.has_weights:  # a base model's names under a causal-LM config
+        pattern, layout_note = base_layout(pattern, config, ckpt.tensor_names())
+        notes.extend([layout_note] if layout_note else [])
     if pattern is not None:  # a config outside what the pattern was validated on: see fit_to_config
         pattern, fit_notes = fit_to_config(pattern, config, text)
         notes.extend(fit_notes)

@@ -377,6 +377,15 @@ def _head_leaves(ctx: LintContext) -> frozenset[str]:
     return head_leaves(analysis_of(ctx).pattern)
 
 
+def _task_class(ctx: LintContext) -> bool:
+    """config.json names a task-head or base class (a reward model's `*ForSequenceClassification`, an embedding
+    model's `Qwen3Model`): no LM head to tie or store (`weightcheck.patterns.for_architecture`)."""
+    from weightcheck.rules.quant import analysis_of
+
+    pattern = analysis_of(ctx).pattern
+    return pattern is not None and pattern.task_class is not None
+
+
 def _head_by_shape(ctx: LintContext) -> list[str]:
     """Without a pattern the head's name is unknown (BERT `cls.predictions.decoder`, RoBERTa `lm_head.decoder`,
     RWKV and DeepSeek-V4 `head`, Whisper `proj_out`, BioGPT `output_projection`, GIT `output`): the 2-D tensors
@@ -414,7 +423,7 @@ def tied_embedding_mismatch(ctx: LintContext) -> None:
     `cls.predictions.decoder`, RWKV's `head`) is found by its `[vocab_size, n]` shape beside the embedding's."""
     cfg = ctx.ckpt.text_config()
     tie = cfg.get("tie_word_embeddings")
-    if not isinstance(tie, bool):
+    if not isinstance(tie, bool) or _task_class(ctx):
         return
     leaves = _head_leaves(ctx)
 
