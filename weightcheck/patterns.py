@@ -8,8 +8,9 @@ the quant config). `*` in a module name stands for an expert index. See `pattern
 Expressions (`num_attention_heads * head_dim`, `layer >= first_k_dense_replace`) are evaluated by a tiny
 whitelisted evaluator over config values — never `eval`.
 
-Why one ~1,100-line module: the pattern schema, its safe expression evaluator, loading (generated, hand-written
-overlays), expansion against a config and coverage checks are one data model, each a section below; the
+Why one ~1,300-line module: the pattern schema, its safe expression evaluator, loading (generated, hand-written
+overlays, task-head and base classes), expansion against a config and coverage checks are one data model, each a
+section below; the
 generator that writes the data lives outside the package (tools/archgen).
 """
 
