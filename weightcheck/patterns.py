@@ -10,8 +10,7 @@ whitelisted evaluator over config values — never `eval`.
 
 Why one ~1,300-line module: the pattern schema, its safe expression evaluator, loading (generated, hand-written
 overlays, task-head and base classes), expansion against a config and coverage checks are one data model, each a
-section below; the
-generator that writes the data lives outside the package (tools/archgen).
+section below; the generator that writes the data lives outside the package (tools/archgen).
 """
 
 from __future__ import annotations
