@@ -70,6 +70,7 @@ LAYERS: list[tuple[str, tuple[str, ...]]] = [
             "weightcheck.rollouts.loading",
             "weightcheck.rollouts.readers",
             "weightcheck.runlogs",
+            "weightcheck.foreign",
         ),
     ),
     (

@@ -294,9 +294,16 @@ def _lint(path: Path, select: Iterable[str], ignore: Iterable[str], options: dic
         from weightcheck.rules.files import pickles_found
 
         # A newcomer's pickled checkpoint: say what was found and why it was not read, not only what was not.
+        local_dir = resolved.path is not None and path.is_dir()
+        from weightcheck.foreign import describe
+
+        foreign = describe(path) if local_dir else None
+        if foreign is not None:  # a trainer's own format: what converts it (its common.pt holds no weights)
+            result.notes.append(f"{path}: no safetensors weights, index or config.json to check: {foreign}")
+            return result
         found = pickles_found(ckpt)
         convert = "; convert them to safetensors" if found else ""
-        inside = _checkpoints_below(path) if resolved.path is not None and path.is_dir() else []
+        inside = _checkpoints_below(path) if local_dir else []
         below = f"; checkpoints in its subfolders, lint each: {', '.join(inside)}" if inside else ""
         result.notes.append(f"{path}: no safetensors weights, index or config.json to check{found}{convert}{below}")
         return result
