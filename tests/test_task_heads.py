@@ -211,3 +211,15 @@ def test_untied_backbone_layout_without_a_head_is_still_wc407(saved: dict[str, P
     assert by_code(result, "WC407")
     missing = by_code(result, "WC410")
     assert len(missing) == 1 and "lm_head.weight" in missing[0].message and "layers." not in missing[0].message
+
+
+@pytest.mark.parametrize("value", [5, "LlamaForSequenceClassification", {"a": 1}, None, [None, 3]])
+def test_hostile_architectures_value_is_no_crash(saved: dict[str, Path], tmp_path: Path, value: Any) -> None:
+    """config.json is untrusted: an `architectures` that is not a list of strings counts as none (a number
+    crashed every rule that picked a pattern)."""
+    path = _copy(saved, "llama-reward", tmp_path / "a")
+    cfg_path = path / "config.json"
+    cfg_path.write_text(json.dumps({**json.loads(cfg_path.read_text()), "architectures": value}))
+    result = run(path)
+    assert "WC000" not in {f.code for f in result.findings}
+    assert by_code(result, "WC410")  # read as the causal LM: its head is missing
