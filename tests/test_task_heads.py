@@ -223,3 +223,42 @@ def test_hostile_architectures_value_is_no_crash(saved: dict[str, Path], tmp_pat
     result = run(path)
     assert "WC000" not in {f.code for f in result.findings}
     assert by_code(result, "WC410")  # read as the causal LM: its head is missing
+
+
+@pytest.fixture(scope="module")
+def causal_and_backbone(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path]:
+    """One tied Qwen3 causal LM saved whole and as its backbone (`model.model.save_pretrained`, the layout of an
+    embedding model cut from it): the same weights under two roots."""
+    import torch
+
+    root = tmp_path_factory.mktemp("causal-backbone")
+    torch.manual_seed(0)
+    model = transformers.Qwen3ForCausalLM(transformers.Qwen3Config(**TINY, head_dim=16, tie_word_embeddings=True))
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        model.save_pretrained(root / "causal")
+        model.model.save_pretrained(root / "backbone")
+    return root / "causal", root / "backbone"
+
+
+@pytest.mark.parametrize("backbone_first", [False, True])
+def test_diff_pairs_a_causal_lm_with_its_backbone(causal_and_backbone: tuple[Path, Path], tmp_path: Path,
+                                                  backbone_first: bool) -> None:  # fmt: skip
+    """`diff` of the two layouts compared nothing (24 tensors only in A, 24 only in B: two errors). The decoder's
+    names are now paired across the root, said in a note; a tensor changed in one is still a failure."""
+    from weightcheck.diffing import diff
+
+    causal, backbone = causal_and_backbone
+    a, b = (backbone, causal) if backbone_first else (causal, backbone)
+    result = diff(a, b)
+    assert result.exit_code() == 0 and result.checked["compared"] == 24 and result.checked["equal"] == 24
+    assert any("base-model layout" in n for n in result.notes), result.notes
+    changed = Path(shutil.copytree(backbone, tmp_path / "changed"))
+
+    def bump(tensors: dict[str, Any]) -> None:
+        tensors["layers.1.mlp.up_proj.weight"] = tensors["layers.1.mlp.up_proj.weight"] + 1
+
+    edit_tensors(changed, bump)
+    failed = diff(causal, changed)
+    assert failed.exit_code() == 1 and failed.checked["failed"] == 1
+    assert any("up_proj" in (f.location.tensor or "") or "up_proj" in f.message for f in failed.findings)

@@ -147,7 +147,13 @@ def builtin_name_maps(
         pattern = detect_pattern(dict(config))
     except PatternError:
         return []
-    if pattern is None or not pattern.root_aliases:
+    if pattern is None:
+        return []
+    names_a, names_b = list(names_a), list(names_b)
+    moved = _base_layout_maps(config, names_a, names_b)
+    if moved:
+        return moved
+    if not pattern.root_aliases:
         return []
     root_a, root_b = layer_root(pattern, list(names_a)), layer_root(pattern, list(names_b))
     if root_a == root_b:
@@ -158,6 +164,40 @@ def builtin_name_maps(
     leaves += [g.name[len(canonical) + 1 :] for g in pattern.globals if g.name.startswith(canonical + ".")]
     source = f"pattern {pattern.name}"
     return [NameMapRule(f"{root_a}.{leaf}.*", f"{root_b}.{leaf}.*", source=source) for leaf in leaves]
+
+
+def _base_layout_maps(config: Mapping[str, Any], names_a: list[str], names_b: list[str]) -> list[NameMapRule]:
+    """One checkpoint holds the decoder under its root (`model.layers...`, a causal LM or a reward model) and the
+    other as the base class saves it (`layers...`, Qwen3-Embedding's layout, `patterns.base_layout`): the same
+    modules, so map the decoder's own names across the root (the LM head and a task head are left to pair by
+    name). Only for a model_type whose base class transformers saves without the root (task_heads.json)."""
+    from weightcheck.patterns import _detect_pattern, task_heads_index
+
+    pattern = _detect_pattern(dict(config))
+    model_type = config.get("model_type")
+    if pattern is None or not isinstance(model_type, str):
+        return []
+    root = pattern.layer_prefix.split(".", 1)[0]
+    classes = task_heads_index().get(model_type) or {}
+    if not any(isinstance(e, dict) and e.get("kind") == "base-model" and e.get("root") == ""
+               and e.get("from_root") == root for e in classes.values()):  # fmt: skip
+        return []
+    leaf = pattern.layer_prefix[len(root) + 1 :]
+    leaves = [leaf, *(g.name[len(root) + 1 :] for g in pattern.globals if g.name.startswith(root + "."))]
+
+    def rooted(names: list[str]) -> bool | None:
+        """True: the decoder under the root; False: without it; None: neither (or both)."""
+        under = any(n.startswith(f"{root}.{leaf}.") for n in names)
+        bare = any(n.startswith(f"{leaf}.") for n in names)
+        return under if under != bare else None
+
+    side_a, side_b = rooted(names_a), rooted(names_b)
+    if side_a is None or side_b is None or side_a == side_b:
+        return []
+    source = f"base-model layout ({pattern.name})"
+    if side_a:
+        return [NameMapRule(f"{root}.{x}.*", f"{x}.*", source=source) for x in leaves]
+    return [NameMapRule(f"{x}.*", f"{root}.{x}.*", source=source) for x in leaves]
 
 
 def map_name(name: str, rules: Iterable[NameMapRule]) -> str:
@@ -367,6 +407,8 @@ class DiffPlan:
     only_b: list[str]
     policy: Policy
     reference: ReferenceIndex
+    # Built-in name maps that paired names (the user's own `--map` rules are theirs to know), said in a note.
+    builtin_maps: list[str] = field(default_factory=list)
 
 
 def plan_diff(view_a: LogicalCheckpoint, view_b: LogicalCheckpoint, opts: DiffOptions) -> DiffPlan:
@@ -374,7 +416,8 @@ def plan_diff(view_a: LogicalCheckpoint, view_b: LogicalCheckpoint, opts: DiffOp
     from weightcheck.compare.policy import Policy
 
     policy = Policy.with_user_rules(opts.policy_rules, include_default=opts.default_policy)
-    maps = [*opts.maps, *builtin_name_maps(view_a.store.ckpt.config_data, view_a.names(), view_b.names())]
+    builtin = builtin_name_maps(view_a.store.ckpt.config_data, view_a.names(), view_b.names())
+    maps = [*opts.maps, *builtin]
     b_names = set(view_b.names())
     pairs: list[tuple[str, str]] = []
     only_a: list[str] = []
@@ -388,7 +431,8 @@ def plan_diff(view_a: LogicalCheckpoint, view_b: LogicalCheckpoint, opts: DiffOp
             only_a.append(name)
     only_b = [n for n in view_b.names() if n not in paired_b]
     reference = ReferenceIndex([n for n in view_a.names() if n not in view_a.unavailable], view_a.operand)
-    return DiffPlan(pairs, only_a, only_b, policy, reference)
+    used = sorted({r.source for r in builtin for a, b in pairs if a != b and r.apply(a) == b}) if builtin else []
+    return DiffPlan(pairs, only_a, only_b, policy, reference, builtin_maps=used)
 
 
 def compare_pairs(
@@ -441,6 +485,8 @@ def finish_diff(
     from weightcheck.triage import fill_fix_texts
 
     only_a, only_b = plan.only_a, plan.only_b
+    for source in plan.builtin_maps:
+        result.notes.append(f"names paired across the two checkpoints' layouts by the built-in map of the {source}")
     lossy = set(view_a.quantized) | set(view_b.quantized)
     result.findings = _findings(outcomes, only_a, only_b, opts, lossy) + _refusal_findings(view_a, view_b, opts)
     fill_fix_texts(result.findings)  # the Python API's findings say what to do, as the CLI's do
