@@ -171,9 +171,9 @@ def _base_layout_maps(config: Mapping[str, Any], names_a: list[str], names_b: li
     other as the base class saves it (`layers...`, Qwen3-Embedding's layout, `patterns.base_layout`): the same
     modules, so map the decoder's own names across the root (the LM head and a task head are left to pair by
     name). Only for a model_type whose base class transformers saves without the root (task_heads.json)."""
-    from weightcheck.patterns import _detect_pattern, task_heads_index
+    from weightcheck.patterns import detect_causal_pattern, task_heads_index
 
-    pattern = _detect_pattern(dict(config))
+    pattern = detect_causal_pattern(dict(config))
     model_type = config.get("model_type")
     if pattern is None or not isinstance(model_type, str):
         return []

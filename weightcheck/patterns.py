@@ -634,11 +634,12 @@ def detect_pattern(config: dict[str, Any]) -> Pattern | None:
     vision and projector prefixes, its language-model root) beats a text-only pattern borrowed through
     its text_config. Then fitted to the class `architectures` names when it is a task-head or base class
     (`for_architecture`)."""
-    found = _detect_pattern(config)
+    found = detect_causal_pattern(config)
     return for_architecture(found, config) if found is not None else None
 
 
-def _detect_pattern(config: dict[str, Any]) -> Pattern | None:
+def detect_causal_pattern(config: dict[str, Any]) -> Pattern | None:
+    """`detect_pattern` before it is fitted to the class `architectures` names: the model_type's causal LM."""
     patterns = builtin_families()
     top = config.get("model_type")
     texts = [config[sub].get("model_type") for sub in ("text_config", "llm_config")
