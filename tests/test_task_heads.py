@@ -262,3 +262,26 @@ def test_diff_pairs_a_causal_lm_with_its_backbone(causal_and_backbone: tuple[Pat
     failed = diff(causal, changed)
     assert failed.exit_code() == 1 and failed.checked["failed"] == 1
     assert any("up_proj" in (f.location.tensor or "") or "up_proj" in f.message for f in failed.findings)
+
+
+@pytest.mark.parametrize("oracle", ["1", "0"])
+def test_layouts_outside_the_patterns_coverage_stay_clean(
+    saved: dict[str, Path], tmp_path: Path, monkeypatch: pytest.MonkeyPatch, oracle: str
+) -> None:
+    """A config the pattern was not validated on (sliding-window layer types: the same tensors): lint builds the
+    causal class's names (transformers installed) or marks the pattern unvalidated (without). The backbone layout
+    and the task classes must stay clean either way (the class's names move to the backbone's root too)."""
+    from weightcheck.patterns import ORACLE_ENV
+
+    monkeypatch.setenv(ORACLE_ENV, oracle)
+    sliding = {"layer_types": ["sliding_attention", "full_attention"], "use_sliding_window": True, "sliding_window": 64}
+    backbone = _as_causal(saved, "qwen3-embedding-backbone", tmp_path / "backbone")
+    cfg_path = backbone / "config.json"
+    cfg_path.write_text(json.dumps({**json.loads(cfg_path.read_text()), "tie_word_embeddings": True, **sliding}))
+    reward = _copy(saved, "qwen3-classifier-tied", tmp_path / "reward")
+    cfg_path = reward / "config.json"
+    cfg_path.write_text(json.dumps({**json.loads(cfg_path.read_text()), **sliding}))
+    for path in (backbone, reward):
+        result = run(path)
+        assert any("outside what pattern" in n for n in result.notes), result.notes
+        assert _loud(path) == [], path.name

@@ -672,7 +672,7 @@ def detect_causal_pattern(config: dict[str, Any]) -> Pattern | None:
 # name them: a class so named that the generated table does not know is checked without the LM head, and the
 # pattern cannot vouch for the rest (its findings on missing weights and shapes are warnings).
 TASK_CLASS_SUFFIXES = ("ForSequenceClassification", "ForTokenClassification", "ForQuestionAnswering",
-                       "ForRewardModel", "ForProcessRewardModel", "RewardModel")  # fmt: skip
+                       "RewardModel")  # fmt: skip  (`RewardModel`: also `ForRewardModel`, `ForProcessRewardModel`)
 
 
 @lru_cache(maxsize=1)
@@ -762,12 +762,14 @@ def _moved(pattern: Pattern, old_root: str, new_root: str) -> Pattern:
 
     if old_root == new_root:
         return pattern
+    exact = pattern.exact  # the model class's own names (fit_to_config), moved with the rest
     return replace(
         pattern,
         layer_prefix=_renamed(pattern.layer_prefix, old_root, new_root),
         allowed_prefixes=[_renamed(p, old_root, new_root) for p in pattern.allowed_prefixes],
         root_aliases=[_renamed(p, old_root, new_root) for p in pattern.root_aliases],
         globals=[replace(g, name=_renamed(g.name, old_root, new_root)) for g in pattern.globals],
+        exact=None if exact is None else [m._replace(name=_renamed(m.name, old_root, new_root)) for m in exact],
     )
 
 

@@ -257,12 +257,12 @@ def analyze_checkpoint(ckpt: Checkpoint, pattern_choice: str | None = None) -> Q
         error = str(exc)
     inventory: Inventory | None
     notes: list[str] = []
-    if pattern is not None and ckpt.has_weights:  # a base model's names under a causal-LM config
-        pattern, layout_note = base_layout(pattern, config, ckpt.tensor_names())
-        notes.extend([layout_note] if layout_note else [])
     if pattern is not None:  # a config outside what the pattern was validated on: see fit_to_config
         pattern, fit_notes = fit_to_config(pattern, config, text)
         notes.extend(fit_notes)
+    if pattern is not None and ckpt.has_weights:  # a base model's names under a causal-LM config (after the fit:
+        pattern, layout_note = base_layout(pattern, config, ckpt.tensor_names())  # the class's names move too)
+        notes.extend([layout_note] if layout_note else [])
     if ckpt.has_weights:
         # sorted: tensor_names() is a frozenset, and module order reaches findings' messages and details
         # (WC308's companions, `modules` lists), which must not depend on the interpreter's hash seed
