@@ -158,17 +158,18 @@ def _table_classes() -> list[tuple[str, str]]:
 
 
 @pytest.mark.oracle
+@pytest.mark.parametrize("variant", ["A", "B"])
 @pytest.mark.parametrize(("model_type", "cls"), _table_classes(), ids=lambda v: str(v))
-def test_every_task_class_in_the_table_lints_clean(model_type: str, cls: str, tmp_path: Path) -> None:
-    """Every class the table knows, built by transformers on the meta device from the generator's tiny config
-    (3 labels) and named as save_pretrained names it: linted clean, headers only."""
+def test_every_task_class_in_the_table_lints_clean(model_type: str, cls: str, variant: str, tmp_path: Path) -> None:
+    """Every class the table knows, built by transformers on the meta device from the generator's tiny configs
+    (both variants of dimensions, 3 labels) and named as save_pretrained names it: linted clean, headers only."""
     from test_arch_oracle import write_sparse_checkpoint
 
     from tools.archgen.task_heads import NUM_LABELS, _meta
     from tools.archgen.tiny import tiny_config
     from weightcheck.arch.oracle import full_config_dict, saved_shapes
 
-    config = tiny_config(model_type, "A")
+    config = tiny_config(model_type, variant)
     config.num_labels = NUM_LABELS
     model = _meta(getattr(transformers, cls), config)
     cfg = {**full_config_dict(config), "architectures": [cls]}
@@ -285,3 +286,38 @@ def test_layouts_outside_the_patterns_coverage_stay_clean(
         result = run(path)
         assert any("outside what pattern" in n for n in result.notes), result.notes
         assert _loud(path) == [], path.name
+
+
+def _backbone_types() -> list[str]:
+    return sorted(t for t, classes in task_heads_index().items()
+                  if any(e.get("kind") == "base-model" and e.get("root") == "" for e in classes.values()))  # fmt: skip
+
+
+@pytest.mark.oracle
+@pytest.mark.parametrize("variant", ["A", "B"])
+@pytest.mark.parametrize("model_type", _backbone_types())
+def test_every_backbone_layout_under_its_causal_config_lints_clean(model_type: str, variant: str,
+                                                                   tmp_path: Path) -> None:  # fmt: skip
+    """Every model_type whose base class saves without the root: the causal class's own names (as save_pretrained
+    writes them, variant A and B dimensions) with that root taken off, under the causal config: clean (the LM
+    head, outside the root, stays where it is)."""
+    from test_arch_oracle import write_sparse_checkpoint
+
+    from tools.archgen.tiny import model_class, tiny_config
+    from weightcheck.arch.oracle import full_config_dict, saved_shapes
+
+    config = tiny_config(model_type, variant)
+    model = _meta_model(model_class(config), config)
+    shapes = saved_shapes(model)
+    root = next(e["from_root"] for e in task_heads_index()[model_type].values() if e.get("kind") == "base-model")
+    moved = {(n[len(root) + 1 :] if n.startswith(root + ".") else n): s for n, s in shapes.items()}
+    path = write_sparse_checkpoint(tmp_path / "ckpt", full_config_dict(config), moved)
+    result = run(path)
+    assert any("no `" in n and "root" in n for n in result.notes), result.notes
+    assert _loud(path) == []
+
+
+def _meta_model(cls: Any, config: Any) -> Any:
+    from tools.archgen.task_heads import _meta
+
+    return _meta(cls, config)

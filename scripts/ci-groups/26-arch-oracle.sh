@@ -6,7 +6,8 @@
 # checkpoints of the published config and of a switches-flipped config for every covered type.
 # Wall time: tests/test_arch_oracle.py's oracle half took 929 s (149 tests: 82 published configs, 67 x 20+
 # generated configs) on the shared 2-core development machine under heavy load (8 sessions); the real
-# save_pretrained half of tests/test_arch_generated.py (2 configs x 56 types) was not timed. Each meta build
+# save_pretrained half of tests/test_arch_generated.py (2 configs x 56 types) was not timed. tests/test_task_heads.py
+# adds every task-head and base class of the table and every backbone layout, both variants (404 meta builds, ~13 s). Each meta build
 # is ~50 ms idle; lint of a sparse checkpoint well under a second.
 set -euo pipefail
 cd "$(dirname "$0")/../.."
@@ -17,7 +18,8 @@ if [ ! -x .venv/bin/python ]; then
     .venv/bin/python -m pip install -q -c scripts/constraints.txt -e '.[test]'
 fi
 set +e
-.venv/bin/python -m pytest -q -m oracle -p no:cacheprovider tests/test_arch_oracle.py tests/test_arch_generated.py "$@"
+.venv/bin/python -m pytest -q -m oracle -p no:cacheprovider tests/test_arch_oracle.py tests/test_arch_generated.py \
+    tests/test_task_heads.py "$@"
 rc=$?
 set -e
 # pytest exit 5 = no tests collected: that must never look green.
