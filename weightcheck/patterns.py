@@ -1229,9 +1229,10 @@ def fit_to_config(pattern: Pattern, config: dict[str, Any], text: dict[str, Any]
             f"{pattern.name!r} (its text_config's), under the root the checkpoint uses; missing weights and "
             "shape mismatches are reported as warnings, not errors"
         ]
-    if pattern.task_class is not None and pattern.unvalidated:  # a task class the table does not know
+    if pattern.task_class is not None and pattern.unvalidated:  # a task class the table does not know (no oracle)
         return pattern, [f"{pattern.unvalidated[-1]}: missing weights and shape mismatches are reported as "
                          "warnings, not errors"]  # fmt: skip
+    # A task class the table knows is a transformers class: outside coverage, the oracle builds that class.
     domain, borrowed = domain_of(pattern, text)
     if not domain:
         return pattern, []
@@ -1242,9 +1243,7 @@ def fit_to_config(pattern: Pattern, config: dict[str, Any], text: dict[str, Any]
             f"{', ...' if len(outside) > 6 else ''})")  # fmt: skip
     from weightcheck.deps import installed
 
-    # The oracle builds the causal class: a task class's variant is checked on the pattern, marked unvalidated.
-    if (pattern.task_class is None and os.environ.get(ORACLE_ENV, "1") != "0" and installed("transformers")
-            and installed("torch")):  # fmt: skip
+    if os.environ.get(ORACLE_ENV, "1") != "0" and installed("transformers") and installed("torch"):
         from weightcheck.arch.oracle import OracleError
 
         try:
@@ -1265,7 +1264,7 @@ def oracle_expected(pattern: Pattern, config: dict[str, Any]) -> list[ExpectedMo
     from weightcheck.arch.oracle import expected_tensors
     from weightcheck.names import split_expert_module, under_prefix
 
-    shapes, kinds = expected_tensors(config)
+    shapes, kinds = expected_tensors(config, pattern.task_class)
     allowed = tuple(pattern.allowed_prefixes)
     specs: dict[str, ModuleSpec] = {}
     for section in (pattern.layer, pattern.moe_layer, pattern.dense_layer, pattern.mtp_layer, pattern.globals):

@@ -85,13 +85,23 @@ def model_class(config: Any) -> Any:
     raise KeyError(config.model_type)
 
 
-def meta_model(config: dict[str, Any] | Any) -> Any:
-    """The auto model class (causal LM, else image-text-to-text, as the generator uses) on the meta device."""
+def meta_model(config: dict[str, Any] | Any, class_name: str | None = None) -> Any:
+    """The auto model class (causal LM, else image-text-to-text, as the generator uses) on the meta device; or,
+    given `class_name`, that transformers class (a task-head or base class the pattern was fitted to: the caller
+    names only classes weightcheck's task-head table was built from)."""
     import torch
 
     logging.getLogger("transformers").setLevel(logging.ERROR)
     cfg = _build_config(config) if isinstance(config, dict) else config
     _check_size(cfg)
+    if class_name is not None:
+        import transformers
+
+        cls = getattr(transformers, class_name, None)
+        if cls is None:
+            raise OracleError(f"transformers has no class {class_name!r}")
+        with torch.device("meta"):
+            return cls(cfg)
     auto = model_class(cfg)
     with torch.device("meta"):
         return auto.from_config(cfg)
@@ -134,10 +144,13 @@ def module_kinds(model: Any, names: list[str]) -> dict[str, str]:
     return out
 
 
-def expected_tensors(config: dict[str, Any]) -> tuple[dict[str, tuple[int, ...]], dict[str, str]]:
-    """(names -> shapes, module -> kind) for a config.json dict. Raises OracleError when it cannot be built."""
+def expected_tensors(
+    config: dict[str, Any], class_name: str | None = None
+) -> tuple[dict[str, tuple[int, ...]], dict[str, str]]:
+    """(names -> shapes, module -> kind) for a config.json dict (`class_name`: see `meta_model`). Raises
+    OracleError when it cannot be built."""
     try:
-        model = meta_model(config)
+        model = meta_model(config, class_name)
         shapes = saved_shapes(model)
     except OracleError:
         raise
