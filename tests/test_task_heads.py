@@ -351,3 +351,29 @@ def test_published_configs_as_task_and_base_classes_lint_clean(index: int, cls: 
         pytest.skip(f"transformers cannot build {cls} for this config: {type(exc).__name__}")
     path = write_sparse_checkpoint(tmp_path / "ckpt", {**full_config_dict(config), "architectures": [cls]}, shapes)
     assert _problems(run(path)) == []
+
+
+@pytest.mark.parametrize(("ignore", "named"), [(["lm_head"], True), (["lm_head", "score"], False)])
+def test_reward_model_quantized_with_its_score_head(saved: dict[str, Path], tmp_path: Path, ignore: list[str],
+                                                   named: bool) -> None:  # fmt: skip
+    """llm-compressor's usual `ignore: ["lm_head"]` on a reward model quantizes its `score` head (FP8_DYNAMIC,
+    the real oneshot and compressed save): WC310 warns that SGLang builds that head as a plain nn.Linear. With
+    `score` ignored as the fix says, the same run is clean."""
+    import torch
+
+    pytest.importorskip("llmcompressor")
+    from llmcompressor import oneshot
+    from llmcompressor.modifiers.quantization import QuantizationModifier
+
+    model = transformers.AutoModelForSequenceClassification.from_pretrained(saved["llama-reward"], dtype=torch.bfloat16)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        oneshot(model=model, recipe=QuantizationModifier(targets="Linear", scheme="FP8_DYNAMIC", ignore=ignore))
+        model.save_pretrained(tmp_path / "fp8", save_compressed=True)
+    result = run(tmp_path / "fp8")
+    found = by_code(result, "WC310")
+    if named:
+        assert len(found) == 1 and found[0].severity == Severity.WARNING and "score" in found[0].message
+        assert "add score to the quantization ignore list" in found[0].fix
+    else:
+        assert _loud(tmp_path / "fp8") == []

@@ -132,6 +132,8 @@ class Pattern:
     # model_type (a reward model's `LlamaForSequenceClassification`, an embedding model's `Qwen3Model`): that
     # class. Its head is not the causal LM's, so `tie_word_embeddings` says nothing about what is stored.
     task_class: str | None = None
+    # ... and the head modules that class adds (`score`, `classifier`, `qa_outputs`), as the table records them.
+    task_heads: tuple[str, ...] = ()
 
 
 def _module(section: str, name: str, spec: Any, where: str) -> ModuleSpec:
@@ -742,6 +744,7 @@ def for_architecture(pattern: Pattern, config: dict[str, Any]) -> Pattern:
             globals=[*(g for g in moved.globals if g.name not in drops), *heads],
             class_defaults={**pattern.class_defaults, "num_labels": num_labels(config)},
             task_class=cls,
+            task_heads=tuple(h.name for h in heads),
         )
     if not cls.endswith(TASK_CLASS_SUFFIXES):
         return pattern

@@ -655,7 +655,7 @@ def non_linear_not_ignored(ctx: LintContext) -> None:
     "head-or-embedding-quantized",
     Severity.ERROR,
     also=(Severity.WARNING,),
-    summary="lm_head or an embedding is stored quantized or named as a target.",
+    summary="lm_head, an embedding or a classification head is stored quantized, or named as a target.",
     bad="lm_head.weight_packed stored   /   targets: ['Linear', 'lm_head']",
     good="lm_head.weight and model.embed_tokens.weight in bf16; lm_head in ignore",
 )
@@ -663,7 +663,8 @@ def head_or_embedding_quantized(ctx: LintContext) -> None:
     """Quantized embeddings need per-model plumbing most engines lack (`KeyError: 'embed_tokens.weight_packed'`,
     vllm-project/vllm#45535); vLLM cannot load a packed lm_head from compressed-tensors
     (vllm-project/llm-compressor#1820) and SGLang quantizes lm_head only when a target names it (block
-    FP8 raises NotImplementedError)."""
+    FP8 raises NotImplementedError). A reward model's or classifier's head stored quantized is a warning: SGLang
+    builds it as a plain `nn.Linear` (see `_task_head_quantized`)."""
     qa = _quantized(ctx)
     if qa is None or qa.inventory is None:
         return
@@ -679,6 +680,28 @@ def head_or_embedding_quantized(ctx: LintContext) -> None:
     if stored:
         ctx.report(f"stored quantized: {summarize(stored)} (vLLM and SGLang cannot load these)",
                    tensor=summarize(stored, limit=3), count=len(stored))  # fmt: skip
+    _task_head_quantized(ctx, qa)
+
+
+def _task_head_quantized(ctx: LintContext, qa: QuantAnalysis) -> None:
+    """A reward model's or classifier's head (`score`: what the reward is read from) stored quantized, as
+    llm-compressor's usual `ignore: ["lm_head"]` leaves it. SGLang's classification classes build it as a plain
+    `nn.Linear` (sgl-project/sglang 268a63f, `Qwen2ForSequenceClassification`: `self.score = nn.Linear(...)`,
+    loaded by the causal LM's loader): the stored codes are copied in without their scale. A warning: the
+    transformers loader and engines that build the head with the quant config read it."""
+    pattern = qa.pattern
+    if pattern is None or not pattern.task_heads or qa.inventory is None:
+        return
+    modules = qa.inventory.modules
+    stored = [name for name in pattern.task_heads if name in modules and modules[name].quantized]
+    if stored:
+        ctx.report(
+            f"the {pattern.task_class} head {', '.join(stored)} is stored quantized: SGLang builds a classification "
+            "head as a plain nn.Linear and loads the stored codes without their scale",
+            tensor=stored[0],
+            severity=Severity.WARNING,
+            fix=f"add {', '.join(stored)} to the quantization ignore list (beside lm_head) and re-quantize",
+        )
 
 
 @rule(
