@@ -165,13 +165,13 @@ def test_every_task_class_in_the_table_lints_clean(model_type: str, cls: str, va
     (both variants of dimensions, 3 labels) and named as save_pretrained names it: linted clean, headers only."""
     from test_arch_oracle import write_sparse_checkpoint
 
-    from tools.archgen.task_heads import NUM_LABELS, _meta
+    from tools.archgen.task_heads import NUM_LABELS, meta_instance
     from tools.archgen.tiny import tiny_config
     from weightcheck.arch.oracle import full_config_dict, saved_shapes
 
     config = tiny_config(model_type, variant)
     config.num_labels = NUM_LABELS
-    model = _meta(getattr(transformers, cls), config)
+    model = meta_instance(getattr(transformers, cls), config)
     cfg = {**full_config_dict(config), "architectures": [cls]}
     path = write_sparse_checkpoint(tmp_path / "ckpt", cfg, saved_shapes(model))
     assert _loud(path) == []
@@ -318,9 +318,9 @@ def test_every_backbone_layout_under_its_causal_config_lints_clean(model_type: s
 
 
 def _meta_model(cls: Any, config: Any) -> Any:
-    from tools.archgen.task_heads import _meta
+    from tools.archgen.task_heads import meta_instance
 
-    return _meta(cls, config)
+    return meta_instance(cls, config)
 
 
 def _published_task_cases() -> list[tuple[int, str]]:
@@ -340,13 +340,13 @@ def test_published_configs_as_task_and_base_classes_lint_clean(index: int, cls: 
     from oracle_configs import PUBLISHED, reduce_counts
     from test_arch_oracle import _problems, write_sparse_checkpoint
 
-    from tools.archgen.task_heads import _meta
+    from tools.archgen.task_heads import meta_instance
     from weightcheck.arch.oracle import build_config, full_config_dict, saved_shapes
 
     try:
         config = build_config(reduce_counts(PUBLISHED[index]["config"]))
         config.num_labels = 1  # a reward model's head
-        shapes = saved_shapes(_meta(getattr(transformers, cls), config))
+        shapes = saved_shapes(meta_instance(getattr(transformers, cls), config))
     except Exception as exc:  # the causal oracle skips these configs too (a rope table the class rejects)
         pytest.skip(f"transformers cannot build {cls} for this config: {type(exc).__name__}")
     path = write_sparse_checkpoint(tmp_path / "ckpt", {**full_config_dict(config), "architectures": [cls]}, shapes)

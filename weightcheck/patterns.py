@@ -702,7 +702,8 @@ def num_labels(config: dict[str, Any]) -> int:
     return value if isinstance(value, int) and not isinstance(value, bool) and value > 0 else 2
 
 
-def _renamed(name: str, old: str, new: str) -> str:
+def moved_name(name: str, old: str, new: str) -> str:
+    """`name` with the root `old` replaced by `new` ("" drops it); a name outside `old` unchanged."""
     if name.startswith(old + "."):
         rest = name[len(old) + 1 :]
         return f"{new}.{rest}" if new else rest
@@ -768,11 +769,11 @@ def _moved(pattern: Pattern, old_root: str, new_root: str) -> Pattern:
     exact = pattern.exact  # the model class's own names (fit_to_config), moved with the rest
     return replace(
         pattern,
-        layer_prefix=_renamed(pattern.layer_prefix, old_root, new_root),
-        allowed_prefixes=[_renamed(p, old_root, new_root) for p in pattern.allowed_prefixes],
-        root_aliases=[_renamed(p, old_root, new_root) for p in pattern.root_aliases],
-        globals=[replace(g, name=_renamed(g.name, old_root, new_root)) for g in pattern.globals],
-        exact=None if exact is None else [m._replace(name=_renamed(m.name, old_root, new_root)) for m in exact],
+        layer_prefix=moved_name(pattern.layer_prefix, old_root, new_root),
+        allowed_prefixes=[moved_name(p, old_root, new_root) for p in pattern.allowed_prefixes],
+        root_aliases=[moved_name(p, old_root, new_root) for p in pattern.root_aliases],
+        globals=[replace(g, name=moved_name(g.name, old_root, new_root)) for g in pattern.globals],
+        exact=None if exact is None else [m._replace(name=moved_name(m.name, old_root, new_root)) for m in exact],
     )
 
 

@@ -24,6 +24,7 @@ import logging
 from typing import Any
 
 from tools.archgen.tiny import model_class, tiny_config
+from weightcheck.patterns import moved_name
 
 NUM_LABELS = 3  # not 1 or 2: a head of 3 rows cannot be mistaken for a bias or for question answering's 2
 # transformers' auto mappings, by the kind recorded for the class
@@ -35,7 +36,8 @@ TASK_MAPPINGS = {
 }
 
 
-def _meta(cls: Any, config: Any) -> Any:
+def meta_instance(cls: Any, config: Any) -> Any:
+    """`cls` built from `config` on the meta device (an auto class through `from_config`)."""
     import torch
 
     with torch.device("meta"):
@@ -55,13 +57,6 @@ def _shape_expr(shape: tuple[int, ...], hidden: int) -> list[Any] | None:
         else:
             return None
     return out
-
-
-def _reroot(name: str, old: str, new: str) -> str:
-    if name.startswith(old + "."):
-        rest = name[len(old) + 1 :]
-        return f"{new}.{rest}" if new else rest
-    return name
 
 
 def decoder_root(names: dict[str, Any]) -> str:
@@ -84,12 +79,12 @@ def derive_class(causal: dict[str, tuple[int, ...]], task: dict[str, tuple[int, 
     if not any(n.startswith(old_root + ".") for n in causal):
         return None
     for new_root in dict.fromkeys((old_root, "", "transformer", "model")):
-        mapped = {_reroot(n, old_root, new_root): s for n, s in causal.items()}
+        mapped = {moved_name(n, old_root, new_root): s for n, s in causal.items()}
         kept = {n: s for n, s in mapped.items() if n in task}
         if any(task[n] != s for n, s in kept.items()):
             continue
         # Only the head may go: every dropped tensor lies outside the causal class's decoder root.
-        lost = [n for n in causal if _reroot(n, old_root, new_root) not in task]
+        lost = [n for n in causal if moved_name(n, old_root, new_root) not in task]
         if any(n.startswith(old_root + ".") for n in lost):
             continue
         dropped = sorted({n.rsplit(".", 1)[0] for n in lost})
@@ -117,7 +112,7 @@ def derive(model_type: str) -> dict[str, Any]:
     logging.getLogger("transformers").setLevel(logging.ERROR)
     config = tiny_config(model_type, "A")
     config.num_labels = NUM_LABELS
-    causal_model = _meta(model_class(config), config)
+    causal_model = meta_instance(model_class(config), config)
     causal = saved_shapes(causal_model)
     old_root = decoder_root(causal)
     text = config.get_text_config() if hasattr(config, "get_text_config") else config
@@ -131,7 +126,7 @@ def derive(model_type: str) -> dict[str, Any]:
         if cls is None or name == type(causal_model).__name__:
             continue
         try:
-            task = saved_shapes(_meta(cls, config))
+            task = saved_shapes(meta_instance(cls, config))
         except Exception:  # a class that cannot be built tiny on meta: not recorded
             continue
         found = derive_class(causal, task, old_root, hidden)
