@@ -5,7 +5,8 @@ and `lora_B` (`[out, r]`; `lora_embedding_B`, `[embedding_dim, r]`). PEFT builds
 adapter_config.json gives it (`r`, or the `rank_pattern` entry that matches the module) and then loads the
 tensors: a factor of another rank fails there with a size mismatch, and a factor that is absent keeps its
 initialisation (`lora_B` starts at zero, so the module's update silently vanishes; PEFT only warns "Found
-missing adapter keys"). Both rules run only on a PEFT adapter folder and read headers only."""
+missing adapter keys"). Both rules run only on a PEFT adapter folder and read headers only. The adapter_config.json
+values no loader can use (`adapter_config_problems`) are reported by WC107, which checks every folder's config."""
 
 from __future__ import annotations
 
@@ -130,3 +131,62 @@ def lora_rank_mismatch(ctx: LintContext) -> None:
 
 def _is_rank(value: object) -> bool:
     return isinstance(value, int) and not isinstance(value, bool) and value > 0
+
+
+def _as_json(value: object, limit: int = 60) -> str:
+    """A config value as JSON writes it (`null`, `true`, `"8"`), cut to `limit` characters."""
+    import json
+
+    try:
+        text = json.dumps(value, default=str)
+    except (ValueError, TypeError, RecursionError):
+        text = str(value)
+    return text if len(text) <= limit else text[: limit - 1] + "…"
+
+
+def _number(value: object) -> bool:
+    return isinstance(value, (int, float)) and not isinstance(value, bool) and value == value
+
+
+def adapter_config_problems(adapter: dict[str, object]) -> list[tuple[Severity, str]]:
+    """Values of a PEFT adapter_config.json that its loaders cannot use (PEFT 0.21's `PeftModel.from_pretrained`
+    refuses each; vLLM's `PEFTHelper` and SGLang read `r` and `lora_alpha` too: scaling is `lora_alpha / r`).
+
+    Errors where every loader fails: a `peft_type` PEFT cannot know (its types are upper-case names: `lora`,
+    null and numbers are a KeyError in `PeftConfig.from_pretrained`), and for LoRA an `r` that is not a positive
+    integer or an `lora_alpha` that is not a number. Warnings naming PEFT for what only its loader reads:
+    `rank_pattern` / `alpha_pattern` given but not an object of ranks / numbers (PEFT calls `.keys()` on them and
+    builds those modules with their values), `target_modules` not a string or a list of strings. A key left out
+    is PEFT's default (a `null` pattern is not: LoRA's loader calls `.keys()` on it)."""
+    problems: list[tuple[Severity, str]] = []
+    peft_type = adapter.get("peft_type")
+    if not (isinstance(peft_type, str) and peft_type and peft_type.replace("_", "").isalnum() and peft_type.isupper()):
+        problems.append((Severity.ERROR, f"peft_type {_as_json(peft_type, 40)} is not a PEFT type (upper-case, as "
+                         "`LORA`): PEFT's from_pretrained cannot pick a config class for it"))  # fmt: skip
+        return problems
+    if peft_type != "LORA":
+        return problems
+    if "r" in adapter and not _is_rank(adapter["r"]):
+        problems.append((Severity.ERROR, f"r is {_as_json(adapter['r'], 40)}, not a positive integer: every LoRA "
+                         "loader sizes the factors with it (PEFT: \"`r` should be a positive integer\")"))  # fmt: skip
+    if "lora_alpha" in adapter and not _number(adapter["lora_alpha"]):
+        problems.append((Severity.ERROR, f"lora_alpha is {_as_json(adapter['lora_alpha'], 40)}, not a number: the "
+                         "scaling lora_alpha / r cannot be computed"))  # fmt: skip
+    patterns = (("rank_pattern", _is_rank, "positive integer ranks"), ("alpha_pattern", _number, "numbers"))
+    for key, valid, what in patterns:
+        if key not in adapter:
+            continue
+        value = adapter[key]
+        if not isinstance(value, dict) or not all(valid(v) for v in value.values()):
+            problems.append((Severity.WARNING, f"{key} is {_as_json(value)}, not an object of {what}: PEFT's "
+                             "loader refuses it"))  # fmt: skip
+    targets = adapter.get("target_modules")
+    if targets is not None and not (
+        isinstance(targets, str) or (isinstance(targets, list) and all(isinstance(t, str) for t in targets))
+    ):
+        problems.append((Severity.WARNING, f"target_modules is {_as_json(targets)}, not a module name pattern or "
+                         "a list of module names: PEFT's loader refuses it"))  # fmt: skip
+    elif targets == [] and not adapter.get("target_parameters"):
+        problems.append((Severity.WARNING, "target_modules is an empty list and there are no target_parameters: "
+                         "PEFT's loader finds nothing to adapt and refuses it"))  # fmt: skip
+    return problems
