@@ -52,6 +52,7 @@ if TYPE_CHECKING:
     from weightcheck.compare.operands import Operand
     from weightcheck.compare.policy import Policy, PolicyRule
     from weightcheck.dequant import QuantizedTensor
+    from weightcheck.patterns import Pattern
     from weightcheck.tensors import TensorStore
 
 # Parameters that exist only on a quantized side (activation / KV-cache quantization): a tensor of A
@@ -141,21 +142,22 @@ def builtin_name_maps(
     """Name maps known for the model family, from its pattern (patterns/*.toml): when the two checkpoints
     spell the language-model root differently (`model.language_model.layers` vs `model.layers`, the
     transformers >= 4.52 VLM layout vs the Hub layout), map A's spelling onto B's."""
-    from weightcheck.patterns import PatternError, detect_pattern, layer_root
+    from weightcheck.patterns import PatternError, detect_causal_pattern, for_architecture, layer_root
 
     try:
-        pattern = detect_pattern(dict(config))
+        causal = detect_causal_pattern(dict(config))
     except PatternError:
         return []
-    if pattern is None:
+    if causal is None:
         return []
     names_a, names_b = list(names_a), list(names_b)
-    moved = _base_layout_maps(config, names_a, names_b)
+    moved = _base_layout_maps(causal, dict(config), names_a, names_b)
     if moved:
         return moved
+    pattern = for_architecture(causal, dict(config))  # what detect_pattern gives
     if not pattern.root_aliases:
         return []
-    root_a, root_b = layer_root(pattern, list(names_a)), layer_root(pattern, list(names_b))
+    root_a, root_b = layer_root(pattern, names_a), layer_root(pattern, names_b)
     if root_a == root_b:
         return []
     # Only the language model's own modules move (a blanket `model.*` rule would also drag `model.visual.*`).
@@ -166,22 +168,19 @@ def builtin_name_maps(
     return [NameMapRule(f"{root_a}.{leaf}.*", f"{root_b}.{leaf}.*", source=source) for leaf in leaves]
 
 
-def _base_layout_maps(config: Mapping[str, Any], names_a: list[str], names_b: list[str]) -> list[NameMapRule]:
+def _base_layout_maps(
+    pattern: Pattern, config: dict[str, Any], names_a: list[str], names_b: list[str]
+) -> list[NameMapRule]:
     """One checkpoint holds the decoder under its root (`model.layers...`, a causal LM or a reward model) and the
     other as the base class saves it (`layers...`, Qwen3-Embedding's layout, `patterns.base_layout`): the same
     modules, so map the decoder's own names across the root (the LM head and a task head are left to pair by
-    name). Only for a model_type whose base class transformers saves without the root (task_heads.json)."""
-    from weightcheck.patterns import detect_causal_pattern, task_heads_index
+    name). `pattern` is the model_type's causal LM; only for a model_type whose base class transformers saves
+    without the root (`patterns.backbone_class`)."""
+    from weightcheck.patterns import backbone_class
 
-    pattern = detect_causal_pattern(dict(config))
-    model_type = config.get("model_type")
-    if pattern is None or not isinstance(model_type, str):
+    if backbone_class(pattern, config) is None:
         return []
     root = pattern.layer_prefix.split(".", 1)[0]
-    classes = task_heads_index().get(model_type) or {}
-    if not any(isinstance(e, dict) and e.get("kind") == "base-model" and e.get("root") == ""
-               and e.get("from_root") == root for e in classes.values()):  # fmt: skip
-        return []
     leaf = pattern.layer_prefix[len(root) + 1 :]
     leaves = [leaf, *(g.name[len(root) + 1 :] for g in pattern.globals if g.name.startswith(root + "."))]
 
@@ -201,11 +200,16 @@ def _base_layout_maps(config: Mapping[str, Any], names_a: list[str], names_b: li
 
 
 def map_name(name: str, rules: Iterable[NameMapRule]) -> str:
+    return _mapped(name, rules)[0]
+
+
+def _mapped(name: str, rules: Iterable[NameMapRule]) -> tuple[str, NameMapRule | None]:
+    """(the name the first matching rule makes, that rule); the name itself and None when none matches."""
     for rule in rules:
         mapped = rule.apply(name)
         if mapped is not None:
-            return mapped
-    return name
+            return mapped, rule
+    return name, None
 
 
 def skip_allowed(name: str, patterns: Iterable[str]) -> str | None:
@@ -422,17 +426,19 @@ def plan_diff(view_a: LogicalCheckpoint, view_b: LogicalCheckpoint, opts: DiffOp
     pairs: list[tuple[str, str]] = []
     only_a: list[str] = []
     paired_b: set[str] = set()
+    used: set[str] = set()  # sources of the built-in rules that paired a name
     for name in view_a.names():
-        target = map_name(name, maps)
+        target, rule = _mapped(name, maps)
         if target in b_names and target not in paired_b:
             pairs.append((name, target))
             paired_b.add(target)
+            if rule is not None and rule in builtin and target != name:
+                used.add(rule.source)
         else:
             only_a.append(name)
     only_b = [n for n in view_b.names() if n not in paired_b]
     reference = ReferenceIndex([n for n in view_a.names() if n not in view_a.unavailable], view_a.operand)
-    used = sorted({r.source for r in builtin for a, b in pairs if a != b and r.apply(a) == b}) if builtin else []
-    return DiffPlan(pairs, only_a, only_b, policy, reference, builtin_maps=used)
+    return DiffPlan(pairs, only_a, only_b, policy, reference, builtin_maps=sorted(used))
 
 
 def compare_pairs(

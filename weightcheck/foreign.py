@@ -57,9 +57,9 @@ def _small_text(folder: Path, name: str) -> str | None:
         return None
 
 
-def _distributed(folder: Path) -> str | None:
-    """What a folder of `*.distcp` shards is (Megatron's or plain torch DCP), with its converter; None otherwise."""
-    names = _listing(folder)
+def _distributed(folder: Path, names: list[str]) -> str | None:
+    """What a folder of `*.distcp` shards (`names`: its files) is, Megatron's or plain torch DCP, with its
+    converter; None otherwise."""
     shards = [n for n in names if n.endswith(".distcp")]
     if not shards:
         return None
@@ -79,16 +79,17 @@ def describe(target: Path) -> str | None:
     `iter_*` folder."""
     if not target.is_dir():
         return None
-    found = _distributed(target)
+    names = _listing(target)
+    found = _distributed(target, names)
     if found is not None:
         return found
-    if "latest_checkpointed_iteration.txt" not in _listing(target):
+    if "latest_checkpointed_iteration.txt" not in names:
         return None
     latest = _small_text(target, "latest_checkpointed_iteration.txt")
     if latest is None or not latest.isdigit():
         return None
     iteration = target / f"iter_{int(latest):07d}"
-    inner = _distributed(iteration) if iteration.is_dir() else None
+    inner = _distributed(iteration, _listing(iteration)) if iteration.is_dir() else None
     if inner is None:
         return f"a Megatron save folder (latest_checkpointed_iteration.txt: {latest}), not Hugging Face safetensors"
     return f"a Megatron save folder (latest_checkpointed_iteration.txt: {latest}); its {iteration.name} is {inner}"

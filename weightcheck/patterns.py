@@ -777,6 +777,16 @@ def _moved(pattern: Pattern, old_root: str, new_root: str) -> Pattern:
     )
 
 
+def backbone_class(pattern: Pattern, config: dict[str, Any]) -> str | None:
+    """The model_type's base class that saves the decoder without `pattern`'s root (`Qwen3Model`: `layers.N...`
+    where the causal LM has `model.layers.N...`), as task_heads.json records it; None when it knows none."""
+    model_type = config.get("model_type")
+    table = task_heads_index().get(model_type) if isinstance(model_type, str) else None
+    root = pattern.layer_prefix.split(".", 1)[0]
+    return next((c for c, e in (table or {}).items() if isinstance(e, dict) and e.get("kind") == "base-model"
+                 and e.get("root") == "" and e.get("from_root") == root), None)  # fmt: skip
+
+
 def base_layout(pattern: Pattern, config: dict[str, Any], names: Iterable[str]) -> tuple[Pattern, str | None]:
     """A checkpoint of a causal-LM config whose tensors are named as the model_type's base class saves them (no
     `model.` root: Qwen3-Embedding's `embed_tokens.weight`, `layers.0...`, saved from `Qwen3Model` under
@@ -785,26 +795,22 @@ def base_layout(pattern: Pattern, config: dict[str, Any], names: Iterable[str]) 
     weights are not missing; the LM head stays required where the config unties it. Unchanged otherwise."""
     if pattern.task_class is not None or pattern.borrowed_by is not None:
         return pattern, None
-    model_type = config.get("model_type")
-    table = task_heads_index().get(model_type) if isinstance(model_type, str) else None
     old_root = pattern.layer_prefix.split(".", 1)[0]
-    base = next((c for c, e in (table or {}).items() if isinstance(e, dict) and e.get("kind") == "base-model"
-                 and e.get("root") == "" and e.get("from_root") == old_root), None)  # fmt: skip
-    if base is None:
-        return pattern, None
-    moved = _moved(pattern, old_root, "")
-    layers = moved.layer_prefix + "."
+    layers = moved_name(pattern.layer_prefix, old_root, "") + "."
     under_root = old_root + "."
     found = False
-    for name in names:
+    for name in names:  # the usual checkpoint answers at its first name, before the table is read
         if name.startswith(under_root):
             return pattern, None
         found = found or name.startswith(layers)
-    if not found:
+    base = backbone_class(pattern, config) if found else None
+    if base is None:
         return pattern, None
-    return moved, (f"tensors are named as {base} saves them (no `{old_root}.` root) under a config for "
-                   f"{', '.join(architectures_of(config)) or 'the causal LM'}: "
-                   f"checked under that root (transformers' from_pretrained adds `{old_root}.` when it loads them)")
+    return _moved(pattern, old_root, ""), (
+        f"tensors are named as {base} saves them (no `{old_root}.` root) under a config for "
+        f"{', '.join(architectures_of(config)) or 'the causal LM'}: "
+        f"checked under that root (transformers' from_pretrained adds `{old_root}.` when it loads them)"
+    )
 
 
 def borrowed(pattern: Pattern, wrapper: str) -> Pattern:
