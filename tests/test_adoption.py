@@ -422,22 +422,32 @@ def test_python_api_reads_the_config_and_returns_typed_results(ghost: Path, make
 # ---- packaging -----------------------------------------------------------------------------------------
 
 
-def test_wheel_builds_and_ships_the_patterns(tmp_path: Path) -> None:
-    # Built from a copy: setuptools writes build/ next to the sources.
+def _source_copy(tmp_path: Path) -> Path:
+    # Built from a copy: setuptools writes build/ next to the sources (and an editable install's in-place
+    # compiled module is left out: the wheel must build its own).
     src = tmp_path / "src"
     src.mkdir()
-    for name in ("pyproject.toml", "README.md"):
+    for name in ("pyproject.toml", "README.md", "setup.py", "MANIFEST.in"):
         shutil.copy(REPO / name, src / name)
     for name in ("weightcheck", "patterns"):
-        shutil.copytree(REPO / name, src / name, symlinks=True, ignore=shutil.ignore_patterns("__pycache__"))
-    wheels = tmp_path / "wheels"
+        shutil.copytree(REPO / name, src / name, symlinks=True, ignore=shutil.ignore_patterns("__pycache__", "*.so"))
+    return src
+
+
+def _build_wheel(src: Path, wheels: Path, env: dict[str, str] | None = None) -> Path:
     subprocess.run(
         [sys.executable, "-m", "pip", "wheel", "--no-deps", "--no-build-isolation", "-q", str(src), "-w", str(wheels)],
         check=True,
         capture_output=True,
         timeout=300,
+        env=env,
     )
     (wheel,) = wheels.glob("weightcheck-*.whl")
+    return wheel
+
+
+def test_wheel_builds_and_ships_the_patterns(tmp_path: Path) -> None:
+    wheel = _build_wheel(_source_copy(tmp_path), tmp_path / "wheels")
     target = tmp_path / "site"
     subprocess.run(
         [sys.executable, "-m", "pip", "install", "--no-deps", "-q", "--target", str(target), str(wheel)],
@@ -500,3 +510,32 @@ def test_pre_commit_hook_through_try_repo(tmp_path: Path) -> None:
     assert "WC107" in out and "broken/config.json" in out
     assert "WC305" in out and "bad/config.json" in out and "good/config.json" in out  # one call, every file
     assert "3 targets" in out
+
+
+def test_wheel_carries_the_compiled_one_pass_and_builds_without_a_compiler(tmp_path: Path) -> None:
+    """setup.py's optional extension: built into the wheel where a C compiler is found (with xxHash's license
+    beside it, and not its sources), and the wheel still builds, pure, where none is (CC=/bin/false)."""
+    import zipfile
+
+    if shutil.which("cc") is None and shutil.which("gcc") is None:
+        pytest.skip("no C compiler here")
+    src = _source_copy(tmp_path)
+    wheel = _build_wheel(src, tmp_path / "wheels")
+    names = zipfile.ZipFile(wheel).namelist()
+    assert any(n.startswith("weightcheck/_onepass") and n.endswith((".so", ".pyd")) for n in names), names
+    assert "weightcheck/_native/LICENSE-xxhash" in names
+    assert not [n for n in names if n.endswith((".c", ".h"))]
+    target = tmp_path / "site"
+    subprocess.run([sys.executable, "-m", "pip", "install", "--no-deps", "-q", "--target", str(target), str(wheel)],
+                   check=True, capture_output=True, timeout=300)  # fmt: skip
+    probe = (
+        "import xxhash; from weightcheck import _onepass; data = bytes(range(256)) * 40; "
+        "assert _onepass.onepass(data, 1, 0, 0)[0] == xxhash.xxh3_128_hexdigest(data); print(_onepass.__file__)"
+    )
+    run = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, cwd=tmp_path,
+                         env={**os.environ, "PYTHONPATH": str(target)})  # fmt: skip
+    assert run.returncode == 0 and run.stdout.startswith(str(target)), run.stderr
+
+    shutil.rmtree(src / "build", ignore_errors=True)
+    pure = _build_wheel(src, tmp_path / "wheels-no-cc", env={**os.environ, "CC": "/bin/false"})
+    assert not [n for n in zipfile.ZipFile(pure).namelist() if "_onepass" in n]

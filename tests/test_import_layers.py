@@ -39,6 +39,7 @@ LAYERS: list[tuple[str, tuple[str, ...]]] = [
             "weightcheck.tritonlaunch",
             "weightcheck.lazyregex",
             "weightcheck.gcpause",
+            "weightcheck._onepass",  # compiled (COMPILED below)
             "weightcheck.patternexpr",
             "weightcheck.compare.ulp",
             "weightcheck.compare.metrics",
@@ -152,9 +153,13 @@ def _targets(node: ast.Import | ast.ImportFrom, module: str, is_package: bool, k
     return out
 
 
+# Compiled modules (no .py file to parse): built by setup.py, importing nothing of ours.
+COMPILED = {"weightcheck._onepass"}  # weightcheck/_native/onepass.c
+
+
 def import_graph() -> dict[str, set[str]]:
     modules = _modules()
-    known = set(modules)
+    known = set(modules) | COMPILED
     graph: dict[str, set[str]] = {}
     for name, path in modules.items():
         tree = ast.parse(path.read_text(encoding="utf-8"), filename=str(path))

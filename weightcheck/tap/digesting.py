@@ -198,7 +198,8 @@ def _timed_describe(tensor: torch.Tensor, algorithm: str, timings: dict[str, flo
 
 
 def describe_one_pass(tensor: torch.Tensor, algorithm: str, timings: dict[str, float] | None = None) -> dict[str, Any]:
-    """`describe_tensor` of a CPU tensor in one read pass (hash and reductions per cache-sized slice).
+    """`describe_tensor` of a CPU tensor in one read pass: the compiled fused loop for xxh3_128 where it is built
+    (`native_level()`), else the hash and numpy reductions per cache-sized slice.
 
     Equal to `describe_tensor` on every dtype `fast_dtype` knows (tests/test_tap_onepass.py); other tensors
     and the on-device algorithm (posmix128) take `describe_tensor`. `timings` (optional) accumulates seconds
@@ -211,24 +212,69 @@ def describe_one_pass(tensor: torch.Tensor, algorithm: str, timings: dict[str, f
     flat = tensor.detach().contiguous().reshape(-1)
     numel = flat.numel()
     out: dict[str, Any] = {"dtype": st_name, "shape": list(tensor.shape)}
-    hasher = _hasher_for(algorithm)
     if numel == 0:
-        out[algorithm] = hasher.hexdigest()
+        out[algorithm] = _hasher_for(algorithm).hexdigest()
         out["zeros"], out["nonfinite"] = None, 0  # as `tensor_stats`: nothing to judge
         return out
     data = flat.view(torch.uint8).numpy()
-    ored, u_max, s_max = _hash_and_reduce(data, hasher, itemsize, pattern, timings)
-    out[algorithm] = hasher.hexdigest()
+    native = _native() if algorithm == "xxh3_128" else None
+    if native is not None:
+        started = time.perf_counter() if timings is not None else 0.0
+        out[algorithm], ored, present = native.onepass(data, itemsize, _top(itemsize, pattern), _int(pattern))
+        if timings is not None:  # one fused call: its time is the digest's (the statistics ride along)
+            timings["digest"] = timings.get("digest", 0.0) + time.perf_counter() - started
+    else:
+        hasher = _hasher_for(algorithm)
+        ored, u_max, s_max = _hash_and_reduce(data, hasher, itemsize, pattern, timings)
+        out[algorithm] = hasher.hexdigest()
+        present = isinstance(pattern, int) and _nonfinite_present(u_max, s_max, pattern, itemsize * 8)
     zeros = ored == 0
     if pattern is None:
         out["zeros"], out["nonfinite"] = zeros, 0
     elif pattern == "none":
         out["zeros"], out["nonfinite"] = zeros, None
-    elif _nonfinite_present(u_max, s_max, int(pattern), itemsize * 8):
+    elif present:
         out["zeros"], out["nonfinite"] = False, _exact_nonfinite(flat)
     else:
         out["zeros"], out["nonfinite"] = zeros, 0
     return out
+
+
+# ---- the compiled pass (weightcheck._onepass, built by setup.py where a C compiler is found) ---------------
+# The same results as `_hash_and_reduce` + the hexdigest, for xxh3_128, in one fused loop (see
+# weightcheck/_native/onepass.c for why). WEIGHTCHECK_NATIVE=0 turns it off (the numpy loop then runs).
+ENV_NATIVE = "WEIGHTCHECK_NATIVE"
+_native_module: list[Any] = []  # [module or None], filled on first use
+
+
+def _native() -> Any:
+    if not _native_module:
+        import os
+
+        module = None
+        if os.environ.get(ENV_NATIVE, "1").strip().lower() not in ("0", "false", "no", "off"):
+            try:
+                import weightcheck._onepass as module  # type: ignore[import-not-found, no-redef]
+            except ImportError:
+                module = None
+        _native_module.append(module)
+    return _native_module[0]
+
+
+def native_level() -> str | None:
+    """The compiled one-pass loop this process uses ('avx2-fused' or 'chunked'); None when the numpy loop runs
+    (no compiled module, or WEIGHTCHECK_NATIVE=0)."""
+    module = _native()
+    return None if module is None else str(module.level())
+
+
+def _top(itemsize: int, pattern: int | str | None) -> int:
+    """The top exponent bit in every element lane of a 64-bit word (0: no NaN/Inf question for the dtype)."""
+    return _TOP_BITS[itemsize] if isinstance(pattern, int) else 0
+
+
+def _int(pattern: int | str | None) -> int:
+    return pattern if isinstance(pattern, int) else 0
 
 
 def _no_clock() -> float:
@@ -241,6 +287,9 @@ def _lanes(value: int, bits: int) -> int:
     for shift in range(0, 64, bits):
         word |= value << shift
     return word
+
+
+_TOP_BITS = {size: _lanes(1 << (size * 8 - 2), size * 8) for size in (1, 2, 4, 8)}
 
 
 def _hash_and_reduce(

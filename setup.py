@@ -1,0 +1,20 @@
+"""Only the optional compiled part: the tap's fused one-pass digest (weightcheck/_native/onepass.c).
+
+Everything else (metadata, packages, data) is in pyproject.toml. `optional=True`: where no C compiler is
+found, the build warns and installs the pure-Python package, whose numpy loop computes the same results.
+"""
+
+from setuptools import Extension, setup
+
+setup(
+    ext_modules=[
+        Extension(
+            "weightcheck._onepass",
+            sources=["weightcheck/_native/onepass.c"],
+            depends=["weightcheck/_native/xxhash.h"],
+            include_dirs=["weightcheck/_native"],
+            extra_compile_args=["-O3"],
+            optional=True,
+        )
+    ]
+)
