@@ -470,9 +470,17 @@ def main() -> int:
     # The other way of digesting, side by side: digest threads beside the load, or each tensor on the loading
     # thread as it passes (0 threads: the default on at most 2 cores).
     other_threads = 2 if threads == 0 else 0
-    cpu_seconds: dict[str, list[float]] = {"off": [], "read": [], "on": [], "other": [], "state": []}
+    cpu_seconds: dict[str, list[float]] = {"off": [], "read": [], "on": [], "other": [], "state": [], "numpy": []}
+    from weightcheck.tap import digesting
 
-    def load_once(enabled: bool, read_pass: bool = False, other: bool = False, state: bool = False) -> float:
+    # The compiled fused pass (weightcheck._onepass) against the numpy loop it replaces, in the same rounds.
+    native_level = digesting.native_level()
+    native_module = list(digesting._native_module)
+
+    def load_once(
+        enabled: bool, read_pass: bool = False, other: bool = False, state: bool = False, numpy_loop: bool = False
+    ) -> float:
+        digesting._native_module[:] = [None] if numpy_loop else native_module
         if enabled:
             tap.configure(records, digest_threads=other_threads if other else threads, digest=algorithm, state=state)
         else:
@@ -483,7 +491,9 @@ def main() -> int:
         synchronize()
         # Process CPU time (all threads, the digest threads included) as well as wall time: on a shared machine
         # the wall-time ratio says how busy the other cores were; the CPU-time ratio, how much work was added.
-        key = ("state" if state else "other" if other else "on") if enabled else "read" if read_pass else "off"
+        key = ("state" if state else "other" if other else "numpy" if numpy_loop else "on") if enabled else (
+            "read" if read_pass else "off"
+        )
         cpu_seconds[key].append(time.process_time() - cpu_started)
         return time.perf_counter() - started
 
@@ -496,6 +506,7 @@ def main() -> int:
     read: list[float] = []
     with_state: list[float] = []
     on_other: list[float] = []
+    on_numpy: list[float] = []
     rounds = args.byte_rounds or 3 * args.repeats
     for _ in range(rounds):
         shutil.rmtree(records, ignore_errors=True)
@@ -506,6 +517,9 @@ def main() -> int:
             with_state.append(load_once(True, state=True))
         shutil.rmtree(records, ignore_errors=True)
         on_other.append(load_once(True, other=True))
+        if native_level is not None:
+            shutil.rmtree(records, ignore_errors=True)
+            on_numpy.append(load_once(True, numpy_loop=True))
         shutil.rmtree(records, ignore_errors=True)
         on.append(load_once(True))  # last: verify reads this record
     tap.configure(None)
@@ -576,6 +590,14 @@ def main() -> int:
         "load_other_s": on_other,
         "other_added_vs_read_pass": added_ratio(on_other, {"off": off, "read": read}, statistics.median),
         "other_added_vs_read_pass_cpu": added_ratio(cpu_seconds["other"], cpu_seconds, statistics.median),
+        "native_level": native_level,
+        "load_numpy_loop_s": on_numpy,
+        "numpy_loop_added_vs_read_pass": (
+            added_ratio(on_numpy, {"off": off, "read": read}, statistics.median) if on_numpy else None
+        ),
+        "numpy_loop_added_vs_read_pass_cpu": (
+            added_ratio(cpu_seconds["numpy"], cpu_seconds, statistics.median) if on_numpy else None
+        ),
         "load_average": os.getloadavg()[0] if hasattr(os, "getloadavg") else None,
         "digest_gb_per_s": throughputs,
         "small_tensor_stream": small,
@@ -620,6 +642,14 @@ def main() -> int:
         "| the same, least-disturbed rounds (each series' minimum), wall / CPU "
         f"| {figures['tap_added_vs_read_pass_min']:.2f}× / {figures['tap_added_vs_read_pass_cpu_min']:.2f}× | |"
     )
+    if on_numpy:
+        print(
+            f"| the numpy loop instead of the compiled pass ({native_level}), same rounds, wall / CPU "
+            f"| {figures['numpy_loop_added_vs_read_pass']:.2f}× "
+            f"/ {figures['numpy_loop_added_vs_read_pass_cpu']:.2f}× | |"
+        )
+    else:
+        print("| compiled one pass | not built (weightcheck._onepass missing or WEIGHTCHECK_NATIVE=0): numpy loop | |")
     other_way = f"{other_threads} digest threads" if other_threads else "on the loading thread"
     print(
         f"| the other way, {other_way} (same rounds), wall / CPU "
