@@ -1,10 +1,10 @@
 """The compiled one-pass loop (weightcheck._onepass, built by setup.py) gives exactly what the numpy loop gives:
 python-xxhash's xxh3_128 digest bit for bit, the OR of the bytes as 64-bit little-endian words, and NaN/Inf
-presence, for every length around XXH3's block and stripe boundaries, unaligned buffers, both of its loops
-(AVX2-fused and chunked), and every dtype the tap's one pass handles.
+presence, for every length around XXH3's block and stripe boundaries, unaligned buffers, and every dtype the
+tap's one pass handles.
 
-Where the module was not built (no C compiler) these tests skip, unless WEIGHTCHECK_REQUIRE_NATIVE=1 (CI sets
-it: the build must have happened there)."""
+Where the module was not built (no C compiler) or cannot run (no AVX2) these tests skip, unless
+WEIGHTCHECK_REQUIRE_NATIVE=1 (CI sets it: the build must have happened there, on a CPU with AVX2)."""
 
 from __future__ import annotations
 
@@ -25,11 +25,11 @@ except ImportError:  # not built here
     _onepass = None
     if os.environ.get("WEIGHTCHECK_REQUIRE_NATIVE") == "1":
         raise
+RUNS = _onepass is not None and _onepass.level() == "avx2-fused"
+if os.environ.get("WEIGHTCHECK_REQUIRE_NATIVE") == "1":
+    assert RUNS, "weightcheck._onepass was built but has no fused loop on this CPU"
 
-pytestmark = pytest.mark.skipif(_onepass is None, reason="weightcheck._onepass not built (no C compiler)")
-
-# 0: the chunked loop (any machine); 1: the fused AVX2 loop (x86-64 with AVX2; falls back to 0 elsewhere)
-LEVELS = (0, 1)
+pytestmark = pytest.mark.skipif(not RUNS, reason="weightcheck._onepass not built (no C compiler) or no AVX2")
 # XXH3: <= 16, <= 128 and <= 240 bytes take short paths; longer inputs go through 1 KiB blocks of 16 stripes
 # of 64 bytes, then a last partial block and an overlapping last stripe.
 LENGTHS = sorted(
@@ -44,30 +44,28 @@ def _reference_or(data: bytes) -> int:
     return (int(np.bitwise_or.reduce(words)) if len(words) else 0) | int.from_bytes(data[whole:], "little")
 
 
-@pytest.mark.parametrize("level", LEVELS)
-def test_digest_and_or_equal_the_references_at_every_boundary(level: int) -> None:
+def test_digest_and_or_equal_the_references_at_every_boundary() -> None:
     rng = np.random.default_rng(7)
     for n in LENGTHS:
         data = rng.integers(0, 256, n, dtype=np.uint8)
         if n % 3 == 0:
             data[: n // 2] = 0  # long zero runs: the OR must still see the other half
         raw = data.tobytes()
-        digest, ored, present = _onepass.onepass(data, 1, 0, 0, level)
+        digest, ored, present = _onepass.onepass(data, 1, 0, 0)
         assert digest == xxhash.xxh3_128_hexdigest(raw), n
         assert ored == _reference_or(raw), n
         assert present is False
 
 
-@pytest.mark.parametrize("level", LEVELS)
-def test_unaligned_and_all_zero_buffers(level: int) -> None:
+def test_unaligned_and_all_zero_buffers() -> None:
     rng = np.random.default_rng(3)
     backing = rng.integers(0, 256, 200_003, dtype=np.uint8)
     for offset in range(1, 8):
         view = backing[offset : offset + 150_001]
-        assert _onepass.onepass(view, 1, 0, 0, level)[0] == xxhash.xxh3_128_hexdigest(view.tobytes())
+        assert _onepass.onepass(view, 1, 0, 0)[0] == xxhash.xxh3_128_hexdigest(view.tobytes())
     for n in (0, 1, 241, 1024, 100_000):
         zeros = np.zeros(n, dtype=np.uint8)
-        assert _onepass.onepass(zeros, 1, 0, 0, level)[:2] == (xxhash.xxh3_128_hexdigest(bytes(n)), 0)
+        assert _onepass.onepass(zeros, 1, 0, 0)[:2] == (xxhash.xxh3_128_hexdigest(bytes(n)), 0)
 
 
 def _planted(dtype: Any, n: int, where: int, value: float) -> Any:
@@ -76,9 +74,8 @@ def _planted(dtype: Any, n: int, where: int, value: float) -> Any:
     return t.to(dtype)
 
 
-@pytest.mark.parametrize("level", LEVELS)
 @pytest.mark.parametrize("dtype_name", ["bfloat16", "float16", "float32", "float64"])
-def test_nan_inf_presence_wherever_it_sits(level: int, dtype_name: str) -> None:
+def test_nan_inf_presence_wherever_it_sits(dtype_name: str) -> None:
     dtype = getattr(torch, dtype_name)
     _, itemsize, pattern = digesting.fast_dtype(dtype)  # type: ignore[misc]
     top = digesting._top(itemsize, pattern)
@@ -87,15 +84,14 @@ def test_nan_inf_presence_wherever_it_sits(level: int, dtype_name: str) -> None:
         for bad, expected in ((float("nan"), True), (-float("inf"), True), (float("inf"), True),
                               (3.0, False), (-65504.0, False)):  # fmt: skip
             data = _planted(dtype, n, where, bad).view(torch.uint8).numpy()
-            got = _onepass.onepass(data, itemsize, top, pattern, level)
+            got = _onepass.onepass(data, itemsize, top, pattern)
             assert got[0] == xxhash.xxh3_128_hexdigest(data.tobytes())
             assert got[2] is expected, (dtype_name, where, bad)
     small = _planted(dtype, 50, 49, float("nan")).view(torch.uint8).numpy()  # the short-input path
-    assert _onepass.onepass(small, itemsize, top, pattern, level)[2] is True
+    assert _onepass.onepass(small, itemsize, top, pattern)[2] is True
 
 
-@pytest.mark.parametrize("level", LEVELS)
-def test_describe_one_pass_equals_the_numpy_loop_on_every_dtype(level: int, monkeypatch: pytest.MonkeyPatch) -> None:
+def test_describe_one_pass_equals_the_numpy_loop_on_every_dtype(monkeypatch: pytest.MonkeyPatch) -> None:
     """The whole record (digest, zeros, nonfinite) through `describe_one_pass`, compiled against numpy."""
     from test_tap_onepass import _cases  # (tests/ is on the path: pytest's rootdir conftest)
 
@@ -106,18 +102,12 @@ def test_describe_one_pass_equals_the_numpy_loop_on_every_dtype(level: int, monk
     cases.append(negative_zero)
     monkeypatch.setattr(digesting, "_native_module", [None])
     reference = [digesting.describe_one_pass(t, "xxh3_128") for t in cases]
-
-    class Forced:
-        @staticmethod
-        def onepass(data: Any, itemsize: int, top: int, pattern: int) -> Any:
-            return _onepass.onepass(data, itemsize, top, pattern, level)
-
-    monkeypatch.setattr(digesting, "_native_module", [Forced])
+    monkeypatch.setattr(digesting, "_native_module", [_onepass])
     assert [digesting.describe_one_pass(t, "xxh3_128") for t in cases] == reference
 
 
 def test_the_switch_and_bad_arguments(monkeypatch: pytest.MonkeyPatch) -> None:
-    assert _onepass.level() in ("avx2-fused", "chunked")
+    assert _onepass.level() == "avx2-fused"
     monkeypatch.setattr(digesting, "_native_module", [])
     monkeypatch.setenv(digesting.ENV_NATIVE, "0")
     assert digesting.native_level() is None

@@ -15,10 +15,11 @@
  *
  * The hash loop is XXH3's `XXH3_hashLong_128b_internal` with the default secret (what `XXH3_128bits` runs for
  * inputs over 240 bytes), unrolled here so the OR can ride along; shorter inputs take `XXH3_128bits` itself.
- * x86-64 with AVX2 (chosen at run time) takes the fused loop; any other machine hashes and ORs 4 KiB chunks
- * one after the other (correct everywhere, about one extra cached pass slower). Built by setup.py as an
- * optional extension: without a compiler, weightcheck uses the numpy loop and says so nowhere but in
- * `weightcheck.tap.digesting.native_level()`.
+ * It needs x86-64 with AVX2 (checked at run time): elsewhere `level()` is "unavailable", `onepass` refuses,
+ * and weightcheck keeps the numpy loop over python-xxhash, whose own dispatch (AVX2, NEON) hashes faster than
+ * this file's portable build would (a separate OR pass beside an SSE2 or scalar hash measured 2.3x a read pass,
+ * the numpy loop 1.3x). Built by setup.py as an optional extension: without a compiler, weightcheck uses the
+ * numpy loop; `weightcheck.tap.digesting.native_level()` says which loop runs.
  */
 #define PY_SSIZE_T_CLEAN
 #include <Python.h>
@@ -30,15 +31,14 @@
 #include <immintrin.h>
 #define XXH_X86DISPATCH
 #define XXH_DISPATCH_AVX2 1
-#define XXH_TARGET_SSE2 __attribute__((__target__("sse2")))
 #define XXH_TARGET_AVX2 __attribute__((__target__("avx2")))
-#define XXH_TARGET_AVX512 __attribute__((__target__("avx512f")))
 #else
 #define WC_X86 0
 #endif
 #define XXH_INLINE_ALL
 #include "xxhash.h"
 
+#if WC_X86
 /* Some element of `p[0:n)` (n a multiple of itemsize) has sign-cleared bits >= pattern: a NaN or an Inf. */
 static int scan_nonfinite(const uint8_t *p, size_t n, int itemsize, uint64_t pattern) {
     size_t k;
@@ -96,25 +96,6 @@ typedef struct {
     int nonfinite;
 } wc_stats;
 
-/* Any machine: 4 KiB chunks, each ORed (and scanned when needed) then fed to XXH3's streaming state while
- * it is in L1. */
-static XXH128_hash_t chunked(const uint8_t *data, size_t len, int itemsize, uint64_t top, uint64_t pattern,
-                             wc_stats *st) {
-    XXH3_state_t state;
-    size_t start, end;
-    XXH3_128bits_reset(&state);
-    for (start = 0; start < len; start = end) {
-        uint64_t b;
-        end = len - start > 4096 ? start + 4096 : len;
-        b = or_range(data, start, end);
-        st->ored |= b;
-        if ((b & top) && !st->nonfinite) st->nonfinite = scan_nonfinite(data + start, end - start, itemsize, pattern);
-        XXH3_128bits_update(&state, data + start, end - start);
-    }
-    return XXH3_128bits_digest(&state);
-}
-
-#if WC_X86
 XXH_TARGET_AVX2 static inline uint64_t fold256(__m256i v) {
     __m128i q = _mm_or_si128(_mm256_castsi256_si128(v), _mm256_extracti128_si256(v, 1));
     return (uint64_t)_mm_cvtsi128_si64(q) | (uint64_t)_mm_cvtsi128_si64(_mm_unpackhi_epi64(q, q));
@@ -165,7 +146,7 @@ XXH_TARGET_AVX2 static XXH128_hash_t fused_avx2(const uint8_t *input, size_t len
 }
 #endif
 
-static int level = -1; /* 1: fused AVX2 loop; 0: chunked */
+static int level = -1; /* 1: the fused AVX2 loop runs here; 0: unavailable */
 
 static int pick_level(void) {
     if (level < 0) {
@@ -181,68 +162,71 @@ static int pick_level(void) {
 
 static PyObject *onepass(PyObject *self, PyObject *args) {
     Py_buffer view;
-    int itemsize, force = -1;
+    int itemsize;
     unsigned long long top, pattern;
-    wc_stats st = {0, 0};
-    XXH128_hash_t h;
-    XXH128_canonical_t canonical;
-    char hex[33];
-    static const char digits[] = "0123456789abcdef";
-    int i, lv;
     (void)self;
-    if (!PyArg_ParseTuple(args, "y*iKK|i", &view, &itemsize, &top, &pattern, &force)) return NULL;
+    if (!PyArg_ParseTuple(args, "y*iKK", &view, &itemsize, &top, &pattern)) return NULL;
     if (itemsize != 1 && itemsize != 2 && itemsize != 4 && itemsize != 8) {
         PyBuffer_Release(&view);
         PyErr_SetString(PyExc_ValueError, "itemsize must be 1, 2, 4 or 8");
         return NULL;
     }
-    lv = force >= 0 ? force : pick_level();
-#if !WC_X86
-    lv = 0;
-#else
-    if (lv == 1 && !pick_level()) lv = 0; /* never run AVX2 code on a CPU without it */
-#endif
-    Py_BEGIN_ALLOW_THREADS
-    {
-        const uint8_t *data = (const uint8_t *)view.buf;
-        size_t len = (size_t)view.len;
-        if (len <= XXH3_MIDSIZE_MAX) {
-            h = XXH3_128bits(data, len);
-            st.ored = or_range(data, 0, len);
-            if (st.ored & top) st.nonfinite = scan_nonfinite(data, len, itemsize, pattern);
-        }
+    if (!pick_level()) { /* never run AVX2 code on a CPU without it */
+        PyBuffer_Release(&view);
+        PyErr_SetString(PyExc_RuntimeError, "the fused one pass needs x86-64 with AVX2");
+        return NULL;
+    }
 #if WC_X86
-        else if (lv == 1)
-            h = fused_avx2(data, len, itemsize, top, pattern, &st);
+    {
+        wc_stats st = {0, 0};
+        XXH128_hash_t h;
+        XXH128_canonical_t canonical;
+        char hex[33];
+        static const char digits[] = "0123456789abcdef";
+        int i;
+        Py_BEGIN_ALLOW_THREADS
+        {
+            const uint8_t *data = (const uint8_t *)view.buf;
+            size_t len = (size_t)view.len;
+            if (len <= XXH3_MIDSIZE_MAX) {
+                h = XXH3_128bits(data, len);
+                st.ored = or_range(data, 0, len);
+                if (st.ored & top) st.nonfinite = scan_nonfinite(data, len, itemsize, pattern);
+            } else {
+                h = fused_avx2(data, len, itemsize, top, pattern, &st);
+            }
+        }
+        Py_END_ALLOW_THREADS
+        PyBuffer_Release(&view);
+        XXH128_canonicalFromHash(&canonical, h);
+        for (i = 0; i < 16; i++) {
+            hex[2 * i] = digits[canonical.digest[i] >> 4];
+            hex[2 * i + 1] = digits[canonical.digest[i] & 15];
+        }
+        hex[32] = 0;
+        return Py_BuildValue("sKO", hex, (unsigned long long)st.ored, st.nonfinite ? Py_True : Py_False);
+    }
+#else
+    PyBuffer_Release(&view); /* not reached: pick_level() is 0 off x86-64 */
+    Py_RETURN_NONE;
 #endif
-        else
-            h = chunked(data, len, itemsize, top, pattern, &st);
-    }
-    Py_END_ALLOW_THREADS
-    PyBuffer_Release(&view);
-    XXH128_canonicalFromHash(&canonical, h);
-    for (i = 0; i < 16; i++) {
-        hex[2 * i] = digits[canonical.digest[i] >> 4];
-        hex[2 * i + 1] = digits[canonical.digest[i] & 15];
-    }
-    hex[32] = 0;
-    return Py_BuildValue("sKO", hex, (unsigned long long)st.ored, st.nonfinite ? Py_True : Py_False);
 }
 
 static PyObject *native_level(PyObject *self, PyObject *args) {
     (void)self;
     (void)args;
-    return PyUnicode_FromString(pick_level() ? "avx2-fused" : "chunked");
+    return PyUnicode_FromString(pick_level() ? "avx2-fused" : "unavailable");
 }
 
 static PyMethodDef methods[] = {
     {"onepass", onepass, METH_VARARGS,
-     "onepass(buffer, itemsize, top, pattern[, level]) -> (xxh3_128 hex digest, OR of the 64-bit LE words, "
-     "NaN/Inf present)"},
-    {"level", native_level, METH_NOARGS, "the loop this CPU runs: 'avx2-fused' or 'chunked'"},
+     "onepass(buffer, itemsize, top, pattern) -> (xxh3_128 hex digest, OR of the 64-bit LE words, "
+     "NaN/Inf present); RuntimeError where level() is 'unavailable'"},
+    {"level", native_level, METH_NOARGS, "'avx2-fused' where this CPU runs the fused loop, else 'unavailable'"},
     {NULL, NULL, 0, NULL},
 };
 
-static struct PyModuleDef module = {PyModuleDef_HEAD_INIT, "_onepass", "The tap's fused one read pass.", -1, methods};
+static struct PyModuleDef module = {
+    PyModuleDef_HEAD_INIT, "_onepass", "The tap's fused one read pass.", -1, methods, NULL, NULL, NULL, NULL};
 
 PyMODINIT_FUNC PyInit__onepass(void) { return PyModule_Create(&module); }

@@ -257,13 +257,17 @@ def _native() -> Any:
                 import weightcheck._onepass as module  # type: ignore[import-not-found, no-redef]
             except ImportError:
                 module = None
+            # Without AVX2 (or off x86-64) the module has no fused loop: python-xxhash's own dispatch then
+            # hashes faster than a separate pass in C would, so the numpy loop stays.
+            if module is not None and module.level() != "avx2-fused":
+                module = None
         _native_module.append(module)
     return _native_module[0]
 
 
 def native_level() -> str | None:
-    """The compiled one-pass loop this process uses ('avx2-fused' or 'chunked'); None when the numpy loop runs
-    (no compiled module, or WEIGHTCHECK_NATIVE=0)."""
+    """The compiled one-pass loop this process uses ('avx2-fused'); None when the numpy loop runs (no compiled
+    module, a CPU without AVX2, or WEIGHTCHECK_NATIVE=0)."""
     module = _native()
     return None if module is None else str(module.level())
 
