@@ -120,3 +120,37 @@ def test_the_switch_and_bad_arguments(monkeypatch: pytest.MonkeyPatch) -> None:
         _onepass.onepass("text", 1, 0, 0)
     with pytest.raises((BufferError, ValueError)):  # not contiguous: refused, never read past
         _onepass.onepass(np.zeros((4, 4), dtype=np.uint8)[:, ::2], 1, 0, 0)
+
+
+def test_random_tensors_agree_with_the_numpy_loop(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Seeded random lengths, dtypes, offsets into a larger tensor and planted specials: the compiled record is
+    the numpy loop's, every time."""
+    rng = np.random.default_rng(2026)
+    dtypes = [torch.bfloat16, torch.float16, torch.float32, torch.float64, torch.int8, torch.int32,
+              torch.float8_e4m3fn, torch.bool]  # fmt: skip
+    specials = [float("nan"), float("inf"), -float("inf"), 2.5, -7.0, 0.0, -0.0, 1e30]
+    cases = []
+    for _ in range(300):
+        n = int(rng.integers(1, 40_000))
+        base = torch.from_numpy(rng.standard_normal(n + 8).astype(np.float32) * float(rng.choice([0.01, 1.0, 0.0])))
+        for _ in range(int(rng.integers(0, 3))):
+            base[int(rng.integers(0, n + 8))] = float(rng.choice(specials))
+        start = int(rng.integers(0, 8))
+        dtype = dtypes[int(rng.integers(0, len(dtypes)))]
+        cases.append(base.to(dtype)[start : start + n])  # a view at an offset: its own bytes only
+    monkeypatch.setattr(digesting, "_native_module", [None])
+    reference = [digesting.describe_one_pass(t, "xxh3_128") for t in cases]
+    monkeypatch.setattr(digesting, "_native_module", [_onepass])
+    assert [digesting.describe_one_pass(t, "xxh3_128") for t in cases] == reference
+
+
+def test_parallel_calls_give_each_its_own_answer() -> None:
+    """The GIL is released inside: digest threads calling at once each get their own buffer's result."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    rng = np.random.default_rng(11)
+    buffers = [rng.integers(0, 256, int(rng.integers(1000, 3_000_000)), dtype=np.uint8) for _ in range(24)]
+    expected = [xxhash.xxh3_128_hexdigest(b.tobytes()) for b in buffers]
+    with ThreadPoolExecutor(4) as pool:
+        got = list(pool.map(lambda b: _onepass.onepass(b, 1, 0, 0)[0], buffers))
+    assert got == expected
