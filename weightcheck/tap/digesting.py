@@ -310,8 +310,7 @@ def _hash_and_reduce(
     checkpoint) costs its hash alone. The returned OR is then nonzero exactly when some byte is."""
     import numpy as np
 
-    bits = itemsize * 8
-    top = _lanes(1 << (bits - 2), bits) if isinstance(pattern, int) else 0
+    top = _top(itemsize, pattern)
     u_name, s_name = _INT_NAMES[itemsize]
     whole = data.size - data.size % 8
     words = data[:whole].view("<u8")
