@@ -176,11 +176,11 @@ def _base_layout_maps(
     modules, so map the decoder's own names across the root (the LM head and a task head are left to pair by
     name). `pattern` is the model_type's causal LM; only for a model_type whose base class transformers saves
     without the root (`patterns.backbone_class`)."""
-    from weightcheck.patterns import backbone_class
+    from weightcheck.patterns import backbone_class, decoder_root
 
     if backbone_class(pattern, config) is None:
         return []
-    root = pattern.layer_prefix.split(".", 1)[0]
+    root = decoder_root(pattern)
     leaf = pattern.layer_prefix[len(root) + 1 :]
     leaves = [leaf, *(g.name[len(root) + 1 :] for g in pattern.globals if g.name.startswith(root + "."))]
 

@@ -702,6 +702,19 @@ def num_labels(config: dict[str, Any]) -> int:
     return value if isinstance(value, int) and not isinstance(value, bool) and value > 0 else 2
 
 
+def decoder_root(pattern: Pattern) -> str:
+    """The first component of the pattern's layer prefix, the root the decoder lives under (`model` for
+    `model.layers`)."""
+    return pattern.layer_prefix.split(".", 1)[0]
+
+
+def _task_table(config: dict[str, Any]) -> dict[str, Any] | None:
+    """task_heads.json's classes of config.json's model_type (None when it records none)."""
+    model_type = config.get("model_type")
+    table = task_heads_index().get(model_type) if isinstance(model_type, str) else None
+    return table if isinstance(table, dict) else None
+
+
 def moved_name(name: str, old: str, new: str) -> str:
     """`name` with the root `old` replaced by `new` ("" drops it); a name outside `old` unchanged."""
     if name.startswith(old + "."):
@@ -723,10 +736,9 @@ def for_architecture(pattern: Pattern, config: dict[str, Any]) -> Pattern:
     if not archs or archs[0] in pattern.architectures or pattern.borrowed_by is not None:
         return pattern
     cls = archs[0]
-    model_type = config.get("model_type")
-    table = task_heads_index().get(model_type) if isinstance(model_type, str) else None
-    entry = table.get(cls) if isinstance(table, dict) else None
-    old_root = pattern.layer_prefix.split(".", 1)[0]
+    table = _task_table(config)
+    entry = table.get(cls) if table is not None else None
+    old_root = decoder_root(pattern)
     if isinstance(entry, dict) and entry.get("from_root") == old_root and isinstance(entry.get("root"), str):
         new_root = entry["root"]
         drops = {d for d in entry.get("drops") or [] if isinstance(d, str)}
@@ -780,9 +792,8 @@ def _moved(pattern: Pattern, old_root: str, new_root: str) -> Pattern:
 def backbone_class(pattern: Pattern, config: dict[str, Any]) -> str | None:
     """The model_type's base class that saves the decoder without `pattern`'s root (`Qwen3Model`: `layers.N...`
     where the causal LM has `model.layers.N...`), as task_heads.json records it; None when it knows none."""
-    model_type = config.get("model_type")
-    table = task_heads_index().get(model_type) if isinstance(model_type, str) else None
-    root = pattern.layer_prefix.split(".", 1)[0]
+    table = _task_table(config)
+    root = decoder_root(pattern)
     return next((c for c, e in (table or {}).items() if isinstance(e, dict) and e.get("kind") == "base-model"
                  and e.get("root") == "" and e.get("from_root") == root), None)  # fmt: skip
 
@@ -795,7 +806,7 @@ def base_layout(pattern: Pattern, config: dict[str, Any], names: Iterable[str]) 
     weights are not missing; the LM head stays required where the config unties it. Unchanged otherwise."""
     if pattern.task_class is not None or pattern.borrowed_by is not None:
         return pattern, None
-    old_root = pattern.layer_prefix.split(".", 1)[0]
+    old_root = decoder_root(pattern)
     layers = moved_name(pattern.layer_prefix, old_root, "") + "."
     under_root = old_root + "."
     found = False
