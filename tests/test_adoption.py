@@ -522,7 +522,8 @@ def test_wheel_carries_the_compiled_one_pass_and_builds_without_a_compiler(tmp_p
     src = _source_copy(tmp_path)
     wheel = _build_wheel(src, tmp_path / "wheels")
     names = zipfile.ZipFile(wheel).namelist()
-    assert any(n.startswith("weightcheck/_onepass") and n.endswith((".so", ".pyd")) for n in names), names
+    for module in ("_onepass", "_lintfast"):
+        assert any(n.startswith(f"weightcheck/{module}") and n.endswith((".so", ".pyd")) for n in names), names
     assert "weightcheck/_native/LICENSE-xxhash" in names
     assert not [n for n in names if n.endswith((".c", ".h"))]
     target = tmp_path / "site"
@@ -530,7 +531,8 @@ def test_wheel_carries_the_compiled_one_pass_and_builds_without_a_compiler(tmp_p
                    check=True, capture_output=True, timeout=300)  # fmt: skip
     probe = (
         "import xxhash; from weightcheck import _onepass; data = bytes(range(256)) * 40; "
-        "assert _onepass.onepass(data, 1, 0, 0)[0] == xxhash.xxh3_128_hexdigest(data); print(_onepass.__file__)"
+        "assert _onepass.onepass(data, 1, 0, 0)[0] == xxhash.xxh3_128_hexdigest(data); "
+        "from weightcheck import _lintfast, native; assert native.lintfast() is _lintfast; print(_onepass.__file__)"
     )
     run = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, cwd=tmp_path,
                          env={**os.environ, "PYTHONPATH": str(target)})  # fmt: skip
@@ -538,4 +540,4 @@ def test_wheel_carries_the_compiled_one_pass_and_builds_without_a_compiler(tmp_p
 
     shutil.rmtree(src / "build", ignore_errors=True)
     pure = _build_wheel(src, tmp_path / "wheels-no-cc", env={**os.environ, "CC": "/bin/false"})
-    assert not [n for n in zipfile.ZipFile(pure).namelist() if "_onepass" in n]
+    assert not [n for n in zipfile.ZipFile(pure).namelist() if "_onepass" in n or "_lintfast" in n]

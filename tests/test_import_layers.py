@@ -40,6 +40,8 @@ LAYERS: list[tuple[str, tuple[str, ...]]] = [
             "weightcheck.lazyregex",
             "weightcheck.gcpause",
             "weightcheck._onepass",  # compiled (COMPILED below)
+            "weightcheck._lintfast",  # compiled (COMPILED below)
+            "weightcheck.native",
             "weightcheck.patternexpr",
             "weightcheck.compare.ulp",
             "weightcheck.compare.metrics",
@@ -154,7 +156,7 @@ def _targets(node: ast.Import | ast.ImportFrom, module: str, is_package: bool, k
 
 
 # Compiled modules (no .py file to parse): built by setup.py, importing nothing of ours.
-COMPILED = {"weightcheck._onepass"}  # weightcheck/_native/onepass.c
+COMPILED = {"weightcheck._onepass", "weightcheck._lintfast"}  # weightcheck/_native/*.c
 
 
 def import_graph() -> dict[str, set[str]]:

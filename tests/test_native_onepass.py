@@ -18,6 +18,7 @@ xxhash = pytest.importorskip("xxhash")
 torch = pytest.importorskip("torch")
 
 from weightcheck.tap import digesting  # noqa: E402
+from weightcheck.native import ENV_NATIVE  # noqa: E402
 
 try:
     from weightcheck import _onepass  # type: ignore[attr-defined]
@@ -109,10 +110,10 @@ def test_describe_one_pass_equals_the_numpy_loop_on_every_dtype(monkeypatch: pyt
 def test_the_switch_and_bad_arguments(monkeypatch: pytest.MonkeyPatch) -> None:
     assert _onepass.level() == "avx2-fused"
     monkeypatch.setattr(digesting, "_native_module", [])
-    monkeypatch.setenv(digesting.ENV_NATIVE, "0")
+    monkeypatch.setenv(ENV_NATIVE, "0")
     assert digesting.native_level() is None
     monkeypatch.setattr(digesting, "_native_module", [])
-    monkeypatch.delenv(digesting.ENV_NATIVE)
+    monkeypatch.delenv(ENV_NATIVE)
     assert digesting.native_level() == _onepass.level()
     with pytest.raises(ValueError):
         _onepass.onepass(b"abc", 3, 0, 0)

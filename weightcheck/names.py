@@ -28,6 +28,7 @@ from collections.abc import Callable, Iterable
 
 from weightcheck.lazyregex import LazyRegex
 from weightcheck.lightclass import dataclass
+from weightcheck.native import lintfast
 
 # A layer or expert id in a tensor name: ASCII digits, at most this many. A longer run (a 5,000-digit
 # "layer" would hit Python's int-conversion limit) or a non-ASCII digit (`str.isdigit` accepts `²`, which
@@ -305,6 +306,24 @@ def group_by_template(names: Iterable[str]) -> dict[Template, list[tuple[str, tu
     """Names grouped by template, each with its slot values."""
     groups: dict[Template, list[tuple[str, tuple[str, ...]]]] = defaultdict(list)
     tails: dict[str, tuple[str, str, str] | None] = {}
+    fast = lintfast()
+    if fast is not None:
+        # The loop below in C (weightcheck/_native/lintfast.c); it asks here for each new (head, tail) pair's
+        # group and hands over every name off the `<head>.layers.<digits>.<tail>` path.
+        def new_group(head: str, tail: str) -> tuple[list[tuple[str, tuple[str, ...]]], str | None]:
+            got = tails.get(tail, False)
+            if got is False:
+                got = tails[tail] = _tail_template(tail)
+            if got is None:
+                return groups[(head + ".layers.", "." + tail)], None
+            return groups[(head + ".layers.", "." + got[0], got[2])], got[1]
+
+        def other(name: str) -> None:
+            parts, values = name_template(name, tails)
+            groups[parts].append((name, values))
+
+        fast.group_names(names, new_group, other)
+        return groups
     # what precedes the first `.layers.` -> tail -> (append to the template's list, expert id or None): a name
     # whose head and tail were seen costs two lookups, no new key strings (this loop runs once per name).
     seen: dict[str, dict[str, tuple[Callable[[tuple[str, tuple[str, ...]]], None], str | None]]] = {}

@@ -14,6 +14,7 @@ import os
 import re
 
 from weightcheck.lightclass import dataclass, field
+from weightcheck.native import lintfast
 from weightcheck.safe_io import fast_json_loads  # orjson, imported on first use (~3x faster on large headers)
 
 TYPE_CHECKING = False  # typing.TYPE_CHECKING without importing typing (lint's start-up, #20)
@@ -294,52 +295,34 @@ def _parse(fh: RangeReader, report: HeaderReport) -> None:
         )
         return
 
-    tensors: dict[str, TensorInfo] = {}
-    dtype_of = _DTYPE_OF.get
-    # Writers lay tensors out in header order: while each entry starts where the previous one ended, the
-    # offsets tile in sorted order too (the check below then needs no list of spans and no sort).
-    tiled = True
-    pos = 0
-    for name, entry in doc.items():
-        # Fast path for well-formed entries (the hot loop on a 90k-tensor checkpoint); anything unusual
-        # goes through `_entry`, which names the exact problem.
-        try:
-            dtype, shape, (begin, end) = entry["dtype"], entry["shape"], entry["data_offsets"]
-            # the table's own dtype string (one object per dtype, its hash cached) instead of the parser's
-            # copy: 92k fewer strings held, and every later `dtype in {...}` test skips hashing it.
-            # An unknown dtype (None) fails to unpack: TypeError, the exact path below.
-            dtype, bits = dtype_of(dtype) if type(dtype) is str else None  # type: ignore[misc]
-            numel = 1
-            for dim in shape:
-                if type(dim) is not int or dim < 0:
-                    raise TypeError
-                numel *= dim
-            if (
-                type(shape) is not list
-                or type(begin) is not int
-                or type(end) is not int
-                or not 0 <= begin <= end <= _U64_MAX
-                or numel * bits > _U64_MAX
-                or (numel * bits) % 8
-                or end - begin != (numel * bits) >> 3
-            ):
-                raise TypeError
-            info = _new_tuple(TensorInfo, (name, dtype, tuple(shape), begin, end))
-        except (TypeError, KeyError, ValueError):
-            checked = _entry(name, entry, report)
-            if checked is None:
+    fast = lintfast()
+    if fast is not None:
+        # The same loop in C (weightcheck/_native/lintfast.c): well-formed entries there, the rest here.
+        got = fast.tensor_entries(doc, _DTYPE_OF, TensorInfo, lambda name, entry: _one_entry(name, entry, report))
+        if got is None:
+            return
+        tensors, tiled_end = got
+    else:
+        tensors = {}
+        # Writers lay tensors out in header order: while each entry starts where the previous one ended, the
+        # offsets tile in sorted order too (the check below then needs no list of spans and no sort).
+        tiled = True
+        pos = 0
+        for name, entry in doc.items():
+            info = _one_entry(name, entry, report)
+            if info is None:
                 return
-            info = checked
-        tensors[name] = info
-        if tiled:
-            if info[3] == pos and info[4] >= pos:
-                pos = info[4]
-            else:
-                tiled = False
+            tensors[name] = info
+            if tiled:
+                if info[3] == pos and info[4] >= pos:
+                    pos = info[4]
+                else:
+                    tiled = False
+        tiled_end = pos if tiled else None
     report.names_known = True
     report.tensors = tensors
-    if tiled:
-        report.data_end = expected = pos
+    if tiled_end is not None:
+        report.data_end = expected = tiled_end
     else:
         expected = _tiling_end(tensors, report)
         if expected is None:
@@ -352,6 +335,36 @@ def _parse(fh: RangeReader, report: HeaderReport) -> None:
                 + (" (truncated)" if size < 8 + n + expected else " (trailing bytes)"),
             )
         )
+
+
+def _one_entry(name: str, entry: object, report: HeaderReport) -> TensorInfo | None:
+    """One header entry as a TensorInfo, or None (the problem reported)."""
+    # Fast path for well-formed entries (the hot loop on a 90k-tensor checkpoint, also in C: lintfast.c);
+    # anything unusual goes through `_entry`, which names the exact problem.
+    try:
+        dtype, shape, (begin, end) = entry["dtype"], entry["shape"], entry["data_offsets"]  # type: ignore[index]
+        # the table's own dtype string (one object per dtype, its hash cached) instead of the parser's
+        # copy: 92k fewer strings held, and every later `dtype in {...}` test skips hashing it.
+        # An unknown dtype (None) fails to unpack: TypeError, the exact path below.
+        dtype, bits = _DTYPE_OF.get(dtype) if type(dtype) is str else None  # type: ignore[misc]
+        numel = 1
+        for dim in shape:
+            if type(dim) is not int or dim < 0:
+                raise TypeError
+            numel *= dim
+        if (
+            type(shape) is not list
+            or type(begin) is not int
+            or type(end) is not int
+            or not 0 <= begin <= end <= _U64_MAX
+            or numel * bits > _U64_MAX
+            or (numel * bits) % 8
+            or end - begin != (numel * bits) >> 3
+        ):
+            raise TypeError
+        return _new_tuple(TensorInfo, (name, dtype, tuple(shape), begin, end))  # type: ignore[no-any-return]
+    except (TypeError, KeyError, ValueError):
+        return _entry(name, entry, report)
 
 
 def _tiling_end(tensors: dict[str, TensorInfo], report: HeaderReport) -> int | None:

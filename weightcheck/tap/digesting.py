@@ -243,16 +243,15 @@ def describe_one_pass(tensor: torch.Tensor, algorithm: str, timings: dict[str, f
 # ---- the compiled pass (weightcheck._onepass, built by setup.py where a C compiler is found) ---------------
 # The same results as `_hash_and_reduce` + the hexdigest, for xxh3_128, in one fused loop (see
 # weightcheck/_native/onepass.c for why). WEIGHTCHECK_NATIVE=0 turns it off (the numpy loop then runs).
-ENV_NATIVE = "WEIGHTCHECK_NATIVE"
 _native_module: list[Any] = []  # [module or None], filled on first use
 
 
 def _native() -> Any:
     if not _native_module:
-        import os
+        from weightcheck.native import native_enabled
 
         module = None
-        if os.environ.get(ENV_NATIVE, "1").strip().lower() not in ("0", "false", "no", "off"):
+        if native_enabled():
             try:
                 import weightcheck._onepass as module  # type: ignore[import-not-found, no-redef]
             except ImportError:
