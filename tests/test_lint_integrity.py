@@ -97,6 +97,23 @@ def test_wc104_symlink_out_of_checkpoint_and_fifo(make_ckpt, tmp_path: Path) -> 
     assert "outside the checkpoint" in refused["extra.safetensors"]
 
 
+def test_plain_shard_shortcut_takes_only_regular_files_named_plainly(tmp_path: Path) -> None:
+    """read_headers' one-lstat shortcut answers only for a regular, non-symlink file named without a separator;
+    everything else (a symlink even inside the folder, a directory, a FIFO, a path, `..`, NUL, a missing name)
+    goes to resolve_inside, which decides and words the refusal (the WC104 tests above)."""
+    from weightcheck.checkpoint import _plain_file_in
+
+    root = tmp_path.resolve()
+    (root / "a.safetensors").write_bytes(b"x")
+    (root / "link.safetensors").symlink_to(root / "a.safetensors")
+    (root / "dir.safetensors").mkdir()
+    os.mkfifo(root / "pipe.safetensors")
+    assert _plain_file_in(root, "a.safetensors") == (root / "a.safetensors", None)
+    for name in ("link.safetensors", "dir.safetensors", "pipe.safetensors", "dir.safetensors/../a.safetensors",
+                 "..", ".", "", "a\x00b", "missing.safetensors", "x" * 5000):  # fmt: skip
+        assert _plain_file_in(root, name) == (None, None), name
+
+
 def test_wc104_hf_cache_blob_symlinks_are_followed(make_ckpt, tmp_path: Path) -> None:
     src = make_ckpt("llama")
     repo = tmp_path / "hub" / "models--org--tiny"
