@@ -17,8 +17,8 @@ np = pytest.importorskip("numpy")
 xxhash = pytest.importorskip("xxhash")
 torch = pytest.importorskip("torch")
 
-from weightcheck.tap import digesting  # noqa: E402
 from weightcheck.native import ENV_NATIVE  # noqa: E402
+from weightcheck.tap import digesting  # noqa: E402
 
 try:
     from weightcheck import _onepass  # type: ignore[attr-defined]
