@@ -287,3 +287,26 @@ def test_lightclass_namedtuple_refuses_as_typing_does() -> None:
                 a: int
 
                 def _replace(self) -> None: ...
+
+
+def test_header_only_lint_with_the_text_report_starts_without_typing() -> None:
+    """Header-only lint of a shipped checkpoint, text report (what a terminal shows): no typing, click,
+    textwrap, tomllib, importlib.resources, the Hub module or the other commands' rule modules. orjson is
+    imported here (it parses the headers) and brings dataclasses, inspect and ast with it, so those are not
+    asked about."""
+    probe = (
+        "import atexit, sys; atexit.register(lambda: sys.stderr.write('loaded: ' + ','.join(sorted(m for m in "
+        "('click', 'textwrap', 'tomllib', 'typing', 'importlib.resources', "
+        "'weightcheck.hub', 'weightcheck.rules.diff', 'weightcheck.rules.verify', 'weightcheck.rules.rollout') "
+        "if m in sys.modules)) + '\\n')); "
+        "sys.argv[0] = 'weightcheck'; "
+        "from weightcheck.launch import main; main()"
+    )
+    target = ROOT / "sample_configs" / "tiny-glm4-moe-w4a16-router-packed"
+    proc = subprocess.run(
+        [sys.executable, "-c", probe, "lint", str(target), "--format", "text"],
+        capture_output=True, text=True, timeout=120, cwd=ROOT, env={"PYTHONPATH": str(ROOT), "PATH": "/usr/bin:/bin"},
+    )  # fmt: skip
+    assert proc.returncode == 1, proc.stderr[-2000:]  # the sample's findings
+    assert "WC3" in proc.stdout
+    assert "loaded: \n" in proc.stderr, proc.stderr[-2000:]

@@ -3,9 +3,12 @@
 from __future__ import annotations
 
 from itertools import groupby
-from typing import TextIO
 
 from weightcheck.findings import Finding, Result, Severity
+
+TYPE_CHECKING = False  # typing.TYPE_CHECKING without importing typing (~3 ms of every lint's start-up, #20)
+if TYPE_CHECKING:
+    from typing import TextIO
 
 _STYLE = {Severity.ERROR: "bold red", Severity.WARNING: "yellow", Severity.INFO: "cyan"}
 
