@@ -161,6 +161,14 @@ fail:
     return NULL;
 }
 
+#define ID_CACHE 1024
+
+static void free_ids(PyObject **ids) {
+    for (int i = 0; i < 2 * ID_CACHE; i++)
+        Py_XDECREF(ids[i]);
+    PyMem_Free(ids);
+}
+
 /* group_names(names, on_new, on_other) -> None
  *
  * For each name of the form `<head>.layers.<ASCII digits>.<tail>` (the first `.layers.`, `head` and `tail`
@@ -175,10 +183,14 @@ static PyObject *group_names(PyObject *self, PyObject *args) {
     if (iter == NULL)
         return NULL;
     PyObject *seen = PyDict_New(); /* head -> {tail -> (list, expert)} */
-    if (seen == NULL) {
+    PyObject **ids = PyMem_Calloc(2 * ID_CACHE, sizeof(PyObject *));
+    if (seen == NULL || ids == NULL) {
+        Py_XDECREF(seen);
+        PyMem_Free(ids);
         Py_DECREF(iter);
-        return NULL;
+        return seen == NULL ? NULL : PyErr_NoMemory();
     }
+    PyObject **singles = ids + ID_CACHE;
     PyObject *name;
     while ((name = PyIter_Next(iter)) != NULL) {
         int taken = 0;
@@ -235,11 +247,29 @@ static PyObject *group_names(PyObject *self, PyObject *args) {
                         }
                         Py_DECREF(hit); /* `per` holds it */
                     }
-                    idx = PyUnicode_Substring(name, start, dot);
+                    PyObject *expert = PyTuple_GET_ITEM(hit, 1);
+                    /* A layer id written plainly below ID_CACHE ("0".."1023", no leading zero): one string
+                     * and one `(id,)` tuple per id for the whole call, not per name (92k names, 61 ids). */
+                    long v = -1;
+                    if (dot - start <= 4 && (dot - start == 1 || PyUnicode_READ(kind, data, start) != '0')) {
+                        v = 0;
+                        for (Py_ssize_t k = start; k < dot; k++)
+                            v = v * 10 + (long)(PyUnicode_READ(kind, data, k) - '0');
+                        if (v >= ID_CACHE)
+                            v = -1;
+                    }
+                    if (v >= 0 && ids[v] == NULL && (ids[v] = PyUnicode_Substring(name, start, dot)) == NULL)
+                        goto done;
+                    idx = v >= 0 ? Py_NewRef(ids[v]) : PyUnicode_Substring(name, start, dot);
                     if (idx == NULL)
                         goto done;
-                    PyObject *expert = PyTuple_GET_ITEM(hit, 1);
-                    values = expert == Py_None ? PyTuple_Pack(1, idx) : PyTuple_Pack(2, idx, expert);
+                    if (expert == Py_None && v >= 0) {
+                        if (singles[v] == NULL && (singles[v] = PyTuple_Pack(1, idx)) == NULL)
+                            goto done;
+                        values = Py_NewRef(singles[v]);
+                    } else {
+                        values = expert == Py_None ? PyTuple_Pack(1, idx) : PyTuple_Pack(2, idx, expert);
+                    }
                     if (values == NULL)
                         goto done;
                     item = PyTuple_Pack(2, name, values);
@@ -266,6 +296,7 @@ static PyObject *group_names(PyObject *self, PyObject *args) {
         }
         Py_DECREF(name);
     }
+    free_ids(ids);
     Py_DECREF(seen);
     Py_DECREF(iter);
     if (PyErr_Occurred())
@@ -273,6 +304,7 @@ static PyObject *group_names(PyObject *self, PyObject *args) {
     Py_RETURN_NONE;
 fail_name:
     Py_DECREF(name);
+    free_ids(ids);
     Py_DECREF(seen);
     Py_DECREF(iter);
     return NULL;
