@@ -12,8 +12,10 @@ Reports medians, the ratio lint / baseline, and bytes read by the header-only re
 with bytecode caching on (as an installed package does) and after an untimed warm-up run. The two console
 runs are also timed in CPU time (user + system of the whole child process, far less sensitive to other
 jobs on a shared machine than wall time), alternating, optionally with another source tree's lint in the
-same rounds (`--baseline-tree DIR`: a directory holding another checkout's `weightcheck/` and `patterns/`,
-e.g. `git archive <commit> weightcheck patterns | tar -x -C DIR`).
+same rounds; the ratio is given from the two medians and as the median of the per-round ratios (with the
+middle half of those), which a machine that slows down during the run moves less (`--baseline-tree DIR`:
+a directory holding another checkout's `weightcheck/` and `patterns/`, e.g.
+`git archive <commit> weightcheck patterns | tar -x -C DIR`).
 
     python benchmarks/bench_lint.py [--workdir DIR] [--repeat 5] [--baseline-tree DIR]
 """
@@ -253,6 +255,11 @@ def main() -> None:
         for key, (cmd, tree) in runs.items():
             cpu[key].append(cpu_seconds(cmd, tree))
     cpu_med = {k: statistics.median(v) for k, v in cpu.items()}
+    # The same ratio taken round by round (each round runs the floor and lint back to back): a machine that
+    # slows down or speeds up over the run moves both, where medians of the two series can pair a quiet
+    # floor with a disturbed lint. The middle half of the per-round ratios shows the spread.
+    per_round = sorted(lint_s / floor_s for lint_s, floor_s in zip(cpu["lint"], cpu["floor"], strict=True))
+    quartiles = statistics.quantiles(per_round, n=4) if len(per_round) > 1 else [per_round[0]] * 3
     shard_bytes = sum(f.stat().st_size for f in ckpt.glob("*.safetensors"))
     index_bytes = (ckpt / "model.safetensors.index.json").stat().st_size
     report = {
@@ -270,10 +277,15 @@ def main() -> None:
         "baseline_cli_cpu_s": round(cpu_med["floor"], 3),
         "lint_cli_cpu_s": round(cpu_med["lint"], 3),
         "ratio_cli_cpu": round(cpu_med["lint"] / cpu_med["floor"], 2),
+        "ratio_cli_cpu_per_round_median": round(statistics.median(per_round), 2),
+        "ratio_cli_cpu_per_round_middle_half": [round(quartiles[0], 2), round(quartiles[2], 2)],
         **(
             {
                 "baseline_tree_cli_cpu_s": round(cpu_med["baseline_tree"], 3),
                 "ratio_cli_cpu_vs_baseline_tree": round(cpu_med["lint"] / cpu_med["baseline_tree"], 2),
+                "ratio_cli_cpu_vs_baseline_tree_per_round_median": round(
+                    statistics.median(a / b for a, b in zip(cpu["lint"], cpu["baseline_tree"], strict=True)), 2
+                ),
             }
             if "baseline_tree" in cpu_med
             else {}
