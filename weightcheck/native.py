@@ -11,8 +11,12 @@ from __future__ import annotations
 
 import os
 
+TYPE_CHECKING = False  # typing.TYPE_CHECKING without importing typing (lint's start-up, #20)
+if TYPE_CHECKING:
+    from typing import Any
+
 ENV_NATIVE = "WEIGHTCHECK_NATIVE"
-_lintfast: list[object] = []  # [module or None], filled on first use
+_lintfast: list[Any] = []  # [module or None], filled on first use
 
 
 def native_enabled() -> bool:
@@ -20,7 +24,7 @@ def native_enabled() -> bool:
     return os.environ.get(ENV_NATIVE, "1").strip().lower() not in ("0", "false", "no", "off")
 
 
-def lintfast() -> object | None:
+def lintfast() -> Any:
     """`weightcheck._lintfast`, or None (not built here, or turned off): callers then run their Python loop."""
     if not _lintfast:
         module = None
