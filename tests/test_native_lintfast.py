@@ -36,20 +36,11 @@ pytestmark = pytest.mark.skipif(_lintfast is None, reason="weightcheck._lintfast
 
 
 @contextmanager
-def python_loops() -> Iterator[None]:
-    """The Python twins for the duration (what WEIGHTCHECK_NATIVE=0 or a build without a compiler runs)."""
+def loops(module: Any) -> Iterator[None]:
+    """`module` as `weightcheck.native.lintfast()` for the duration: None selects the Python twins (what
+    WEIGHTCHECK_NATIVE=0 or a build without a compiler runs), `_lintfast` the compiled loops."""
     saved = list(native._lintfast)
-    native._lintfast[:] = [None]
-    try:
-        yield
-    finally:
-        native._lintfast[:] = saved
-
-
-@contextmanager
-def compiled_loops() -> Iterator[None]:
-    saved = list(native._lintfast)
-    native._lintfast[:] = [_lintfast]
+    native._lintfast[:] = [module]
     try:
         yield
     finally:
@@ -57,9 +48,9 @@ def compiled_loops() -> Iterator[None]:
 
 
 def both(fn: Callable[[], Any]) -> tuple[Any, Any]:
-    with python_loops():
+    with loops(None):
         slow = fn()
-    with compiled_loops():
+    with loops(_lintfast):
         fast = fn()
     return slow, fast
 

@@ -187,22 +187,29 @@ def test_config_only_lint_starts_without_the_heavy_imports() -> None:
     rule modules (nor torch, transformers, compressed-tensors: tests/test_light_imports.py); a regression shows
     here first. (contextlib and importlib.util are kept off the path too, but an editable install's start-up
     hook imports both before weightcheck runs, so the probe cannot tell.)"""
+    modules = ("ast", "_ast", "click", "copy", "dataclasses", "heapq", "inspect", "orjson", "struct", "textwrap",
+               "tomllib", "typing", "importlib.resources", *_OTHER_COMMANDS)  # fmt: skip
+    proc = _lint_probe(ROOT / "sample_configs" / "qwen3-30b-a3b-fp8-block", "json", modules)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    assert "loaded: \n" in proc.stderr, proc.stderr[-2000:]
+
+
+_OTHER_COMMANDS = ("weightcheck.hub", "weightcheck.rules.diff", "weightcheck.rules.verify", "weightcheck.rules.rollout")
+
+
+def _lint_probe(target: Path, fmt: str, modules: tuple[str, ...]) -> subprocess.CompletedProcess[str]:
+    """`weightcheck lint TARGET --format FMT` through the console entry; its stderr ends with `loaded: ` and
+    those of `modules` that the run imported."""
     probe = (
         "import atexit, sys; atexit.register(lambda: sys.stderr.write('loaded: ' + ','.join(sorted(m for m in "
-        "('ast', '_ast', 'click', 'copy', 'dataclasses', 'heapq', 'inspect', 'orjson', 'struct', 'textwrap', "
-        "'tomllib', 'typing', 'importlib.resources', "
-        "'weightcheck.hub', 'weightcheck.rules.diff', 'weightcheck.rules.verify', 'weightcheck.rules.rollout') "
-        "if m in sys.modules)) + '\\n')); "
+        f"{modules!r} if m in sys.modules)) + '\\n')); "
         "sys.argv[0] = 'weightcheck'; "
         "from weightcheck.launch import main; main()"
     )
-    target = ROOT / "sample_configs" / "qwen3-30b-a3b-fp8-block"
-    proc = subprocess.run(
-        [sys.executable, "-c", probe, "lint", str(target), "--format", "json"],
+    return subprocess.run(
+        [sys.executable, "-c", probe, "lint", str(target), "--format", fmt],
         capture_output=True, text=True, timeout=120, cwd=ROOT, env={"PYTHONPATH": str(ROOT), "PATH": "/usr/bin:/bin"},
     )  # fmt: skip
-    assert proc.returncode == 0, proc.stderr[-2000:]
-    assert "loaded: \n" in proc.stderr, proc.stderr[-2000:]
 
 
 def test_pattern_expressions_parse_and_walk_as_the_ast_module_does() -> None:
@@ -294,19 +301,8 @@ def test_header_only_lint_with_the_text_report_starts_without_typing() -> None:
     textwrap, tomllib, importlib.resources, the Hub module or the other commands' rule modules. orjson is
     imported here (it parses the headers) and brings dataclasses, inspect and ast with it, so those are not
     asked about."""
-    probe = (
-        "import atexit, sys; atexit.register(lambda: sys.stderr.write('loaded: ' + ','.join(sorted(m for m in "
-        "('click', 'textwrap', 'tomllib', 'typing', 'importlib.resources', "
-        "'weightcheck.hub', 'weightcheck.rules.diff', 'weightcheck.rules.verify', 'weightcheck.rules.rollout') "
-        "if m in sys.modules)) + '\\n')); "
-        "sys.argv[0] = 'weightcheck'; "
-        "from weightcheck.launch import main; main()"
-    )
-    target = ROOT / "sample_configs" / "tiny-glm4-moe-w4a16-router-packed"
-    proc = subprocess.run(
-        [sys.executable, "-c", probe, "lint", str(target), "--format", "text"],
-        capture_output=True, text=True, timeout=120, cwd=ROOT, env={"PYTHONPATH": str(ROOT), "PATH": "/usr/bin:/bin"},
-    )  # fmt: skip
+    modules = ("click", "textwrap", "tomllib", "typing", "importlib.resources", *_OTHER_COMMANDS)
+    proc = _lint_probe(ROOT / "sample_configs" / "tiny-glm4-moe-w4a16-router-packed", "text", modules)
     assert proc.returncode == 1, proc.stderr[-2000:]  # the sample's findings
     assert "WC3" in proc.stdout
     assert "loaded: \n" in proc.stderr, proc.stderr[-2000:]
