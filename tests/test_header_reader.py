@@ -90,6 +90,9 @@ CORRUPTIONS: dict[str, tuple[Callable[[dict, bytes], bytes], str]] = {
     "negative-shape": (_mutate_entry("a.weight", "shape", [-3, 4]), "InvalidHeaderDeserialization"),
     "float-shape": (_mutate_entry("a.weight", "shape", [3.0, 4]), "InvalidHeaderDeserialization"),
     "overflow-shape": (_mutate_entry("a.weight", "shape", [2**40, 2**40]), "ValidationOverflow"),
+    # the library's running u64 product overflows before the zero that would make the tensor empty
+    "overflow-then-zero-shape": (_mutate_entry("d.empty", "shape", [2**40, 2**40, 0]), "ValidationOverflow"),
+    "overflow-then-zero-shape-2": (_mutate_entry("d.empty", "shape", [2**33, 2**33, 0]), "ValidationOverflow"),
     "shape-size-mismatch": (_mutate_entry("a.weight", "shape", [4, 4]), "TensorInvalidInfo"),
     "overlap": (_mutate_entry("b.bias", "data_offsets", [0, 10]), "InvalidOffset"),
     "missing-field": (lambda h, d: join({**h, "a.weight": {"dtype": "F32", "shape": [3, 4]}}, d), "Invalid"),
@@ -185,3 +188,16 @@ def test_fifo_is_refused_without_blocking(tmp_path: Path) -> None:
 def test_missing_file_is_a_problem_not_an_exception(tmp_path: Path) -> None:
     report = read_header(tmp_path / "nope.safetensors")
     assert report.problems[0].kind == "IoError"
+
+
+@pytest.mark.parametrize("shape", [[0, 2**64 - 1], [2**62, 0], [0, 4], [7, 0, 2**60]])
+def test_empty_tensors_with_large_dimensions_accepted_like_library(good_file: Path, tmp_path: Path, shape) -> None:
+    """A zero dimension reached before any overflow keeps the running product at 0: the library opens it."""
+    header, data = split(good_file)
+    header["d.empty"]["shape"] = shape
+    path = tmp_path / "empty.safetensors"
+    path.write_bytes(join(header, data))
+    assert library_verdict(path)[0] is True
+    report = read_header(path)
+    assert report.ok, report.problems
+    assert report.tensors["d.empty"].shape == tuple(shape)

@@ -353,7 +353,8 @@ def _one_entry(name: str, entry: object, report: HeaderReport) -> TensorInfo | N
                 raise TypeError
             numel *= dim
         if (
-            type(shape) is not list
+            not numel  # an empty tensor: `_entry` checks the running product as the library does
+            or type(shape) is not list
             or type(begin) is not int
             or type(end) is not int
             or not 0 <= begin <= end <= _U64_MAX
@@ -415,9 +416,16 @@ def _entry(name: str, entry: object, report: HeaderReport) -> TensorInfo | None:
     ):
         bad("InvalidHeaderDeserialization", "data_offsets must be two non-negative integers")
         return None
-    numel = math.prod(shape)
+    # The library multiplies the dimensions left to right in u64 and refuses the header at the first overflow,
+    # even when a later zero would make the product 0 (`[2**40, 2**40, 0]`: "overflow computing buffer size").
+    numel = 1
+    for dim in shape:
+        numel *= dim
+        if numel > _U64_MAX:
+            bad("ValidationOverflow", f"shape {shape[:8]} overflows")
+            return None
     bits = numel * DTYPE_BITS[dtype]
-    if numel > _U64_MAX or bits > _U64_MAX:
+    if bits > _U64_MAX:
         bad("ValidationOverflow", f"shape {shape[:8]} overflows")
         return None
     if bits % 8:
