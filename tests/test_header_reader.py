@@ -3,17 +3,21 @@
 from __future__ import annotations
 
 import json
+import math
 import os
 import struct
 from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 from safetensors import SafetensorError, safe_open
 from safetensors.numpy import save_file
 
-from weightcheck.safetensors_header import read_header
+from weightcheck.safetensors_header import DTYPE_BITS, read_header
 
 
 @pytest.fixture
@@ -201,3 +205,42 @@ def test_empty_tensors_with_large_dimensions_accepted_like_library(good_file: Pa
     report = read_header(path)
     assert report.ok, report.problems
     assert report.tensors["d.empty"].shape == tuple(shape)
+
+
+_FUZZ_DTYPES = ["F32", "F16", "BF16", "U8", "I8", "BOOL", "F64", "I64", "F4", "F6_E2M3", "F8_E4M3", "F8_E8M0",
+                "C64", "U16", "F12", "f32", ""]  # fmt: skip
+_FUZZ_DIMS = [0, 1, 2, 3, 5, 8, 2**31, 2**32, 2**33, 2**40, 2**62, 2**63, 2**64 - 1]
+_NUDGE = st.sampled_from([0] * 12 + [1, -1])  # an offset or a file size off by a byte, now and then
+
+
+@settings(max_examples=1000, deadline=None)
+@given(st.data())
+def test_fuzzed_headers_get_the_library_verdict(tmp_path_factory: pytest.TempPathFactory, data: st.DataObject) -> None:
+    """Random small headers (valid and invalid dtypes, shapes with huge and zero dimensions, offsets that tile,
+    leave gaps, overlap or miss by a byte, files short or long by a byte): weightcheck's reader accepts exactly
+    the files safetensors opens. (Duplicate keys, where weightcheck is deliberately stricter, are not made.)"""
+    draw = data.draw
+    header: dict[str, Any] = {}
+    pos = 0
+    for i in range(draw(st.integers(0, 4))):
+        dtype = draw(st.sampled_from(_FUZZ_DTYPES))
+        shape = draw(st.lists(st.sampled_from(_FUZZ_DIMS), max_size=4))
+        if shape and draw(st.integers(0, 3)) == 0:  # an empty tensor, its zero after or before huge dimensions
+            shape.insert(draw(st.integers(0, len(shape))), 0)
+        if draw(st.integers(0, 9)) == 0:
+            shape = [d if k else -d - 1 for k, d in enumerate(shape)]  # a negative first dimension
+        numel = math.prod(shape) if shape else 1
+        bits = DTYPE_BITS.get(dtype, 8)
+        size = numel * bits // 8 if numel * bits < 2**20 else 4  # a huge tensor: its bytes cannot match anyway
+        begin = pos + draw(_NUDGE) if pos else abs(draw(_NUDGE))
+        end = begin + size + draw(_NUDGE)
+        header[f"t{i}"] = {"dtype": dtype, "shape": shape, "data_offsets": [begin, end]}
+        pos = max(pos, end, 0)
+    if draw(st.booleans()):
+        header = dict(reversed(list(header.items())))  # offsets out of header order
+    body = b"\0" * max(0, pos + draw(_NUDGE))
+    path = tmp_path_factory.mktemp("fuzz") / "x.safetensors"
+    path.write_bytes(join(header, body))
+    lib_ok, why = library_verdict(path)
+    report = read_header(path)
+    assert report.ok == lib_ok, (header, len(body), why, report.problems)
