@@ -306,22 +306,25 @@ def group_by_template(names: Iterable[str]) -> dict[Template, list[tuple[str, tu
     """Names grouped by template, each with its slot values."""
     groups: dict[Template, list[tuple[str, tuple[str, ...]]]] = defaultdict(list)
     tails: dict[str, tuple[str, str, str] | None] = {}
+
+    def new_group(head: str, tail: str) -> tuple[list[tuple[str, tuple[str, ...]]], str | None]:
+        """The group of `<head>.layers.<id>.<tail>` names and their expert id (None: no expert slot), asked
+        once per (head, tail) pair by either loop below."""
+        got = tails.get(tail, False)
+        if got is False:
+            got = tails[tail] = _tail_template(tail)
+        if got is None:
+            return groups[(head + ".layers.", "." + tail)], None
+        return groups[(head + ".layers.", "." + got[0], got[2])], got[1]
+
+    def other(name: str) -> None:
+        parts, values = name_template(name, tails)
+        groups[parts].append((name, values))
+
     fast = lintfast()
     if fast is not None:
-        # The loop below in C (weightcheck/_native/lintfast.c); it asks here for each new (head, tail) pair's
-        # group and hands over every name off the `<head>.layers.<digits>.<tail>` path.
-        def new_group(head: str, tail: str) -> tuple[list[tuple[str, tuple[str, ...]]], str | None]:
-            got = tails.get(tail, False)
-            if got is False:
-                got = tails[tail] = _tail_template(tail)
-            if got is None:
-                return groups[(head + ".layers.", "." + tail)], None
-            return groups[(head + ".layers.", "." + got[0], got[2])], got[1]
-
-        def other(name: str) -> None:
-            parts, values = name_template(name, tails)
-            groups[parts].append((name, values))
-
+        # The loop below in C (weightcheck/_native/lintfast.c): it asks `new_group` for each new (head, tail)
+        # pair and hands every name off the `<head>.layers.<digits>.<tail>` path to `other`.
         fast.group_names(names, new_group, other)
         return groups
     # what precedes the first `.layers.` -> tail -> (append to the template's list, expert id or None): a name
@@ -340,19 +343,12 @@ def group_by_template(names: Iterable[str]) -> dict[Template, list[tuple[str, tu
                     per = seen[head] = {}
                 hit = per.get(tail)
                 if hit is None:
-                    pfx = head + sep
-                    got = tails.get(tail, False)
-                    if got is False:
-                        got = tails[tail] = _tail_template(tail)
-                    if got is None:
-                        hit = per[tail] = (groups[(pfx, "." + tail)].append, None)
-                    else:
-                        hit = per[tail] = (groups[(pfx, "." + got[0], got[2])].append, got[1])
+                    members, expert = new_group(head, tail)
+                    hit = per[tail] = (members.append, expert)
                 append, expert = hit
                 append((name, (idx,) if expert is None else (idx, expert)))
                 continue
-        parts, values = name_template(name, tails)
-        groups[parts].append((name, values))
+        other(name)
     return groups
 
 
