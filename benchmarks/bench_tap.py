@@ -471,16 +471,17 @@ def main() -> int:
     # thread as it passes (0 threads: the default on at most 2 cores).
     other_threads = 2 if threads == 0 else 0
     cpu_seconds: dict[str, list[float]] = {"off": [], "read": [], "on": [], "other": [], "state": [], "numpy": []}
+    from weightcheck import native
     from weightcheck.tap import digesting
 
     # The compiled fused pass (weightcheck._onepass) against the numpy loop it replaces, in the same rounds.
     native_level = digesting.native_level()
-    native_module = list(digesting._native_module)
+    native_module = list(native._onepass)
 
     def load_once(
         enabled: bool, read_pass: bool = False, other: bool = False, state: bool = False, numpy_loop: bool = False
     ) -> float:
-        digesting._native_module[:] = [None] if numpy_loop else native_module
+        native._onepass[:] = [None] if numpy_loop else native_module
         if enabled:
             tap.configure(records, digest_threads=other_threads if other else threads, digest=algorithm, state=state)
         else:

@@ -17,6 +17,7 @@ np = pytest.importorskip("numpy")
 xxhash = pytest.importorskip("xxhash")
 torch = pytest.importorskip("torch")
 
+from weightcheck import native  # noqa: E402
 from weightcheck.native import ENV_NATIVE  # noqa: E402
 from weightcheck.tap import digesting  # noqa: E402
 
@@ -101,18 +102,18 @@ def test_describe_one_pass_equals_the_numpy_loop_on_every_dtype(monkeypatch: pyt
     negative_zero = torch.zeros(5000, dtype=torch.float32)
     negative_zero[17] = -0.0  # a set sign bit: not all bytes zero
     cases.append(negative_zero)
-    monkeypatch.setattr(digesting, "_native_module", [None])
+    monkeypatch.setattr(native, "_onepass", [None])
     reference = [digesting.describe_one_pass(t, "xxh3_128") for t in cases]
-    monkeypatch.setattr(digesting, "_native_module", [_onepass])
+    monkeypatch.setattr(native, "_onepass", [_onepass])
     assert [digesting.describe_one_pass(t, "xxh3_128") for t in cases] == reference
 
 
 def test_the_switch_and_bad_arguments(monkeypatch: pytest.MonkeyPatch) -> None:
     assert _onepass.level() == "avx2-fused"
-    monkeypatch.setattr(digesting, "_native_module", [])
+    monkeypatch.setattr(native, "_onepass", [])
     monkeypatch.setenv(ENV_NATIVE, "0")
     assert digesting.native_level() is None
-    monkeypatch.setattr(digesting, "_native_module", [])
+    monkeypatch.setattr(native, "_onepass", [])
     monkeypatch.delenv(ENV_NATIVE)
     assert digesting.native_level() == _onepass.level()
     with pytest.raises(ValueError):
@@ -139,9 +140,9 @@ def test_random_tensors_agree_with_the_numpy_loop(monkeypatch: pytest.MonkeyPatc
         start = int(rng.integers(0, 8))
         dtype = dtypes[int(rng.integers(0, len(dtypes)))]
         cases.append(base.to(dtype)[start : start + n])  # a view at an offset: its own bytes only
-    monkeypatch.setattr(digesting, "_native_module", [None])
+    monkeypatch.setattr(native, "_onepass", [None])
     reference = [digesting.describe_one_pass(t, "xxh3_128") for t in cases]
-    monkeypatch.setattr(digesting, "_native_module", [_onepass])
+    monkeypatch.setattr(native, "_onepass", [_onepass])
     assert [digesting.describe_one_pass(t, "xxh3_128") for t in cases] == reference
 
 

@@ -1,10 +1,10 @@
-"""Whether this process uses weightcheck's compiled parts, and the one for lint's per-name loops.
+"""Whether this process uses weightcheck's compiled parts, and the loaders of both.
 
 Two optional extensions are built by setup.py where a C compiler is found: `weightcheck._onepass` (the tap's
-fused digest; its loader is `weightcheck.tap.digesting._native`, which also asks for AVX2) and
-`weightcheck._lintfast` (two of header-only lint's loops that run once per tensor name: header entry
-validation and grouping by template; weightcheck/_native/lintfast.c). Each has a Python twin that gives
-the same results; WEIGHTCHECK_NATIVE=0 (or false/no/off) selects the Python twins for the whole process.
+fused digest, weightcheck/_native/onepass.c; used only where its AVX2 loop runs) and `weightcheck._lintfast`
+(two of header-only lint's loops that run once per tensor name: header entry validation and grouping by
+template; weightcheck/_native/lintfast.c). Each has a Python twin that gives the same results;
+WEIGHTCHECK_NATIVE=0 (or false/no/off) selects the Python twins for the whole process.
 """
 
 from __future__ import annotations
@@ -13,10 +13,13 @@ import os
 
 TYPE_CHECKING = False  # typing.TYPE_CHECKING without importing typing (lint's start-up, #20)
 if TYPE_CHECKING:
+    from collections.abc import Callable
     from typing import Any
 
 ENV_NATIVE = "WEIGHTCHECK_NATIVE"
-_lintfast: list[Any] = []  # [module or None], filled on first use
+# [module or None] each, filled on first use (tests swap the module in and out here)
+_lintfast: list[Any] = []
+_onepass: list[Any] = []
 
 
 def native_enabled() -> bool:
@@ -26,12 +29,35 @@ def native_enabled() -> bool:
 
 def lintfast() -> Any:
     """`weightcheck._lintfast`, or None (not built here, or turned off): callers then run their Python loop."""
-    if not _lintfast:
-        module = None
-        if native_enabled():
-            try:
-                import weightcheck._lintfast as module  # type: ignore[import-not-found, no-redef]
-            except ImportError:
-                module = None
-        _lintfast.append(module)
-    return _lintfast[0]
+    return _lintfast[0] if _lintfast else _load(_lintfast, _import_lintfast)
+
+
+def onepass() -> Any:
+    """`weightcheck._onepass` where this CPU runs its fused loop, or None (not built here, no AVX2 or not
+    x86-64, or turned off): the tap then runs the numpy loop over python-xxhash."""
+    return _onepass[0] if _onepass else _load(_onepass, _import_onepass)
+
+
+def _load(cache: list[Any], load: Callable[[], Any]) -> Any:
+    module = None
+    if native_enabled():
+        try:
+            module = load()
+        except ImportError:
+            module = None
+    cache[:] = [module]
+    return module
+
+
+def _import_lintfast() -> Any:
+    import weightcheck._lintfast as module  # type: ignore[import-not-found]
+
+    return module
+
+
+def _import_onepass() -> Any:
+    import weightcheck._onepass as module  # type: ignore[import-not-found]
+
+    # Without AVX2 (or off x86-64) the module has no fused loop: python-xxhash's own dispatch then hashes
+    # faster than a separate pass in C would, so the numpy loop stays.
+    return module if module.level() == "avx2-fused" else None

@@ -14,6 +14,8 @@ import operator
 import time
 from typing import TYPE_CHECKING, Any
 
+from weightcheck.native import onepass
+
 if TYPE_CHECKING:
     import torch
 
@@ -217,7 +219,7 @@ def describe_one_pass(tensor: torch.Tensor, algorithm: str, timings: dict[str, f
         out["zeros"], out["nonfinite"] = None, 0  # as `tensor_stats`: nothing to judge
         return out
     data = flat.view(torch.uint8).numpy()
-    native = _native() if algorithm == "xxh3_128" else None
+    native = onepass() if algorithm == "xxh3_128" else None
     if native is not None:
         started = time.perf_counter() if timings is not None else 0.0
         out[algorithm], ored, present = native.onepass(data, itemsize, _top(itemsize, pattern), _int(pattern))
@@ -242,32 +244,14 @@ def describe_one_pass(tensor: torch.Tensor, algorithm: str, timings: dict[str, f
 
 # ---- the compiled pass (weightcheck._onepass, built by setup.py where a C compiler is found) ---------------
 # The same results as `_hash_and_reduce` + the hexdigest, for xxh3_128, in one fused loop (see
-# weightcheck/_native/onepass.c for why). WEIGHTCHECK_NATIVE=0 turns it off (the numpy loop then runs).
-_native_module: list[Any] = []  # [module or None], filled on first use
-
-
-def _native() -> Any:
-    if not _native_module:
-        from weightcheck.native import native_enabled
-
-        module = None
-        if native_enabled():
-            try:
-                import weightcheck._onepass as module  # type: ignore[import-not-found, no-redef]
-            except ImportError:
-                module = None
-            # Without AVX2 (or off x86-64) the module has no fused loop: python-xxhash's own dispatch then
-            # hashes faster than a separate pass in C would, so the numpy loop stays.
-            if module is not None and module.level() != "avx2-fused":
-                module = None
-        _native_module.append(module)
-    return _native_module[0]
+# weightcheck/_native/onepass.c for why); `weightcheck.native.onepass` loads it, or says it does not run here
+# (WEIGHTCHECK_NATIVE=0 turns it off: the numpy loop then runs).
 
 
 def native_level() -> str | None:
     """The compiled one-pass loop this process uses ('avx2-fused'); None when the numpy loop runs (no compiled
     module, a CPU without AVX2, or WEIGHTCHECK_NATIVE=0)."""
-    module = _native()
+    module = onepass()
     return None if module is None else str(module.level())
 
 
