@@ -512,9 +512,10 @@ def test_pre_commit_hook_through_try_repo(tmp_path: Path) -> None:
     assert "3 targets" in out
 
 
-def test_wheel_carries_the_compiled_one_pass_and_builds_without_a_compiler(tmp_path: Path) -> None:
-    """setup.py's optional extension: built into the wheel where a C compiler is found (with xxHash's license
-    beside it, and not its sources), and the wheel still builds, pure, where none is (CC=/bin/false)."""
+def test_wheel_carries_the_compiled_modules_and_builds_without_a_compiler(tmp_path: Path) -> None:
+    """setup.py's optional extensions (_onepass, _lintfast): built into the wheel where a C compiler is found
+    (with xxHash's license beside them, and not their sources), and the wheel still builds, pure, where none is
+    (CC=/bin/false)."""
     import zipfile
 
     if shutil.which("cc") is None and shutil.which("gcc") is None:
