@@ -322,20 +322,23 @@ def digest_throughputs(
         if device.type == "cuda":
             torch.cuda.synchronize()
 
-    def rate(work: Any) -> float:
+    def rate(work: Any, whole: bool = False) -> float:
         times = []
         for _ in range(max(1, repeats)):
             synchronize()
             started = time.perf_counter()
-            for tensor in tensors:
-                work(tensor)
+            if whole:  # one call over every tensor
+                work(tensors)
+            else:
+                for tensor in tensors:
+                    work(tensor)
             synchronize()
             times.append(time.perf_counter() - started)
         return size / statistics.median(times) / 1e9
 
-    def measured(work: Any) -> float | str:
+    def measured(work: Any, whole: bool = False) -> float | str:
         try:
-            return rate(work)
+            return rate(work, whole)
         except Exception as exc:  # a kernel that does not build here is a figure too, not the end of the run
             return f"failed: {type(exc).__name__}: {str(exc).splitlines()[0][:200]}"
 
@@ -354,6 +357,16 @@ def digest_throughputs(
             out[f"posmix128 fused lanes, no per-tensor wait, BLOCK={block} words"] = measured(
                 lambda t, block=block: fused_lanes(_byte_view(t), block)
             )
+        from weightcheck.tap.devicebatch import DeviceBatch
+
+        def held(all_tensors: list[torch.Tensor]) -> None:
+            batch = DeviceBatch()
+            batch.hold = True
+            for tensor in all_tensors:
+                batch.add({}, tensor)
+            batch.flush()  # the many-tensor launch(es); `rate` waits for the device
+
+        out["posmix128 + stats, the tap's held path (one launch per GiB held)"] = measured(held, whole=True)
     return out
 
 
@@ -470,18 +483,31 @@ def main() -> int:
     # The other way of digesting, side by side: digest threads beside the load, or each tensor on the loading
     # thread as it passes (0 threads: the default on at most 2 cores).
     other_threads = 2 if threads == 0 else 0
-    cpu_seconds: dict[str, list[float]] = {"off": [], "read": [], "on": [], "other": [], "state": [], "numpy": []}
+    cpu_seconds: dict[str, list[float]] = {
+        "off": [], "read": [], "on": [], "other": [], "state": [], "numpy": [], "unheld": []
+    }  # fmt: skip
     from weightcheck import native
     from weightcheck.tap import digesting
+    from weightcheck.tap.devicebatch import ENV_HOLD
 
     # The compiled fused pass (weightcheck._onepass) against the numpy loop it replaces, in the same rounds.
     native_level = digesting.native_level()
     native_module = list(native._onepass)
 
     def load_once(
-        enabled: bool, read_pass: bool = False, other: bool = False, state: bool = False, numpy_loop: bool = False
+        enabled: bool,
+        read_pass: bool = False,
+        other: bool = False,
+        state: bool = False,
+        numpy_loop: bool = False,
+        unheld: bool = False,
     ) -> float:
         native._onepass[:] = [None] if numpy_loop else native_module
+        # unheld: each GPU tensor launched on arrival (the code before the many-tensor launch), same rounds.
+        if unheld:
+            os.environ[ENV_HOLD] = "0"
+        else:
+            os.environ.pop(ENV_HOLD, None)
         if enabled:
             tap.configure(records, digest_threads=other_threads if other else threads, digest=algorithm, state=state)
         else:
@@ -492,8 +518,10 @@ def main() -> int:
         synchronize()
         # Process CPU time (all threads, the digest threads included) as well as wall time: on a shared machine
         # the wall-time ratio says how busy the other cores were; the CPU-time ratio, how much work was added.
-        key = ("state" if state else "other" if other else "numpy" if numpy_loop else "on") if enabled else (
-            "read" if read_pass else "off"
+        key = (
+            ("state" if state else "other" if other else "numpy" if numpy_loop else "unheld" if unheld else "on")
+            if enabled
+            else ("read" if read_pass else "off")
         )
         cpu_seconds[key].append(time.process_time() - cpu_started)
         return time.perf_counter() - started
@@ -508,6 +536,10 @@ def main() -> int:
     with_state: list[float] = []
     on_other: list[float] = []
     on_numpy: list[float] = []
+    on_unheld: list[float] = []
+    # On a GPU the digest threads and the numpy loop take no part (the device batch digests every tensor): the
+    # rounds time the tap with tensors held for one launch against each launched on arrival instead.
+    on_gpu = device.type == "cuda"
     rounds = args.byte_rounds or 3 * args.repeats
     for _ in range(rounds):
         shutil.rmtree(records, ignore_errors=True)
@@ -516,9 +548,13 @@ def main() -> int:
         if args.state:  # the record of this sync is replaced by the next one's: verify reads the plain tap's
             shutil.rmtree(records, ignore_errors=True)
             with_state.append(load_once(True, state=True))
-        shutil.rmtree(records, ignore_errors=True)
-        on_other.append(load_once(True, other=True))
-        if native_level is not None:
+        if on_gpu:
+            shutil.rmtree(records, ignore_errors=True)
+            on_unheld.append(load_once(True, unheld=True))
+        else:
+            shutil.rmtree(records, ignore_errors=True)
+            on_other.append(load_once(True, other=True))
+        if native_level is not None and not on_gpu:
             shutil.rmtree(records, ignore_errors=True)
             on_numpy.append(load_once(True, numpy_loop=True))
         shutil.rmtree(records, ignore_errors=True)
@@ -573,6 +609,15 @@ def main() -> int:
         "load_off_median_s": median_off,
         "load_on_median_s": median_on,
         "tap_overhead_pct": 100 * (median_on - median_off) / median_off,
+        # Each round's tapped load against that round's untapped one, then the median: less sensitive to drift.
+        "tap_overhead_paired_pct": 100 * statistics.median((a - b) / b for a, b in zip(on, off, strict=True)),
+        "load_on_unheld_s": on_unheld,
+        "tap_unheld_overhead_pct": (
+            100 * (statistics.median(on_unheld) - median_off) / median_off if on_unheld else None
+        ),
+        "tap_unheld_overhead_paired_pct": (
+            100 * statistics.median((a - b) / b for a, b in zip(on_unheld, off, strict=True)) if on_unheld else None
+        ),
         "load_on_state_s": with_state,
         "tap_with_state_overhead_pct": (
             100 * (statistics.median(with_state) - median_off) / median_off if with_state else None
@@ -589,8 +634,12 @@ def main() -> int:
         "tap_added_vs_read_pass_cpu_min": added_ratio(cpu_seconds["on"], cpu_seconds, min),
         "other_digest_threads": other_threads,
         "load_other_s": on_other,
-        "other_added_vs_read_pass": added_ratio(on_other, {"off": off, "read": read}, statistics.median),
-        "other_added_vs_read_pass_cpu": added_ratio(cpu_seconds["other"], cpu_seconds, statistics.median),
+        "other_added_vs_read_pass": (
+            added_ratio(on_other, {"off": off, "read": read}, statistics.median) if on_other else None
+        ),
+        "other_added_vs_read_pass_cpu": (
+            added_ratio(cpu_seconds["other"], cpu_seconds, statistics.median) if on_other else None
+        ),
         "native_level": native_level,
         "load_numpy_loop_s": on_numpy,
         "numpy_loop_added_vs_read_pass": (
@@ -649,13 +698,14 @@ def main() -> int:
             f"| {figures['numpy_loop_added_vs_read_pass']:.2f}× "
             f"/ {figures['numpy_loop_added_vs_read_pass_cpu']:.2f}× | |"
         )
-    else:
+    elif not on_gpu:
         print("| compiled one pass | not built (weightcheck._onepass missing or WEIGHTCHECK_NATIVE=0): numpy loop | |")
-    other_way = f"{other_threads} digest threads" if other_threads else "on the loading thread"
-    print(
-        f"| the other way, {other_way} (same rounds), wall / CPU "
-        f"| {figures['other_added_vs_read_pass']:.2f}× / {figures['other_added_vs_read_pass_cpu']:.2f}× | |"
-    )
+    if on_other:
+        other_way = f"{other_threads} digest threads" if other_threads else "on the loading thread"
+        print(
+            f"| the other way, {other_way} (same rounds), wall / CPU "
+            f"| {figures['other_added_vs_read_pass']:.2f}× / {figures['other_added_vs_read_pass_cpu']:.2f}× | |"
+        )
     for name, gbps in throughputs.items():
         print(f"| {name} on {device} | {gbps:.2f} GB/s | |" if isinstance(gbps, float) else f"| {name} | {gbps} | |")
     if device.type != "cuda":
@@ -666,6 +716,12 @@ def main() -> int:
     print(f"| load_weights, tap off (median of {rounds}) | {median_off:.3f} |")
     print(f"| load_weights, tap on, digest-only (median of {rounds}) | {median_on:.3f} |")
     print(f"| tap overhead | {figures['tap_overhead_pct']:+.1f} % |")
+    print(f"| tap overhead, median of the rounds' pairs | {figures['tap_overhead_paired_pct']:+.1f} % |")
+    if on_unheld:
+        print(f"| load_weights, tap on, each GPU tensor launched on arrival (median of {rounds}) | "
+              f"{statistics.median(on_unheld):.3f} |")  # fmt: skip
+        print(f"| that tap's overhead, medians / median of pairs | {figures['tap_unheld_overhead_pct']:+.1f} % / "
+              f"{figures['tap_unheld_overhead_paired_pct']:+.1f} % |")  # fmt: skip
     if with_state:
         state_median = statistics.median(with_state)
         print(f"| load_weights, tap on + engine state (median of {rounds}) | {state_median:.3f} |")

@@ -8,6 +8,8 @@ stored-bytes path are compared in tests/test_devdigest.py either way."""
 from __future__ import annotations
 
 import os
+from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -22,6 +24,8 @@ if os.environ.get("WEIGHTCHECK_REQUIRE_TRITON"):
     import triton  # noqa: F401  (scripts/test.sh sets this: in CI a missing Triton fails, it never skips)
 else:
     pytest.importorskip("triton")
+
+from test_tap_devicebatch import tapped, tapped_on_device  # noqa: E402, F401  (fixtures)
 
 from weightcheck.devdigest import posmix128_bytes, posmix128_tensor  # noqa: E402
 from weightcheck.fuseddigest import _kernel, posmix128_fused  # noqa: E402
@@ -119,15 +123,22 @@ def test_the_tap_kernel_gives_the_digest_and_the_statistics(label: str, tensor: 
         assert (set_words == 0) == (not bool(data.any()))
         want = int((~torch.isfinite(tensor)).sum()) if tensor.is_floating_point() else 0
         assert nonfinite == want
-    entry: dict = {}
-    batch = DeviceBatch()
-    batch.add(entry, tensor)  # under the interpreter the batch takes the fused kernel on CPU too
-    assert batch.pending[0][3] is True  # it did: the 4th value counts NaN/Inf
-    batch.collect("posmix128")
     want_entry = describe_tensor(tensor, "posmix128")
-    assert {k: entry[k] for k in ("dtype", "posmix128", "zeros", "nonfinite")} == {
-        k: want_entry[k] for k in ("dtype", "posmix128", "zeros", "nonfinite")
-    }
+    held = tensor.is_contiguous() and not (tensor.nbytes | tensor.data_ptr()) & 3
+    for hold in (False, True):  # launched on arrival; held and launched with others (whole words only)
+        entry: dict = {}
+        batch = DeviceBatch()
+        batch.hold = hold
+        batch.add(entry, tensor)  # under the interpreter the batch takes the fused kernel on CPU too
+        if hold and held:
+            assert not batch.pending and batch.waiting()
+        else:
+            assert batch.pending[0][3] is True  # it did: the 4th value counts NaN/Inf
+        batch.collect("posmix128")
+        assert batch.many_launches == (1 if hold and held else 0)
+        assert {k: entry[k] for k in ("dtype", "posmix128", "zeros", "nonfinite")} == {
+            k: want_entry[k] for k in ("dtype", "posmix128", "zeros", "nonfinite")
+        }
 
 
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32, torch.int32, torch.uint8], ids=str)
@@ -163,6 +174,7 @@ def test_the_device_batch_hands_each_tensor_its_own_zeroed_row(monkeypatch: pyte
     tensors = [_random(dtype, (5 + i, 3), seed=i) for i, dtype in enumerate([torch.bfloat16, torch.int32] * 9)]
     tensors[4][0, 0] = float("nan")
     batch = devicebatch.DeviceBatch()
+    batch.hold = False  # each launched on arrival, into its own row
     entries: list[dict] = [{} for _ in tensors]
     for entry, tensor in zip(entries, tensors, strict=True):
         batch.add(entry, tensor)
@@ -188,3 +200,166 @@ def test_the_grid_never_gives_a_program_more_steps_than_its_counters_hold() -> N
     for n_blocks in (MAX_STEPS * 5 + 1, 10**12):
         programs = grid_programs(cpu, n_blocks, programs=1)
         assert -(-n_blocks // programs) <= MAX_STEPS
+
+
+def _entries_of(batch_tensors: list[torch.Tensor], monkeypatch: pytest.MonkeyPatch, **caps: int) -> tuple[Any, list]:
+    from weightcheck.tap import devicebatch
+
+    for name, value in caps.items():
+        monkeypatch.setattr(devicebatch, name, value)
+    batch = devicebatch.DeviceBatch()
+    entries: list[dict] = [{} for _ in batch_tensors]
+    for entry, tensor in zip(entries, batch_tensors, strict=True):
+        batch.add(entry, tensor)
+    return batch, entries
+
+
+def _held_cases() -> list[torch.Tensor]:
+    """Every taken dtype, of sizes from one word to several blocks, with zeros and NaN/Inf, in an order that
+    mixes the kernel's (width, pattern) classes."""
+    from weightcheck.tap.devicebatch import TAKEN
+
+    cases: list[torch.Tensor] = []
+    for size in (4, 64, 1000, 5000):
+        for index, name in enumerate(TAKEN):
+            tensor = _random(getattr(torch, name), (size,), seed=size + index)
+            if tensor.is_floating_point():
+                tensor = tensor.float().nan_to_num(0.0, 1.0, -1.0).to(tensor.dtype)
+                if size == 1000:
+                    tensor[3], tensor[-1] = float("nan"), float("-inf")
+            cases.append(torch.zeros_like(tensor) if size == 64 and index % 2 else tensor)
+    return cases
+
+
+def _digest_fields(entry: dict) -> dict:
+    return {k: entry[k] for k in ("dtype", "posmix128", "zeros", "nonfinite")}
+
+
+def _described(tensor: torch.Tensor) -> dict:
+    from weightcheck.tap.digesting import describe_tensor
+
+    return _digest_fields(describe_tensor(tensor, "posmix128"))
+
+
+def test_held_tensors_are_launched_together_and_each_gets_its_own_values(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Held until the call ends, every tensor of a (width, pattern) class goes in one launch of the many-tensor
+    kernel; each entry equals `describe_tensor`'s, float64 (no fused spec) queued on arrival."""
+    from weightcheck.tap.devicebatch import fused_spec
+
+    cases = _held_cases()
+    batch, entries = _entries_of(cases, monkeypatch)
+    assert batch.hold  # the default
+    assert len(batch.pending) == sum(fused_spec(t.dtype) is None for t in cases)  # the rest held
+    batch.collect("posmix128")
+    classes = {fused_spec(t.dtype) for t in cases} - {None}
+    assert batch.many_launches == len(classes) and not batch.waiting()
+    assert [_digest_fields(e) for e in entries] == [_described(t) for t in cases]
+
+
+@pytest.mark.parametrize("caps", [{"HOLD_TENSORS": 3}, {"HOLD_BYTES": 5000}], ids=str)
+def test_the_held_tensors_are_launched_when_the_hold_is_full(caps: dict, monkeypatch: pytest.MonkeyPatch) -> None:
+    cases = _held_cases()
+    batch, entries = _entries_of(cases, monkeypatch, **caps)
+    assert batch.many_launches >= 3  # launched during the call, not only at its end
+    batch.collect("posmix128")
+    assert [_digest_fields(e) for e in entries] == [_described(t) for t in cases]
+
+
+def test_a_tensor_written_into_while_held_is_recorded_as_not_digested(monkeypatch: pytest.MonkeyPatch) -> None:
+    """An engine that writes into the tensor it was handed (through it or a view of it) or gives it new storage
+    before the call ends: the entry says it could not be digested, never the bytes the engine wrote; the
+    neighbours' entries are unchanged. WEIGHTCHECK_DEVICE_HOLD=0 digests on arrival, before the write."""
+    from weightcheck.tap.devicebatch import ENV_HOLD, WRITTEN_WHILE_HELD
+
+    def sent() -> list[torch.Tensor]:
+        return [_random(torch.bfloat16, (64, 8), seed=seed) for seed in range(4)]
+
+    def engine_writes(tensors: list[torch.Tensor]) -> None:
+        tensors[0].mul_(2)  # in place
+        tensors[1][:, 0].zero_()  # through a view
+        tensors[2].set_(torch.ones(64, 8, dtype=torch.bfloat16))  # new storage
+
+    from weightcheck.tap import devicebatch
+
+    monkeypatch.setattr(devicebatch, "_WRITTEN_NAMES", set())
+    originals = sent()
+    want = [_described(t) for t in originals]
+    tensors = sent()
+    batch, entries = _entries_of(tensors, monkeypatch)
+    engine_writes(tensors)
+    batch.collect("posmix128")
+    for entry in entries[:3]:
+        assert entry["error"] == WRITTEN_WHILE_HELD
+        assert (entry["posmix128"], entry["zeros"], entry["nonfinite"]) == (None, None, None)
+    assert _digest_fields(entries[3]) == want[3] and "error" not in entries[3]
+    # The next sync: the names written into are launched on arrival (before the engine's write), the others held.
+    entries = [{"name": f"w{index}"} for index in range(4)]
+    for round_ in range(2):
+        tensors = sent()
+        batch = devicebatch.DeviceBatch()
+        for entry, tensor in zip(entries, tensors, strict=True):
+            entry.pop("error", None)
+            batch.add(entry, tensor)
+        engine_writes(tensors)
+        batch.collect("posmix128")
+        if round_ == 0:
+            assert [e.get("error") for e in entries] == [WRITTEN_WHILE_HELD] * 3 + [None]
+        else:
+            assert [_digest_fields(e) for e in entries] == want and batch.many_launches == 1
+    monkeypatch.setenv(ENV_HOLD, "0")
+    tensors = sent()
+    batch, entries = _entries_of(tensors, monkeypatch)
+    assert not batch.hold
+    engine_writes(tensors)
+    batch.collect("posmix128")
+    assert [_digest_fields(e) for e in entries] == want  # what arrived, digested before the engine wrote
+
+
+def test_tensors_made_under_inference_mode_are_held_and_digested(monkeypatch: pytest.MonkeyPatch) -> None:
+    with torch.inference_mode():
+        tensors = [_random(torch.float16, (33, 4), seed=seed).clone() for seed in range(3)]
+    batch, entries = _entries_of(tensors, monkeypatch)
+    assert batch.waiting() and not batch.pending
+    batch.collect("posmix128")
+    assert [_digest_fields(e) for e in entries] == [_described(t) for t in tensors]
+
+
+def test_a_launch_that_fails_sends_its_tensors_the_one_at_a_time_way(monkeypatch: pytest.MonkeyPatch) -> None:
+    from weightcheck import devdigest
+    from weightcheck.tap import devicebatch
+
+    def broken(*args: Any, **kwargs: Any) -> None:
+        raise RuntimeError("no kernel image is available for execution on the device")
+
+    monkeypatch.setattr(devicebatch, "fused_stats_many", broken)
+    monkeypatch.setattr(devdigest, "_fused_failed", False)
+    cases = _held_cases()[:12]
+    batch, entries = _entries_of(cases, monkeypatch)
+    batch.collect("posmix128")
+    assert batch.many_launches == 0
+    assert [_digest_fields(e) for e in entries] == [_described(t) for t in cases]
+    monkeypatch.setattr(devdigest, "_fused_failed", False)  # the failure turned the fused kernels off
+
+
+@pytest.mark.usefixtures("tapped_on_device")
+def test_a_tapped_sync_with_held_tensors_records_what_the_one_at_a_time_path_does(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The tap's calls through the device batch with the fused kernels (the interpreter) and tensors held:
+    the records equal the synchronous one-at-a-time path's, and the many-tensor kernel ran."""
+    from test_tap_devicebatch import run
+
+    from weightcheck.tap.devicebatch import DeviceBatch
+
+    launches: list[int] = []
+    original = DeviceBatch.collect
+
+    def counting(self: DeviceBatch, algorithm: str) -> None:
+        original(self, algorithm)
+        launches.append(self.many_launches)
+
+    monkeypatch.setattr(DeviceBatch, "collect", counting)
+    held = run(tmp_path / "held", synchronous=False)
+    assert sum(launches) >= 2  # a launch per call at least
+    assert held == run(tmp_path / "reference", synchronous=True)
+    assert all(t["hexdigest"] and not t["error"] for t in held[0][1])

@@ -77,6 +77,7 @@ def test_the_device_batch_on_the_gpu_records_what_describe_tensor_records_on_the
     from weightcheck.tap.digesting import describe_tensor
 
     batch = DeviceBatch()
+    batch.hold = False  # each launched on arrival (the held path: test_held_tensors_on_the_gpu_...)
     cases: list[tuple[dict, torch.Tensor]] = []
     for name in TAKEN:
         host = _random(getattr(torch, name), (129, 33), seed=len(name))
@@ -130,6 +131,7 @@ def test_a_tensor_on_another_gpu_than_the_current_one() -> None:
         other = host.to("cuda:1")
         assert posmix128_fused(other) == posmix128_tensor(host)
         batch, entry = DeviceBatch(), {}
+        batch.hold = False
         batch.add(entry, other)
         assert batch.pending[0][3] is True
         batch.collect("posmix128")
@@ -190,6 +192,7 @@ def test_the_device_batch_launched_with_raw_addresses_records_what_the_view_maki
     launches_before = _launcher().direct_launches
     for raw in (False, True, True, True):
         batch = DeviceBatch()
+        batch.hold = False  # the raw launch is the path of a tensor launched on arrival
         batch.raw_launches = raw
         entries: list[dict] = [{} for _ in on_gpu]
         for entry, tensor in zip(entries, on_gpu, strict=True):
@@ -201,3 +204,90 @@ def test_the_device_batch_launched_with_raw_addresses_records_what_the_view_maki
         assert batch.raw_added == (fused if raw else 0)
     assert _launcher().enabled, "Triton's version or this environment left direct launches off"
     assert _launcher().direct_launches - launches_before >= 3 * fused
+
+
+def _held_gpu_cases() -> list[torch.Tensor]:
+    """Every taken dtype: one block to many (3 x 2^20 elements), one word, addresses 4 bytes off 16, zeros,
+    NaN/Inf, on the host."""
+    from weightcheck.tap.devicebatch import TAKEN
+
+    cases: list[torch.Tensor] = []
+    for index, name in enumerate(TAKEN):
+        host = _random(getattr(torch, name), (3, 1 << 20), seed=index + 21)
+        if host.is_floating_point():
+            host = host.float().nan_to_num(0.0, 1.0, -1.0).to(host.dtype)
+            host[0, 5], host[1, 77777], host[2, -1] = float("nan"), float("inf"), float("-inf")
+        host[1, 1000:50000] = 0
+        flat = host.reshape(-1)
+        word = 4 // host.element_size() or 1
+        cases += [
+            host,
+            flat[: 129 * 33 * word],
+            flat[word : word * 4100],
+            flat[:word],
+            torch.zeros(64 * word, dtype=host.dtype),
+        ]
+    return cases
+
+
+def _fields(entry: dict) -> dict:
+    return {k: entry[k] for k in ("dtype", "posmix128", "zeros", "nonfinite")}
+
+
+def test_held_tensors_on_the_gpu_equal_the_cpu_reference() -> None:
+    """The tap's default: tensors held and launched together by the many-tensor kernel (one launch per dtype
+    class), compiled for the GPU: every entry equals `describe_tensor` of the host copy; then 300 small tensors
+    in one launch (one program per tensor)."""
+    from weightcheck.tap.devicebatch import DeviceBatch, fused_spec
+    from weightcheck.tap.digesting import describe_tensor
+
+    host = _held_gpu_cases()
+    host_small = [_random(torch.bfloat16, (7 + i % 50, 4), seed=i) for i in range(300)]
+    for cases in (host, host_small):
+        batch = DeviceBatch()
+        assert batch.hold
+        on_gpu = [t.cuda() for t in cases]
+        entries: list[dict] = [{} for _ in cases]
+        for entry, tensor in zip(entries, on_gpu, strict=True):
+            assert DeviceBatch.takes(tensor)
+            batch.add(entry, tensor)
+        batch.collect("posmix128")
+        assert batch.many_launches == len({fused_spec(t.dtype) for t in cases} - {None})
+        for entry, tensor in zip(entries, cases, strict=True):
+            want = describe_tensor(tensor, "posmix128")
+            assert _fields(entry) == {k: want[k] for k in _fields(entry)}, (tensor.dtype, tensor.shape)
+
+
+def test_held_tensors_on_the_gpu_launched_when_the_hold_is_full(monkeypatch: pytest.MonkeyPatch) -> None:
+    from weightcheck.tap import devicebatch
+    from weightcheck.tap.digesting import describe_tensor
+
+    monkeypatch.setattr(devicebatch, "HOLD_TENSORS", 4)
+    cases = _held_gpu_cases()[:15]
+    batch = devicebatch.DeviceBatch()
+    entries: list[dict] = [{} for _ in cases]
+    for entry, tensor in zip(entries, cases, strict=True):
+        batch.add(entry, tensor.cuda())
+    assert batch.many_launches >= 3
+    batch.collect("posmix128")
+    for entry, tensor in zip(entries, cases, strict=True):
+        want = describe_tensor(tensor, "posmix128")
+        assert _fields(entry) == {k: want[k] for k in _fields(entry)}
+
+
+def test_a_gpu_tensor_written_into_while_held_is_not_digested() -> None:
+    from weightcheck.tap.devicebatch import WRITTEN_WHILE_HELD, DeviceBatch
+    from weightcheck.tap.digesting import describe_tensor
+
+    host = [_random(torch.bfloat16, (256, 64), seed=seed) for seed in range(3)]
+    on_gpu = [t.cuda() for t in host]
+    batch = DeviceBatch()
+    entries: list[dict] = [{} for _ in host]
+    for entry, tensor in zip(entries, on_gpu, strict=True):
+        batch.add(entry, tensor)
+    on_gpu[0].mul_(2)
+    on_gpu[1][:, 0].zero_()
+    batch.collect("posmix128")
+    assert entries[0]["error"] == entries[1]["error"] == WRITTEN_WHILE_HELD
+    assert entries[0]["posmix128"] is None and entries[1]["posmix128"] is None
+    assert entries[2]["posmix128"] == describe_tensor(host[2], "posmix128")["posmix128"]

@@ -111,6 +111,56 @@ def _posmix_kernel(words_ptr, out_ptr, n_words, iters, WIDTH: tl.constexpr, PATT
         tl.atomic_add(out_ptr + 3, tl.sum(bad.to(tl.int64), axis=0))
 
 
+# The same pass over many tensors in one launch (`fused_stats_many`): program (p, t) of a grid of P x T programs
+# strides over tensor t's words with the P programs of its column, its address and word count read from row t
+# of an int64 [T, 2] table, and adds into row t of an int64 [T, 4] output. Why a second kernel: on the tap's GPU
+# path a launch costs the host 47-70 µs right after the engine's copy (an H100, benchmarks/gpu_host_cost.py),
+# about the whole of the 5 % budget per 13.5 MB tensor; one launch per call's tensors takes that away. The body
+# is `_posmix_kernel`'s, line for line (a jitted helper shared by both would be bound at build time; the
+# one-tensor kernel stays as measured on the GPU), and the tests hold both to the same reference.
+def _posmix_many_kernel(table_ptr, out_ptr, WIDTH: tl.constexpr, PATTERN: tl.constexpr,  # type: ignore[no-untyped-def]
+                        BLOCK: tl.constexpr):  # fmt: skip
+    t = tl.program_id(1).to(tl.int64)
+    pid = tl.program_id(0).to(tl.int64)
+    programs = tl.num_programs(0).to(tl.int64)
+    words_ptr = tl.load(table_ptr + 2 * t).to(tl.pointer_type(tl.int32))
+    n_words = tl.load(table_ptr + 2 * t + 1)
+    iters = ((n_words + BLOCK - 1) // BLOCK + programs - 1) // programs
+    stride = programs * BLOCK
+    offs = pid * BLOCK + tl.arange(0, BLOCK)
+    linear = offs.to(tl.uint64) * 0x9E3779B97F4A7C15 + 0x632BE59BD9B4E019
+    linear_step = stride.to(tl.uint64) * 0x9E3779B97F4A7C15
+    lane_a = tl.zeros([BLOCK], dtype=tl.uint64)
+    lane_b = tl.zeros([BLOCK], dtype=tl.uint64)
+    set_words = tl.zeros([BLOCK], dtype=tl.int32)
+    bad = tl.zeros([BLOCK], dtype=tl.int32)
+    for _ in range(0, iters):
+        mask = offs < n_words
+        w32 = tl.load(words_ptr + offs, mask=mask, other=0).to(tl.uint32, bitcast=True)
+        k = linear ^ (linear >> 31)
+        x = (w32.to(tl.uint64) ^ k) * 0xBF58476D1CE4E5B9
+        x = x ^ (x >> 29)
+        x = x * 0x94D049BB133111EB
+        x = x ^ (x >> 32)
+        x = tl.where(mask, x, 0)
+        lane_a += x
+        lane_b += x * (k | 1)
+        set_words += tl.where(mask & (w32 != 0), 1, 0)
+        if WIDTH == 2:
+            bad += tl.where(mask & ((w32 & 0x7FFF) >= PATTERN), 1, 0)
+            bad += tl.where(mask & (((w32 >> 16) & 0x7FFF) >= PATTERN), 1, 0)
+        if WIDTH == 4:
+            bad += tl.where(mask & ((w32 & 0x7FFFFFFF) >= PATTERN), 1, 0)
+        offs += stride
+        linear += linear_step
+    row = out_ptr + 4 * t
+    tl.atomic_add(row, tl.sum(lane_a, axis=0).to(tl.int64, bitcast=True))
+    tl.atomic_add(row + 1, tl.sum(lane_b, axis=0).to(tl.int64, bitcast=True))
+    tl.atomic_add(row + 2, tl.sum(set_words.to(tl.int64), axis=0))
+    if WIDTH != 0:
+        tl.atomic_add(row + 3, tl.sum(bad.to(tl.int64), axis=0))
+
+
 # The kernel's literals are devdigest's constants (Triton needs literals there); checked at import.
 assert (G, S, M1, M2) == (0x9E3779B97F4A7C15, 0x632BE59BD9B4E019, 0xBF58476D1CE4E5B9, 0x94D049BB133111EB)
 
@@ -124,6 +174,15 @@ def _kernel() -> Any:
 
     tl = triton.language
     return triton.jit(_posmix_kernel)
+
+
+@functools.lru_cache(maxsize=1)
+def _many_kernel() -> Any:
+    """The many-tensor kernel, jitted on first use like `_kernel`."""
+    _kernel()  # binds `tl`
+    import triton
+
+    return triton.jit(_posmix_many_kernel)
 
 
 @functools.lru_cache(maxsize=1)
@@ -254,3 +313,33 @@ def fused_lanes_and_stats(
             extra.append(torch.zeros((), dtype=torch.int64, device=data.device))
         out += torch.stack(extra)
     return out
+
+
+def many_programs(device: Any, n_tensors: int, max_words: int, block_words: int = BLOCK_WORDS) -> int:
+    """Programs per tensor for `fused_stats_many`: the device's PROGRAMS_PER_SM per multiprocessor shared among the
+    tensors (a few under the interpreter), never more than the largest tensor's blocks, and enough that no
+    program takes over MAX_STEPS."""
+    n_blocks = max(1, -(-max_words // block_words))
+    total = _multiprocessors(device.index) * PROGRAMS_PER_SM if device.type == "cuda" else INTERPRETER_PROGRAMS
+    return _fit_grid(n_blocks, max(1, total // max(1, n_tensors)))
+
+
+def fused_stats_many(
+    table: torch.Tensor, out: torch.Tensor, max_words: int, width: int, pattern: int, block_words: int = BLOCK_WORDS
+) -> None:
+    """`fused_lanes_and_stats` of many tensors in one launch: row t of the int64 [T, 2] `table` on the device holds
+    a tensor's word address (a multiple of 4) and its word count (its byte count / 4, whole), and row t of the
+    zeroed int64 [T, 4] `out` on the same device receives its two lanes, set words and NaN/Inf count. `max_words`:
+    the largest word count in the table (sizes the grid). Nothing waits for the device."""
+    torch = torch_module()
+    n_tensors = table.shape[0]
+    if not n_tensors:
+        return
+    device = table.device
+    grid = (many_programs(device, n_tensors, max_words, block_words), n_tensors)
+    kernel = _many_kernel()
+    if device.type == "cuda" and device.index != torch.cuda.current_device():
+        with torch.cuda.device(device):
+            kernel[grid](table, out, WIDTH=width, PATTERN=pattern, BLOCK=block_words)
+    else:
+        kernel[grid](table, out, WIDTH=width, PATTERN=pattern, BLOCK=block_words)

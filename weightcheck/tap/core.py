@@ -944,7 +944,7 @@ class _Call:
             for future in self.futures:
                 future.result()
             self.futures.clear()
-            if self.device_batch is not None and self.device_batch.pending:
+            if self.device_batch is not None and self.device_batch.waiting():
                 self.device_batch.collect(self.algorithm)
             if profile is not None:
                 finishing = time.perf_counter()

@@ -10,15 +10,29 @@ device-to-host copy queued behind the engine's own copies on the stream). On an 
 +50 % (10 GB) of `load_weights` (benchmarks/bench_tap.py --device cuda), for kernels that take a few percent.
 
 Stream order keeps this right: the kernels are queued on the stream the engine loads on, after the tensor was
-made and before anything the engine does to it or its memory afterwards.
+made and before the engine's allocator can hand its memory to anything else.
+
+Held for one launch (the default): a contiguous tensor of a fused dtype is not launched on arrival but held (a
+reference, no copy) until the call ends or HOLD_BYTES / HOLD_TENSORS are held, then every held tensor of a
+dtype goes to the device in one launch of the many-tensor kernel (`fuseddigest.fused_stats_many`). A launch
+costs the host 47-70 µs right after the engine's own copy, about the whole 5 % budget of a 13.5 MB tensor's
+load (an H100, benchmarks/gpu_host_cost.py); held, a tensor costs a few list appends. What this assumes: the
+engine does not write into the tensor it was handed before the call ends (SGLang's loaders copy from it). A
+write through the tensor or a view of it moves its version counter, and a new storage moves its address: such a
+tensor is recorded as not digested, never with the bytes the engine wrote, and its name is launched on arrival
+from then on (tensors made under `torch.inference_mode` have no version counter; a write into one goes unseen;
+SGLang's scheduler runs without it unless SGLANG_ENABLE_TORCH_INFERENCE_MODE is set). WEIGHTCHECK_DEVICE_HOLD=0
+launches each tensor on arrival, as before.
 """
 
 from __future__ import annotations
 
 import functools
+import os
+import threading
 from typing import Any
 
-from weightcheck.fuseddigest import fused_lanes_and_stats, fused_stats_at
+from weightcheck.fuseddigest import fused_lanes_and_stats, fused_stats_at, fused_stats_many
 from weightcheck.posmix import _byte_view, torch_module
 from weightcheck.tap.digesting import fast_dtype
 
@@ -30,6 +44,29 @@ TAKEN = ("float32", "float16", "bfloat16", "float64", "int8", "uint8", "int16", 
 # The fused kernel adds into a row of a zeroed block of this many rows (one allocation and fill per block, not
 # per tensor: on the tap's GPU path the host's work per tensor is what the sync pays for, benchmarks/bench_tap.py).
 SLAB_ROWS = 256
+
+# Held for one launch: at most this many bytes of received tensors (references to the engine's own tensors; on
+# the engine's update paths a call's tensors are alive for the whole call anyway) and this many tensors (one row
+# each in the launch's table), then launched.
+ENV_HOLD = "WEIGHTCHECK_DEVICE_HOLD"
+HOLD_BYTES = 1 << 30
+HOLD_TENSORS = 4096
+# What an entry says when its tensor was written into or given new storage while held.
+WRITTEN_WHILE_HELD = (
+    "cannot digest: the engine wrote into the tensor it was handed before the tap's digest ran "
+    "(WEIGHTCHECK_DEVICE_HOLD=0 digests each tensor on arrival)"
+)
+
+
+# Names whose tensor the engine wrote into while it was held (e.g. SGLang 0.5.23's Gemma adds 1 to each norm
+# weight it is handed, `models/gemma.py`): from then on, in this process, launched on arrival. Bounded.
+_WRITTEN_NAMES: set[str] = set()
+_WRITTEN_NAMES_MAX = 1 << 16
+
+
+def hold_enabled(environ: Any = None) -> bool:
+    env = os.environ if environ is None else environ
+    return (env.get(ENV_HOLD) or "1").strip().lower() not in ("0", "false", "no", "off")
 
 
 def fused_spec(dtype: Any) -> tuple[int, int] | None:
@@ -62,6 +99,15 @@ class DeviceBatch:
         self._plans: dict[Any, tuple[str, tuple[int, int] | None]] = {}
         # device type -> whether the fused kernel may run (decided at the batch's first tensor; off after a failure)
         self._fused_ok: dict[str, bool] = {}
+        # Held for one launch: (device, (width, pattern)) -> [(entry, dtype name, byte count, element count,
+        # tensor, its address, its version counter or None)]; guarded by the lock (a loader thread may add too).
+        self.hold = hold_enabled()
+        self._held: dict[tuple[Any, tuple[int, int]], list[tuple[dict[str, Any], str, int, int, Any, int, Any]]] = {}
+        self._held_bytes = 0
+        self._held_count = 0
+        self._lock = threading.Lock()
+        self._written: list[dict[str, Any]] = []  # entries whose tensor changed while held
+        self.many_launches = 0  # launches of the many-tensor kernel (the tests and benchmarks read it)
 
     # Whether `add` may launch the fused kernel with raw addresses (`fused_stats_at`): off, every tensor takes
     # the view-making path (benchmarks/gpu_tap_steps.py compares the two in one run; the tests, both).
@@ -76,11 +122,30 @@ class DeviceBatch:
         )
 
     def add(self, entry: dict[str, Any], tensor: Any) -> None:
-        """Queue the tensor's digest and statistics on its device (raises what the kernels raise)."""
+        """Queue the tensor's digest and statistics on its device, or hold it for one launch with others
+        (raises what the kernels raise)."""
         plan = self._plans.get(tensor.dtype)
         if plan is None:
             plan = self._plans[tensor.dtype] = (fast_dtype(tensor.dtype)[0], fused_spec(tensor.dtype))  # type: ignore[index]
         st_name, spec = plan
+        if spec is not None and self.hold and tensor.is_contiguous() and entry.get("name") not in _WRITTEN_NAMES:
+            n_bytes = tensor.nbytes
+            address = tensor.data_ptr()
+            if n_bytes and not (n_bytes & 3 or address & 3) and self._usable(tensor.device):
+                entry["dtype"], entry["shape"] = st_name, tuple(tensor.shape)
+                item = (entry, st_name, n_bytes, tensor.numel(), tensor, address, _version(tensor))
+                with self._lock:
+                    self._held.setdefault((tensor.device, spec), []).append(item)
+                    self._held_bytes += n_bytes
+                    self._held_count += 1
+                    full = self._held_bytes >= HOLD_BYTES or self._held_count >= HOLD_TENSORS
+                if full:
+                    self.flush()
+                return
+        self._add_now(entry, tensor, st_name, spec)
+
+    def _add_now(self, entry: dict[str, Any], tensor: Any, st_name: str, spec: tuple[int, int] | None) -> None:
+        """Queue the tensor's kernels on its device now."""
         if spec is not None and self.raw_launches and tensor.is_contiguous():
             # The common tensor: launched with raw addresses, no view made (`fused_stats_at`).
             row = self._row(tensor.device)
@@ -121,12 +186,7 @@ class DeviceBatch:
     def _row(self, device: Any) -> tuple[Any, int] | None:
         """A zeroed row of the device's block not handed out before, with its device address; None where the
         fused kernel may not run (not usable here, or it failed)."""
-        usable = self._fused_ok.get(device.type)
-        if usable is None:
-            from weightcheck.devdigest import fused_usable
-
-            usable = self._fused_ok[device.type] = fused_usable(device.type)
-        if not usable:
+        if not self._usable(device):
             return None
         spares = self._spares.get(device)
         if spares:
@@ -147,6 +207,57 @@ class DeviceBatch:
             row = next(rows)
         return row
 
+    def _usable(self, device: Any) -> bool:
+        """Whether the fused kernels may run on this device (decided once per batch; off after a failure)."""
+        usable = self._fused_ok.get(device.type)
+        if usable is None:
+            from weightcheck.devdigest import fused_usable
+
+            usable = self._fused_ok[device.type] = fused_usable(device.type)
+        return usable
+
+    def flush(self) -> None:
+        """Launch the held tensors: one many-tensor launch per device and dtype class. A tensor written into
+        (its version counter moved) or given new storage (its address moved) while held is recorded as not
+        digested; if a launch fails, its tensors take the one-at-a-time path (the eager kernels from then on)."""
+        with self._lock:
+            held, self._held = self._held, {}
+            self._held_bytes = self._held_count = 0
+        if not held:
+            return
+        torch = torch_module()
+        for (device, spec), items in held.items():
+            live = []
+            rows: list[int] = []
+            for item in items:
+                tensor, address, version = item[4], item[5], item[6]
+                if tensor.data_ptr() != address or (version is not None and _version(tensor) != version):
+                    self._written.append(item[0])
+                    name = item[0].get("name")
+                    if isinstance(name, str) and len(_WRITTEN_NAMES) < _WRITTEN_NAMES_MAX:
+                        _WRITTEN_NAMES.add(name)
+                    continue
+                live.append(item)
+                rows += (address, item[2] >> 2)
+            if not live:
+                continue
+            try:
+                table = torch.tensor(rows, dtype=torch.int64).reshape(-1, 2).to(device)
+                out = torch.zeros((len(live), 4), dtype=torch.int64, device=device)
+                fused_stats_many(table, out, max(item[2] for item in live) >> 2, *spec)
+            except Exception as exc:
+                self._failed(device, exc)
+                for entry, st_name, _n_bytes, _numel, tensor, _address, _version_then in live:
+                    try:
+                        self._add_now(entry, tensor, st_name, spec)
+                    except Exception as again:  # as `describe_tensor` records a tensor it cannot digest
+                        self._written.append(entry)
+                        entry["error"] = f"cannot digest: {again}"[:300]
+                continue
+            self.many_launches += 1
+            for (entry, st_name, n_bytes, numel, *_rest), values in zip(live, out.unbind(0), strict=True):
+                self.pending.append((entry, st_name, n_bytes, True, numel, values))
+
     def _failed(self, device: Any, exc: Exception) -> None:
         from weightcheck.devdigest import fused_failed
 
@@ -165,6 +276,10 @@ class DeviceBatch:
             self._failed(data.device, exc)
             return None
 
+    def waiting(self) -> bool:
+        """Whether anything is held or queued for `collect`."""
+        return bool(self.pending or self._held or self._written)
+
     def collect(self, algorithm: str) -> None:
         """Fill every queued entry (one copy per device); on a device error, each entry says it could not be
         digested, as `describe_tensor` does."""
@@ -172,6 +287,11 @@ class DeviceBatch:
 
         from weightcheck.posmix import finalize
 
+        self.flush()
+        written, self._written = self._written, []
+        for entry in written:
+            entry.update({algorithm: None, "zeros": None, "nonfinite": None})
+            entry.setdefault("error", WRITTEN_WHILE_HELD)
         pending, self.pending = self.pending, []
         by_device: dict[Any, list[tuple[dict[str, Any], str, int, bool, int, Any]]] = {}
         for item in pending:
@@ -206,3 +326,12 @@ def _strided() -> Any:
 def _taken_dtypes() -> frozenset[Any]:
     torch = torch_module()
     return frozenset(getattr(torch, name) for name in TAKEN)
+
+
+def _version(tensor: Any) -> Any:
+    """The tensor's version counter (moved by every in-place write through it or a view of it), or None where it
+    has none (a tensor made under `torch.inference_mode`)."""
+    try:
+        return tensor._version
+    except (RuntimeError, AttributeError):
+        return None

@@ -65,6 +65,6 @@ def engine_state(model: Any, algorithm: str) -> list[dict[str, Any]]:
                 described = {"dtype": str(tensor.dtype), "shape": list(tensor.shape), algorithm: None}
                 described["error"] = f"cannot digest: {exc}"[:300]
             line.update(described)
-    if batch is not None and batch.pending:
+    if batch is not None and batch.waiting():
         batch.collect(algorithm)
     return lines
