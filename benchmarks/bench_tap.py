@@ -366,7 +366,7 @@ def digest_throughputs(
                 batch.add({}, tensor)
             batch.flush()  # the many-tensor launch(es); `rate` waits for the device
 
-        out["posmix128 + stats, the tap's held path (one launch per GiB held)"] = measured(held, whole=True)
+        out["posmix128 + stats, the tap's held path (one launch per hold)"] = measured(held, whole=True)
     return out
 
 

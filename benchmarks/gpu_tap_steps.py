@@ -16,6 +16,9 @@ then SGLang's loading pattern), timed in alternating rounds in these variants:
 - `on-timed`: the tap with a timer around each of its steps (inclusive times, per load; the timers add a
   little of their own, so this row's total is not the `on` row's).
 
+WEIGHTCHECK_DEVICE_HOLD=0 in the environment: each GPU tensor launched on arrival (the tap before the
+many-tensor launch); run the script both ways in one lease to compare.
+
 Reported: each variant's median load, its median added time against the `off` load of the same round (pairs),
 per load and per tensor, and the timed steps' medians per load.
 """
@@ -149,6 +152,7 @@ def main() -> int:
         (DeviceBatch, "takes", "  DeviceBatch.takes"),
         (DeviceBatch, "add", "  DeviceBatch.add"),
         (DeviceBatch, "collect", "DeviceBatch.collect"),
+        (DeviceBatch, "flush", "  DeviceBatch.flush (the held tensors' launch)"),
         (devicebatch, "fused_lanes_and_stats", "    fused_lanes_and_stats"),
         (core, "_close_sync", "sync: close and write the record"),
         (core, "write_atomic_bytes", "  write_atomic_bytes (encode, write, fsync)"),

@@ -234,12 +234,16 @@ def _fields(entry: dict) -> dict:
     return {k: entry[k] for k in ("dtype", "posmix128", "zeros", "nonfinite")}
 
 
-def test_held_tensors_on_the_gpu_equal_the_cpu_reference() -> None:
-    """The tap's default: tensors held and launched together by the many-tensor kernel (one launch per dtype
-    class), compiled for the GPU: every entry equals `describe_tensor` of the host copy; then 300 small tensors
-    in one launch (one program per tensor)."""
+def test_held_tensors_on_the_gpu_equal_the_cpu_reference(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The tap's default: tensors held and launched together by the many-tensor kernel (here one launch per dtype
+    class: the hold's limits raised), compiled for the GPU: every entry equals `describe_tensor` of the host copy;
+    then 300 small tensors in one launch (one program per tensor)."""
+    from weightcheck.tap import devicebatch
     from weightcheck.tap.devicebatch import DeviceBatch, fused_spec
     from weightcheck.tap.digesting import describe_tensor
+
+    monkeypatch.setattr(devicebatch, "HOLD_BYTES", 1 << 40)
+    monkeypatch.setattr(devicebatch, "HOLD_TENSORS", 1 << 20)
 
     host = _held_gpu_cases()
     host_small = [_random(torch.bfloat16, (7 + i % 50, 4), seed=i) for i in range(300)]

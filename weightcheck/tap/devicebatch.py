@@ -47,10 +47,12 @@ SLAB_ROWS = 256
 
 # Held for one launch: at most this many bytes of received tensors (references to the engine's own tensors; on
 # the engine's update paths a call's tensors are alive for the whole call anyway) and this many tensors (one row
-# each in the launch's table), then launched.
+# each in the launch's table), then launched. Not one launch per call: a launch at the call's end reads every
+# byte while the sync waits, where launches during the call run while the host makes the engine's next copies
+# (1 GiB held: the call's end waited 9 ms for a 1 GB stream on an H100, benchmarks/gpu_tap_steps.py).
 ENV_HOLD = "WEIGHTCHECK_DEVICE_HOLD"
-HOLD_BYTES = 1 << 30
-HOLD_TENSORS = 4096
+HOLD_BYTES = 64 << 20
+HOLD_TENSORS = 256
 # What an entry says when its tensor was written into or given new storage while held.
 WRITTEN_WHILE_HELD = (
     "cannot digest: the engine wrote into the tensor it was handed before the tap's digest ran "
@@ -107,6 +109,8 @@ class DeviceBatch:
         self._held_count = 0
         self._lock = threading.Lock()
         self._written: list[dict[str, Any]] = []  # entries whose tensor changed while held
+        # Launched held tensors: (their items, as `pending`'s without values; the launch's int64 [T, 4] output)
+        self._launched: list[tuple[list[tuple[dict[str, Any], str, int, bool, int, Any]], Any]] = []
         self.many_launches = 0  # launches of the many-tensor kernel (the tests and benchmarks read it)
 
     # Whether `add` may launch the fused kernel with raw addresses (`fused_stats_at`): off, every tensor takes
@@ -255,8 +259,9 @@ class DeviceBatch:
                         entry["error"] = f"cannot digest: {again}"[:300]
                 continue
             self.many_launches += 1
-            for (entry, st_name, n_bytes, numel, *_rest), values in zip(live, out.unbind(0), strict=True):
-                self.pending.append((entry, st_name, n_bytes, True, numel, values))
+            # No view per row: the block is read whole at `collect` (a view costs the host a few µs each).
+            group = [(entry, st_name, n_bytes, True, numel, None) for entry, st_name, n_bytes, numel, *_ in live]
+            self._launched.append((group, out))
 
     def _failed(self, device: Any, exc: Exception) -> None:
         from weightcheck.devdigest import fused_failed
@@ -278,7 +283,7 @@ class DeviceBatch:
 
     def waiting(self) -> bool:
         """Whether anything is held or queued for `collect`."""
-        return bool(self.pending or self._held or self._written)
+        return bool(self.pending or self._held or self._written or self._launched)
 
     def collect(self, algorithm: str) -> None:
         """Fill every queued entry (one copy per device); on a device error, each entry says it could not be
@@ -293,12 +298,20 @@ class DeviceBatch:
             entry.update({algorithm: None, "zeros": None, "nonfinite": None})
             entry.setdefault("error", WRITTEN_WHILE_HELD)
         pending, self.pending = self.pending, []
-        by_device: dict[Any, list[tuple[dict[str, Any], str, int, bool, int, Any]]] = {}
+        launched, self._launched = self._launched, []
+        # Per device: the items in order and their values (a tensor's own, or one launch's [T, 4] block).
+        by_device: dict[Any, tuple[list[tuple[dict[str, Any], str, int, bool, int, Any]], list[Any]]] = {}
         for item in pending:
-            by_device.setdefault(item[5].device, []).append(item)
-        for items in by_device.values():
+            items, values = by_device.setdefault(item[5].device, ([], []))
+            items.append(item)
+            values.append(item[5])
+        for group, block in launched:
+            items, values = by_device.setdefault(block.device, ([], []))
+            items += group
+            values.append(block.reshape(-1))
+        for items, values in by_device.values():
             try:
-                flat = torch.cat([item[5] for item in items]).tolist()
+                flat = torch.cat(values).tolist()
             except (RuntimeError, TypeError, ValueError) as exc:
                 for entry, *_ in items:
                     entry.update({algorithm: None, "zeros": None, "nonfinite": None})
