@@ -143,12 +143,13 @@ def main() -> None:
         variants.append((label, run_variant(block, per_sm, warps)))
     variants.append(("fixed grid, the package's defaults", run_variant(fuseddigest.BLOCK_WORDS, None, 4)))
     batch = DeviceBatch()
+    batch.hold = False  # each launched on arrival (the held path: the many-tensor table below)
 
     def tap_path(data: Any) -> Any:
         batch.add({}, data.view(torch.bfloat16))
         return batch.pending.pop()[5]
 
-    variants.append(("the tap's path: DeviceBatch.add (row of a zeroed block, package defaults)", tap_path))
+    variants.append(("the tap's path on arrival: DeviceBatch.add (row of a zeroed block)", tap_path))
 
     want = [run_baseline(d).tolist() for d in stream[:4] + big + small[:4]]
     rows: list[dict[str, Any]] = []
@@ -178,10 +179,92 @@ def main() -> None:
         equal = "yes" if r["equal_to_baseline"] else "NO"
         print(f"| {r['variant']} | {equal} | {r['stream_gbps']:.0f} | {r['one_gib_gbps']:.0f} | "
               f"{r['small_host_us_per_tensor']:.1f} | {r['small_device_us_per_tensor']:.1f} |")  # fmt: skip
+    many = many_tensor_rows(stream, big, width, pattern, repeats, device, [run_baseline(d).tolist() for d in stream])
+    print()
+    print("| many-tensor kernel (`fused_stats_many`), one launch per group | equal | tap stream GB/s "
+          "| 1 GiB tensor GB/s | host µs per launch (stream) |")  # fmt: skip
+    print("|---|---|---|---|---|")
+    for r in many:
+        equal = "yes" if r["equal_to_baseline"] else "NO"
+        print(f"| {r['variant']} | {equal} | {r['stream_gbps']:.0f} | {r['one_gib_gbps']:.0f} | "
+              f"{r['host_us_per_launch']:.0f} |")  # fmt: skip
     if args.json:
-        args.json.write_text(json.dumps({"copy_gbps_read_write": 2 * total / copy_s / 1e9, "rows": rows}, indent=1))
-    if not all(r["equal_to_baseline"] for r in rows):
+        args.json.write_text(
+            json.dumps({"copy_gbps_read_write": 2 * total / copy_s / 1e9, "rows": rows, "many": many}, indent=1)
+        )
+    if not all(r["equal_to_baseline"] for r in rows + many):
         sys.exit(1)
+
+
+def many_tensor_rows(
+    stream: list[Any], big: list[Any], width: int, pattern: int, repeats: int, device: Any, want: list[Any]
+) -> list[dict[str, Any]]:
+    """The many-tensor kernel over the stream in groups of `per_launch` tensors (the tap's hold: 64 MiB is 4 of
+    these tensors; the whole stream), told the tensors are aligned or not; and the tap's held path (`add`, then
+    `flush`). Device seconds by CUDA events around the whole stream, medians; checked equal to the one-tensor
+    kernel's rows first."""
+    import torch
+
+    from weightcheck import fuseddigest
+    from weightcheck.tap.devicebatch import DeviceBatch
+
+    def launcher(per_launch: int, aligned: bool) -> Any:
+        def run(inputs: list[Any]) -> list[Any]:
+            outs = []
+            for at in range(0, len(inputs), per_launch):
+                group = inputs[at : at + per_launch]
+                table = torch.tensor([[d.data_ptr(), d.numel() >> 2] for d in group], dtype=torch.int64).to(device)
+                out = torch.zeros((len(group), 4), dtype=torch.int64, device=device)
+                most = max(d.numel() >> 2 for d in group)
+                fuseddigest.fused_stats_many(table, out, most, width, pattern, aligned=aligned)
+                outs.append(out)
+            return outs
+
+        return run
+
+    def held(inputs: list[Any]) -> list[Any]:
+        batch = DeviceBatch()
+        batch.hold = True
+        for data in inputs:
+            batch.add({}, data.view(torch.bfloat16))
+        batch.flush()
+        return [out for _group, out in batch._launched]
+
+    def timed(fn: Any, inputs: list[Any]) -> tuple[float, float, int]:
+        launches = len(fn(inputs))
+        torch.cuda.synchronize() if device.type == "cuda" else None
+        device_s, host_s = [], []
+        for _ in range(repeats):
+            if device.type != "cuda":  # the interpreter: a check of this script
+                t0 = time.perf_counter()
+                fn(inputs)
+                host_s.append(time.perf_counter() - t0)
+                device_s.append(host_s[-1])
+                continue
+            start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+            start.record()
+            t0 = time.perf_counter()
+            fn(inputs)
+            host_s.append(time.perf_counter() - t0)
+            end.record()
+            end.synchronize()
+            device_s.append(start.elapsed_time(end) / 1e3)
+        return statistics.median(device_s), statistics.median(host_s), launches
+
+    variants = [
+        (f"{n} tensors per launch, aligned={a}", launcher(n, a)) for n in (4, 16, len(stream)) for a in (False, True)
+    ]
+    variants.append(("the tap's held path: DeviceBatch.add + flush (package defaults)", held))
+    total = sum(d.numel() for d in stream)
+    rows = []
+    for label, fn in variants:
+        got = [row for out in fn(stream) for row in out.tolist()]
+        stream_s, host_s, launches = timed(fn, stream)
+        big_s, _, _ = timed(fn, big)
+        rows.append({"variant": label, "equal_to_baseline": got == want, "stream_gbps": total / stream_s / 1e9,
+                     "one_gib_gbps": big[0].numel() / big_s / 1e9,
+                     "host_us_per_launch": host_s / launches * 1e6})  # fmt: skip
+    return rows
 
 
 if __name__ == "__main__":

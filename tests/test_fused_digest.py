@@ -231,6 +231,34 @@ def _held_cases() -> list[torch.Tensor]:
     return cases
 
 
+def _launch_classes(tensors: list[torch.Tensor]) -> set[tuple[Any, bool]]:
+    """The launches a hold of these tensors makes: one per dtype class, split by whether every address is on 16
+    bytes and every word count a multiple of 16."""
+    from weightcheck.tap.devicebatch import fused_spec
+
+    return {
+        (fused_spec(t.dtype), not (t.data_ptr() & 15 or t.nbytes & 63))
+        for t in tensors
+        if fused_spec(t.dtype) is not None and t.is_contiguous() and t.nbytes and not (t.nbytes | t.data_ptr()) & 3
+    }
+
+
+def test_the_many_tensor_kernel_aligned_or_not_and_on_any_grid() -> None:
+    """`fused_stats_many` over tensors of 16 words to many blocks, told they are aligned or not, with one program
+    per tensor or several: each row is the one-tensor kernel's result."""
+    from weightcheck.fuseddigest import fused_lanes_and_stats, fused_stats_many
+
+    tensors = [_random(torch.bfloat16, (n,), seed=n) for n in (32, 4096, 70_000, 32 * 1000)]
+    tensors[2][7] = float("nan")
+    table = torch.tensor([[t.data_ptr(), t.nbytes >> 2] for t in tensors], dtype=torch.int64)
+    want = [fused_lanes_and_stats(t.view(torch.uint8), 2, 0x7F80).tolist() for t in tensors]
+    for aligned in (False, True):
+        for programs in (None, 1, 5):
+            out = torch.zeros((len(tensors), 4), dtype=torch.int64)
+            fused_stats_many(table, out, 70_000 // 2, 2, 0x7F80, block_words=1024, aligned=aligned, programs=programs)
+            assert out.tolist() == want, (aligned, programs)
+
+
 def _digest_fields(entry: dict) -> dict:
     return {k: entry[k] for k in ("dtype", "posmix128", "zeros", "nonfinite")}
 
@@ -251,8 +279,7 @@ def test_held_tensors_are_launched_together_and_each_gets_its_own_values(monkeyp
     assert batch.hold  # the default
     assert len(batch.pending) == sum(fused_spec(t.dtype) is None for t in cases)  # the rest held
     batch.collect("posmix128")
-    classes = {fused_spec(t.dtype) for t in cases} - {None}
-    assert batch.many_launches == len(classes) and not batch.waiting()
+    assert batch.many_launches == len(_launch_classes(cases)) and not batch.waiting()
     assert [_digest_fields(e) for e in entries] == [_described(t) for t in cases]
 
 

@@ -13,7 +13,12 @@ if not torch.cuda.is_available():
     pytest.skip("needs a CUDA device", allow_module_level=True)
 pytest.importorskip("triton")
 
-from test_fused_digest import _dtypes, _random, _stored  # noqa: E402  (the interpreter tests' inputs, shared)
+from test_fused_digest import (  # noqa: E402  (the interpreter tests' inputs, shared)
+    _dtypes,
+    _launch_classes,
+    _random,
+    _stored,
+)
 
 from weightcheck.devdigest import posmix128_bytes, posmix128_tensor  # noqa: E402
 from weightcheck.fuseddigest import ENV_FUSED, _kernel, _launcher, posmix128_fused  # noqa: E402
@@ -239,7 +244,7 @@ def test_held_tensors_on_the_gpu_equal_the_cpu_reference(monkeypatch: pytest.Mon
     class: the hold's limits raised), compiled for the GPU: every entry equals `describe_tensor` of the host copy;
     then 300 small tensors in one launch (one program per tensor)."""
     from weightcheck.tap import devicebatch
-    from weightcheck.tap.devicebatch import DeviceBatch, fused_spec
+    from weightcheck.tap.devicebatch import DeviceBatch
     from weightcheck.tap.digesting import describe_tensor
 
     monkeypatch.setattr(devicebatch, "HOLD_BYTES", 1 << 40)
@@ -256,7 +261,7 @@ def test_held_tensors_on_the_gpu_equal_the_cpu_reference(monkeypatch: pytest.Mon
             assert DeviceBatch.takes(tensor)
             batch.add(entry, tensor)
         batch.collect("posmix128")
-        assert batch.many_launches == len({fused_spec(t.dtype) for t in cases} - {None})
+        assert batch.many_launches == len(_launch_classes(on_gpu))
         for entry, tensor in zip(entries, cases, strict=True):
             want = describe_tensor(tensor, "posmix128")
             assert _fields(entry) == {k: want[k] for k in _fields(entry)}, (tensor.dtype, tensor.shape)
@@ -295,3 +300,26 @@ def test_a_gpu_tensor_written_into_while_held_is_not_digested() -> None:
     assert entries[0]["error"] == entries[1]["error"] == WRITTEN_WHILE_HELD
     assert entries[0]["posmix128"] is None and entries[1]["posmix128"] is None
     assert entries[2]["posmix128"] == describe_tensor(host[2], "posmix128")["posmix128"]
+
+
+def test_the_many_tensor_kernel_on_the_gpu_aligned_or_not_and_on_any_grid() -> None:
+    """Compiled for the GPU, where the alignment hint changes the loads: the many-tensor kernel told the tensors
+    are aligned, or not, on the default grid, one program per tensor, or several, equals the CPU reference."""
+    from weightcheck.fuseddigest import fused_stats_many
+    from weightcheck.posmix import _byte_view, finalize
+
+    host = [_random(torch.bfloat16, (n,), seed=n) for n in (32, 4096, 70_000, 32 * 1000, 3 << 20)]
+    host[2][7], host[4][-1] = float("nan"), float("inf")
+    want = [
+        (posmix128_tensor(t), int((_byte_view(t).view(torch.int32) != 0).sum()), int((~torch.isfinite(t)).sum()))
+        for t in host
+    ]
+    on_gpu = [t.cuda() for t in host]
+    table = torch.tensor([[t.data_ptr(), t.nbytes >> 2] for t in on_gpu], dtype=torch.int64).cuda()
+    most = max(t.nbytes >> 2 for t in host)
+    for aligned in (False, True):
+        for programs in (None, 1, 7, 64):
+            out = torch.zeros((len(host), 4), dtype=torch.int64, device="cuda")
+            fused_stats_many(table, out, most, 2, 0x7F80, aligned=aligned, programs=programs)
+            got = [(finalize(a, b, t.nbytes), s, bad) for (a, b, s, bad), t in zip(out.tolist(), host, strict=True)]
+            assert got == want, (aligned, programs)
