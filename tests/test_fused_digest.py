@@ -283,7 +283,16 @@ def test_held_tensors_are_launched_together_and_each_gets_its_own_values(monkeyp
     assert [_digest_fields(e) for e in entries] == [_described(t) for t in cases]
 
 
-@pytest.mark.parametrize("caps", [{"HOLD_TENSORS": 3}, {"HOLD_BYTES": 5000}], ids=str)
+@pytest.mark.parametrize(
+    "caps",
+    [
+        {"HOLD_TENSORS": 3},
+        {"HOLD_BYTES": 5000},
+        {"HOLD_TENSORS": 3, "SLAB_ROWS": 5},  # launches' rows across blocks
+        {"HOLD_TENSORS": 9, "SLAB_ROWS": 2},  # a launch with more rows than a block
+    ],
+    ids=str,
+)
 def test_the_held_tensors_are_launched_when_the_hold_is_full(caps: dict, monkeypatch: pytest.MonkeyPatch) -> None:
     cases = _held_cases()
     batch, entries = _entries_of(cases, monkeypatch, **caps)
