@@ -484,7 +484,7 @@ def main() -> int:
     # thread as it passes (0 threads: the default on at most 2 cores).
     other_threads = 2 if threads == 0 else 0
     cpu_seconds: dict[str, list[float]] = {
-        "off": [], "read": [], "on": [], "other": [], "state": [], "numpy": [], "unheld": []
+        "off": [], "read": [], "on": [], "other": [], "state": [], "numpy": [], "held": []
     }  # fmt: skip
     from weightcheck import native
     from weightcheck.tap import digesting
@@ -500,12 +500,12 @@ def main() -> int:
         other: bool = False,
         state: bool = False,
         numpy_loop: bool = False,
-        unheld: bool = False,
+        held: bool = False,
     ) -> float:
         native._onepass[:] = [None] if numpy_loop else native_module
-        # unheld: each GPU tensor launched on arrival (the code before the many-tensor launch), same rounds.
-        if unheld:
-            os.environ[ENV_HOLD] = "0"
+        # held: GPU tensors held and launched together (WEIGHTCHECK_DEVICE_HOLD=1, opt-in), same rounds.
+        if held:
+            os.environ[ENV_HOLD] = "1"
         else:
             os.environ.pop(ENV_HOLD, None)
         if enabled:
@@ -519,7 +519,7 @@ def main() -> int:
         # Process CPU time (all threads, the digest threads included) as well as wall time: on a shared machine
         # the wall-time ratio says how busy the other cores were; the CPU-time ratio, how much work was added.
         key = (
-            ("state" if state else "other" if other else "numpy" if numpy_loop else "unheld" if unheld else "on")
+            ("state" if state else "other" if other else "numpy" if numpy_loop else "held" if held else "on")
             if enabled
             else ("read" if read_pass else "off")
         )
@@ -536,9 +536,9 @@ def main() -> int:
     with_state: list[float] = []
     on_other: list[float] = []
     on_numpy: list[float] = []
-    on_unheld: list[float] = []
+    on_held: list[float] = []
     # On a GPU the digest threads and the numpy loop take no part (the device batch digests every tensor): the
-    # rounds time the tap with tensors held for one launch against each launched on arrival instead.
+    # rounds time the tap with tensors launched on arrival (the default) and held for one launch (opt-in).
     on_gpu = device.type == "cuda"
     rounds = args.byte_rounds or 3 * args.repeats
     for _ in range(rounds):
@@ -550,7 +550,7 @@ def main() -> int:
             with_state.append(load_once(True, state=True))
         if on_gpu:
             shutil.rmtree(records, ignore_errors=True)
-            on_unheld.append(load_once(True, unheld=True))
+            on_held.append(load_once(True, held=True))
         else:
             shutil.rmtree(records, ignore_errors=True)
             on_other.append(load_once(True, other=True))
@@ -611,12 +611,10 @@ def main() -> int:
         "tap_overhead_pct": 100 * (median_on - median_off) / median_off,
         # Each round's tapped load against that round's untapped one, then the median: less sensitive to drift.
         "tap_overhead_paired_pct": 100 * statistics.median((a - b) / b for a, b in zip(on, off, strict=True)),
-        "load_on_unheld_s": on_unheld,
-        "tap_unheld_overhead_pct": (
-            100 * (statistics.median(on_unheld) - median_off) / median_off if on_unheld else None
-        ),
-        "tap_unheld_overhead_paired_pct": (
-            100 * statistics.median((a - b) / b for a, b in zip(on_unheld, off, strict=True)) if on_unheld else None
+        "load_on_held_s": on_held,
+        "tap_held_overhead_pct": (100 * (statistics.median(on_held) - median_off) / median_off if on_held else None),
+        "tap_held_overhead_paired_pct": (
+            100 * statistics.median((a - b) / b for a, b in zip(on_held, off, strict=True)) if on_held else None
         ),
         "load_on_state_s": with_state,
         "tap_with_state_overhead_pct": (
@@ -717,11 +715,11 @@ def main() -> int:
     print(f"| load_weights, tap on, digest-only (median of {rounds}) | {median_on:.3f} |")
     print(f"| tap overhead | {figures['tap_overhead_pct']:+.1f} % |")
     print(f"| tap overhead, median of the rounds' pairs | {figures['tap_overhead_paired_pct']:+.1f} % |")
-    if on_unheld:
-        print(f"| load_weights, tap on, each GPU tensor launched on arrival (median of {rounds}) | "
-              f"{statistics.median(on_unheld):.3f} |")  # fmt: skip
-        print(f"| that tap's overhead, medians / median of pairs | {figures['tap_unheld_overhead_pct']:+.1f} % / "
-              f"{figures['tap_unheld_overhead_paired_pct']:+.1f} % |")  # fmt: skip
+    if on_held:
+        print(f"| load_weights, tap on, GPU tensors held and launched together (median of {rounds}) | "
+              f"{statistics.median(on_held):.3f} |")  # fmt: skip
+        print(f"| that tap's overhead, medians / median of pairs | {figures['tap_held_overhead_pct']:+.1f} % / "
+              f"{figures['tap_held_overhead_paired_pct']:+.1f} % |")  # fmt: skip
     if with_state:
         state_median = statistics.median(with_state)
         print(f"| load_weights, tap on + engine state (median of {rounds}) | {state_median:.3f} |")

@@ -16,8 +16,8 @@ then SGLang's loading pattern), timed in alternating rounds in these variants:
 - `on-timed`: the tap with a timer around each of its steps (inclusive times, per load; the timers add a
   little of their own, so this row's total is not the `on` row's).
 
-WEIGHTCHECK_DEVICE_HOLD=0 in the environment: each GPU tensor launched on arrival (the tap before the
-many-tensor launch); run the script both ways in one lease to compare.
+WEIGHTCHECK_DEVICE_HOLD=1 in the environment: GPU tensors held and launched together (the many-tensor kernel,
+opt-in); run the script both ways in one lease to compare.
 
 Reported: each variant's median load, its median added time against the `off` load of the same round (pairs),
 per load and per tensor, and the timed steps' medians per load.

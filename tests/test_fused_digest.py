@@ -203,10 +203,12 @@ def test_the_grid_never_gives_a_program_more_steps_than_its_counters_hold() -> N
 
 
 def _entries_of(batch_tensors: list[torch.Tensor], monkeypatch: pytest.MonkeyPatch, **caps: int) -> tuple[Any, list]:
+    """A batch that holds unless WEIGHTCHECK_DEVICE_HOLD says otherwise (holding is opt-in), given the tensors."""
     from weightcheck.tap import devicebatch
 
     for name, value in caps.items():
         monkeypatch.setattr(devicebatch, name, value)
+    monkeypatch.setenv(devicebatch.ENV_HOLD, os.environ.get(devicebatch.ENV_HOLD, "1"))
     batch = devicebatch.DeviceBatch()
     entries: list[dict] = [{} for _ in batch_tensors]
     for entry, tensor in zip(entries, batch_tensors, strict=True):
@@ -272,11 +274,13 @@ def _described(tensor: torch.Tensor) -> dict:
 def test_held_tensors_are_launched_together_and_each_gets_its_own_values(monkeypatch: pytest.MonkeyPatch) -> None:
     """Held until the call ends, every tensor of a (width, pattern) class goes in one launch of the many-tensor
     kernel; each entry equals `describe_tensor`'s, float64 (no fused spec) queued on arrival."""
-    from weightcheck.tap.devicebatch import fused_spec
+    from weightcheck.tap.devicebatch import ENV_HOLD, DeviceBatch, fused_spec
 
+    monkeypatch.delenv(ENV_HOLD, raising=False)
+    assert not DeviceBatch().hold  # opt-in
     cases = _held_cases()
     batch, entries = _entries_of(cases, monkeypatch)
-    assert batch.hold  # the default
+    assert batch.hold
     assert len(batch.pending) == sum(fused_spec(t.dtype) is None for t in cases)  # the rest held
     batch.collect("posmix128")
     assert batch.many_launches == len(_launch_classes(cases)) and not batch.waiting()
@@ -385,8 +389,9 @@ def test_a_tapped_sync_with_held_tensors_records_what_the_one_at_a_time_path_doe
     the records equal the synchronous one-at-a-time path's, and the many-tensor kernel ran."""
     from test_tap_devicebatch import run
 
-    from weightcheck.tap.devicebatch import DeviceBatch
+    from weightcheck.tap.devicebatch import ENV_HOLD, DeviceBatch
 
+    monkeypatch.setenv(ENV_HOLD, "1")
     launches: list[int] = []
     original = DeviceBatch.collect
 

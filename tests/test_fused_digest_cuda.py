@@ -249,6 +249,7 @@ def test_held_tensors_on_the_gpu_equal_the_cpu_reference(monkeypatch: pytest.Mon
 
     monkeypatch.setattr(devicebatch, "HOLD_BYTES", 1 << 40)
     monkeypatch.setattr(devicebatch, "HOLD_TENSORS", 1 << 20)
+    monkeypatch.setenv(devicebatch.ENV_HOLD, "1")  # opt-in
 
     host = _held_gpu_cases()
     host_small = [_random(torch.bfloat16, (7 + i % 50, 4), seed=i) for i in range(300)]
@@ -272,6 +273,7 @@ def test_held_tensors_on_the_gpu_launched_when_the_hold_is_full(monkeypatch: pyt
     from weightcheck.tap.digesting import describe_tensor
 
     monkeypatch.setattr(devicebatch, "HOLD_TENSORS", 4)
+    monkeypatch.setenv(devicebatch.ENV_HOLD, "1")
     cases = _held_gpu_cases()[:15]
     batch = devicebatch.DeviceBatch()
     entries: list[dict] = [{} for _ in cases]
@@ -284,10 +286,11 @@ def test_held_tensors_on_the_gpu_launched_when_the_hold_is_full(monkeypatch: pyt
         assert _fields(entry) == {k: want[k] for k in _fields(entry)}
 
 
-def test_a_gpu_tensor_written_into_while_held_is_not_digested() -> None:
-    from weightcheck.tap.devicebatch import WRITTEN_WHILE_HELD, DeviceBatch
+def test_a_gpu_tensor_written_into_while_held_is_not_digested(monkeypatch: pytest.MonkeyPatch) -> None:
+    from weightcheck.tap.devicebatch import ENV_HOLD, WRITTEN_WHILE_HELD, DeviceBatch
     from weightcheck.tap.digesting import describe_tensor
 
+    monkeypatch.setenv(ENV_HOLD, "1")
     host = [_random(torch.bfloat16, (256, 64), seed=seed) for seed in range(3)]
     on_gpu = [t.cuda() for t in host]
     batch = DeviceBatch()

@@ -111,8 +111,8 @@ def _posmix_kernel(words_ptr, out_ptr, n_words, iters, WIDTH: tl.constexpr, PATT
         tl.atomic_add(out_ptr + 3, tl.sum(bad.to(tl.int64), axis=0))
 
 
-# The same pass over many tensors in one launch (`fused_stats_many`): program p of tensor t (of P per tensor)
-# strides over tensor t's words with the other P - 1, its address and word count read from row t
+# The same pass over many tensors in one launch (`fused_stats_many`): program (p, t) of a grid of P x T programs
+# strides over tensor t's words with the P programs of its column, its address and word count read from row t
 # of an int64 [T, 2] table, and adds into row t of an int64 [T, 4] output. Why a second kernel: on the tap's GPU
 # path a launch costs the host 47-70 µs right after the engine's copy (an H100, benchmarks/gpu_host_cost.py),
 # about the whole of the 5 % budget per 13.5 MB tensor; one launch per call's tensors takes that away. The body
@@ -121,14 +121,11 @@ def _posmix_kernel(words_ptr, out_ptr, n_words, iters, WIDTH: tl.constexpr, PATT
 # ALIGNED: every address in the table is a multiple of 16 bytes and every word count a multiple of 16, which the
 # kernel is told (`tl.multiple_of`): an address or count read from memory tells Triton's compiler nothing, and
 # without it each word is loaded on its own instead of four at a time.
-# The grid is one-dimensional (as `weightcheck.tritonlaunch` launches): program i is program i % per_tensor of
-# tensor i // per_tensor.
-def _posmix_many_kernel(table_ptr, out_ptr, per_tensor, WIDTH: tl.constexpr,  # type: ignore[no-untyped-def]
-                        PATTERN: tl.constexpr, BLOCK: tl.constexpr, ALIGNED: tl.constexpr):  # fmt: skip
-    program = tl.program_id(0).to(tl.int64)
-    programs = per_tensor.to(tl.int64)
-    t = program // programs
-    pid = program % programs
+def _posmix_many_kernel(table_ptr, out_ptr, WIDTH: tl.constexpr, PATTERN: tl.constexpr,  # type: ignore[no-untyped-def]
+                        BLOCK: tl.constexpr, ALIGNED: tl.constexpr):  # fmt: skip
+    t = tl.program_id(1).to(tl.int64)
+    pid = tl.program_id(0).to(tl.int64)
+    programs = tl.num_programs(0).to(tl.int64)
     words_ptr = tl.load(table_ptr + 2 * t).to(tl.pointer_type(tl.int32))
     n_words = tl.load(table_ptr + 2 * t + 1)
     if ALIGNED:
@@ -192,16 +189,6 @@ def _many_kernel() -> Any:
     import triton
 
     return triton.jit(_posmix_many_kernel)
-
-
-@functools.lru_cache(maxsize=1)
-def _many_launcher() -> DirectLauncher:
-    """The many-tensor kernel's launcher (`_launcher`'s way)."""
-    import triton
-    from triton import knobs
-    from triton.runtime.driver import driver
-
-    return DirectLauncher(_many_kernel(), direct_supported(triton.__version__), driver=driver, knobs=knobs)
 
 
 @functools.lru_cache(maxsize=1)
@@ -365,10 +352,11 @@ def fused_stats_many(
         return
     device = table.device
     per_tensor = programs or many_programs(device, n_tensors, max_words, block_words)
-    launcher = _many_launcher()
-    runtime, constexprs = (table, out, per_tensor), (width, pattern, block_words, aligned)
+    grid = (per_tensor, n_tensors)
+    kernel = _many_kernel()
+    constexprs = {"WIDTH": width, "PATTERN": pattern, "BLOCK": block_words, "ALIGNED": aligned}
     if device.type == "cuda" and device.index != torch.cuda.current_device():
         with torch.cuda.device(device):
-            launcher.launch(per_tensor * n_tensors, runtime, constexprs, 4)
+            kernel[grid](table, out, **constexprs)
     else:
-        launcher.launch(per_tensor * n_tensors, runtime, constexprs, 4)
+        kernel[grid](table, out, **constexprs)

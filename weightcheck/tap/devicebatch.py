@@ -12,17 +12,21 @@ device-to-host copy queued behind the engine's own copies on the stream). On an 
 Stream order keeps this right: the kernels are queued on the stream the engine loads on, after the tensor was
 made and before the engine's allocator can hand its memory to anything else.
 
-Held for one launch (the default): a contiguous tensor of a fused dtype is not launched on arrival but held (a
-reference, no copy) until the call ends or HOLD_BYTES / HOLD_TENSORS are held, then every held tensor of a
-dtype goes to the device in one launch of the many-tensor kernel (`fuseddigest.fused_stats_many`). A launch
-costs the host 47-70 µs right after the engine's own copy, about the whole 5 % budget of a 13.5 MB tensor's
-load (an H100, benchmarks/gpu_host_cost.py); held, a tensor costs a few list appends. What this assumes: the
-engine does not write into the tensor it was handed before the call ends (SGLang's loaders copy from it). A
-write through the tensor or a view of it moves its version counter, and a new storage moves its address: such a
-tensor is recorded as not digested, never with the bytes the engine wrote, and its name is launched on arrival
-from then on (tensors made under `torch.inference_mode` have no version counter; a write into one goes unseen;
-SGLang's scheduler runs without it unless SGLANG_ENABLE_TORCH_INFERENCE_MODE is set). WEIGHTCHECK_DEVICE_HOLD=0
-launches each tensor on arrival, as before.
+Held for one launch (opt-in, WEIGHTCHECK_DEVICE_HOLD=1): a contiguous tensor of a fused dtype is not launched
+on arrival but held (a reference, no copy) until the call ends or HOLD_BYTES / HOLD_TENSORS are held, then the
+held tensors of a dtype class go to the device in one launch of the many-tensor kernel
+(`fuseddigest.fused_stats_many`). Why: a launch costs the host 47-70 µs right after the engine's own copy, about
+the whole 5 % budget of a 13.5 MB tensor's load (an H100, benchmarks/gpu_host_cost.py); held, a tensor costs a
+few list appends. What it assumes: the engine does not write into the tensor it was handed before the call
+ends. A write through the tensor or a view of it moves its version counter, and new storage moves its address:
+such a tensor is recorded as not digested, never with the bytes the engine wrote, and its name is launched on
+arrival from then on (tensors made under `torch.inference_mode` have no version counter: a write into one goes
+unseen; SGLang's scheduler runs without it unless SGLANG_ENABLE_TORCH_INFERENCE_MODE is set).
+
+Why it is not the default: SGLang 0.5.23 has loaders that write into what they are handed (Gemma adds 1 to
+each norm weight, `models/gemma.py`; GPT-OSS zeroes `w2_weight_bias` on TP ranks above 0 of a BF16 model,
+`models/gpt_oss.py`), so the first sync would report those tensors as not digested; and on an H100 the held
+path was measured only before its table copy stopped waiting for the stream (benchmarks/results/h100-2026-11-27-hold/).
 """
 
 from __future__ import annotations
@@ -67,8 +71,9 @@ _WRITTEN_NAMES_MAX = 1 << 16
 
 
 def hold_enabled(environ: Any = None) -> bool:
+    """WEIGHTCHECK_DEVICE_HOLD=1 holds; off by default (see the module's docstring for why)."""
     env = os.environ if environ is None else environ
-    return (env.get(ENV_HOLD) or "1").strip().lower() not in ("0", "false", "no", "off")
+    return (env.get(ENV_HOLD) or "0").strip().lower() in ("1", "true", "yes", "on")
 
 
 def fused_spec(dtype: Any) -> tuple[int, int] | None:
