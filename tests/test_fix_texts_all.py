@@ -874,10 +874,11 @@ EXCLUDED_SAYS = {"WC000": "report the traceback", "WC339": "by hand", "WC711": "
 # dir and trainer log) with the change the text names and reruns rollout / doctor.
 APPLIED_ELSEWHERE = {"WC202", "WC304", "WC309", "WC110", "WC720", "WC721", "WC738", "WC739", "WC320",
                      *(f"WC8{n:02d}" for n in (0, 1, 2, 3, 4, 5, 6, 8, 10, 11, 12, 13)), "WC850"}  # fmt: skip
-# WC717, WC730, WC733, WC736, WC737, WC740-WC743, WC745: tests/test_fix_texts_live.py (a malformed W4A16
-# candidate in diff; engine-state, FP8-cast, kept-tensor, stacked/expert and fused-pair loader syncs, and
-# SGLang's /weights_checker on a tapped engine).
+# WC717, WC730, WC733, WC736, WC737, WC740-WC743, WC745, WC746: tests/test_fix_texts_live.py (a malformed W4A16
+# candidate in diff; engine-state, FP8-cast, kept-tensor, stacked/expert and fused-pair loader syncs,
+# SGLang's /weights_checker on a tapped engine, and an engine that writes into the tensors it is handed).
 APPLIED_ELSEWHERE |= {"WC717", "WC730", "WC733", "WC736", "WC737", "WC740", "WC741", "WC742", "WC743", "WC745"}
+APPLIED_ELSEWHERE |= {"WC746"}
 # WC433, WC502 (PEFT adapters): tests/test_peft_adapters.py re-saves the adapter / sets r as the texts say.
 APPLIED_ELSEWHERE |= {"WC433", "WC502"}
 

@@ -25,6 +25,7 @@ import pytest
 import test_engine_state as _es  # the tapped SGLang-like engine with state digests
 import test_tap as _tt  # the SGLang-like engine with stacked q/k/v and FusedMoE loaders
 import test_tap_quant_cast as _qc  # the FP8 engine whose loaders copy with a cast
+import test_tap_wrote_into as _wi  # a Gemma checkpoint and an engine that adds 1 to the norms it is handed
 import test_verify as _tv  # the tapped bench engine and its checkpoint stream
 import torch
 from torch import nn
@@ -36,6 +37,7 @@ from weightcheck.verifying import verify
 setup = _es.setup
 records = _qc.records
 bench = _tv.bench
+gemma = _wi.gemma
 
 
 def _flat(findings: list[Finding]) -> list[Finding]:
@@ -164,6 +166,28 @@ def test_wc745_fix_text_applied_quantized_module(records: Path) -> None:
         model.load_weights(iter(_qc.stream()))
     _applied(before, verify(records, weight_version="step-2"), "WC745",
              "quantize every module it serves quantized, with its scale")  # fmt: skip
+
+
+# ---- WC746: the engine wrote into the tensor it was handed before the tap digested it --------------------
+def test_wc746_fix_text_applied(gemma: Any, monkeypatch: pytest.MonkeyPatch) -> None:
+    """ "set WEIGHTCHECK_TAP_SYNC_DIGEST=1 in the engine": a fresh engine process with it set compares the norms
+    in its first sync too."""
+    from weightcheck.tap import digesting
+
+    records_dir, ckpt, stream = gemma
+    monkeypatch.setattr(digesting, "_WROTE_INTO", set())
+    tap.configure(records_dir)
+    _wi.sync(_wi.GemmaLike(stream), stream, "step-1")
+    before = verify(records_dir, ckpt, weight_version="step-1")
+    assert _found(before, "WC746")[0].details["names"] == _wi.norms(stream)
+    monkeypatch.setattr(digesting, "_WROTE_INTO", set())  # a new engine process
+    monkeypatch.setenv("WEIGHTCHECK_DIR", str(records_dir))
+    monkeypatch.setenv("WEIGHTCHECK_TAP_SYNC_DIGEST", "1")
+    tap.configure_from_env()  # how the engine's plugin configures the tap
+    _wi.sync(_wi.GemmaLike(stream), stream, "step-2")
+    after = verify(records_dir, ckpt, weight_version="step-2")
+    _applied(before, after, "WC746", "set WEIGHTCHECK_TAP_SYNC_DIGEST=1 in the engine")
+    assert after.findings == [], [(f.code, f.message) for f in after.findings]
 
 
 # ---- WC730: a difference within the rounding of a lower-precision transfer -------------------------------

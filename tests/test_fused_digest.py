@@ -309,7 +309,8 @@ def test_a_tensor_written_into_while_held_is_recorded_as_not_digested(monkeypatc
     """An engine that writes into the tensor it was handed (through it or a view of it) or gives it new storage
     before the call ends: the entry says it could not be digested, never the bytes the engine wrote; the
     neighbours' entries are unchanged. WEIGHTCHECK_DEVICE_HOLD=0 digests on arrival, before the write."""
-    from weightcheck.tap.devicebatch import ENV_HOLD, WRITTEN_WHILE_HELD
+    from weightcheck.tap.devicebatch import ENV_HOLD
+    from weightcheck.tap.records import ENGINE_WROTE_INTO_SENT
 
     def sent() -> list[torch.Tensor]:
         return [_random(torch.bfloat16, (64, 8), seed=seed) for seed in range(4)]
@@ -319,9 +320,9 @@ def test_a_tensor_written_into_while_held_is_recorded_as_not_digested(monkeypatc
         tensors[1][:, 0].zero_()  # through a view
         tensors[2].set_(torch.ones(64, 8, dtype=torch.bfloat16))  # new storage
 
-    from weightcheck.tap import devicebatch
+    from weightcheck.tap import devicebatch, digesting
 
-    monkeypatch.setattr(devicebatch, "_WRITTEN_NAMES", set())
+    monkeypatch.setattr(digesting, "_WROTE_INTO", set())
     originals = sent()
     want = [_described(t) for t in originals]
     tensors = sent()
@@ -329,7 +330,7 @@ def test_a_tensor_written_into_while_held_is_recorded_as_not_digested(monkeypatc
     engine_writes(tensors)
     batch.collect("posmix128")
     for entry in entries[:3]:
-        assert entry["error"] == WRITTEN_WHILE_HELD
+        assert entry["error"] == ENGINE_WROTE_INTO_SENT
         assert (entry["posmix128"], entry["zeros"], entry["nonfinite"]) == (None, None, None)
     assert _digest_fields(entries[3]) == want[3] and "error" not in entries[3]
     # The next sync: the names written into are launched on arrival (before the engine's write), the others held.
@@ -343,7 +344,7 @@ def test_a_tensor_written_into_while_held_is_recorded_as_not_digested(monkeypatc
         engine_writes(tensors)
         batch.collect("posmix128")
         if round_ == 0:
-            assert [e.get("error") for e in entries] == [WRITTEN_WHILE_HELD] * 3 + [None]
+            assert [e.get("error") for e in entries] == [ENGINE_WROTE_INTO_SENT] * 3 + [None]
         else:
             assert [_digest_fields(e) for e in entries] == want and batch.many_launches == 1
     monkeypatch.setenv(ENV_HOLD, "0")

@@ -287,8 +287,9 @@ def test_held_tensors_on_the_gpu_launched_when_the_hold_is_full(monkeypatch: pyt
 
 
 def test_a_gpu_tensor_written_into_while_held_is_not_digested(monkeypatch: pytest.MonkeyPatch) -> None:
-    from weightcheck.tap.devicebatch import ENV_HOLD, WRITTEN_WHILE_HELD, DeviceBatch
+    from weightcheck.tap.devicebatch import ENV_HOLD, DeviceBatch
     from weightcheck.tap.digesting import describe_tensor
+    from weightcheck.tap.records import ENGINE_WROTE_INTO_SENT
 
     monkeypatch.setenv(ENV_HOLD, "1")
     host = [_random(torch.bfloat16, (256, 64), seed=seed) for seed in range(3)]
@@ -300,7 +301,7 @@ def test_a_gpu_tensor_written_into_while_held_is_not_digested(monkeypatch: pytes
     on_gpu[0].mul_(2)
     on_gpu[1][:, 0].zero_()
     batch.collect("posmix128")
-    assert entries[0]["error"] == entries[1]["error"] == WRITTEN_WHILE_HELD
+    assert entries[0]["error"] == entries[1]["error"] == ENGINE_WROTE_INTO_SENT
     assert entries[0]["posmix128"] is None and entries[1]["posmix128"] is None
     assert entries[2]["posmix128"] == describe_tensor(host[2], "posmix128")["posmix128"]
 

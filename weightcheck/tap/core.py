@@ -41,7 +41,9 @@ from weightcheck.tap.columns import EntryTable, TensorColumns, tensor_body
 from weightcheck.tap.coverage import CallCoverage, ModelWrapping, ParamCoverage, param_line_bytes
 from weightcheck.tap.devicebatch import DeviceBatch
 from weightcheck.tap.digesting import SMALL_TENSOR_BYTES as _SMALL_TENSOR_BYTES
+from weightcheck.tap.digesting import digest_on_arrival, note_wrote_into, version_of
 from weightcheck.tap.records import (
+    ENGINE_WROTE_INTO_SENT,
     RECORD_KIND,
     RECORD_SCHEMA_VERSION,
     encode_bytes,
@@ -627,6 +629,9 @@ class _Call:
         # Small CPU tensors waiting to be digested together (`_flush_batch`), and their bytes.
         # (Two lists, not a list of pairs: one tuple less per tensor for the cyclic GC to look at.)
         self.batch: list[dict[str, Any]] = []
+        # seq -> the incoming tensor's version counter when it arrived, for tensors digested later (the bucket, the
+        # digest batch): a tensor the engine wrote into meanwhile is recorded as such, never with its new bytes.
+        self.arrival_versions: dict[int, int] = {}
         self.batch_tensors: list[Any] = []
         self.batch_bytes = 0
         self.profile = sync_.profile
@@ -725,12 +730,15 @@ class _Call:
                 profile.tensors += 1
                 profile.bytes += nbytes
             profile.add("bookkeeping", time.perf_counter() - started)
-        if self.synchronous_digest:
+        if self.synchronous_digest or digest_on_arrival(entry["name"]):
             _fill_digest(entry, tensor, self.algorithm, profile)
         elif nbytes <= _SMALL_TENSOR_BYTES and tensor.is_cpu:
             # The digest batch is shared with `_drained`, which a loader thread's write may run: both under the
             # coverage lock, so that entries and tensors stay paired.
+            version = version_of(tensor)
             with self.lock:
+                if version is not None:
+                    self.arrival_versions[seq] = version
                 self.batch.append(entry)
                 self.batch_tensors.append(tensor)
                 self.batch_bytes += nbytes
@@ -746,7 +754,8 @@ class _Call:
         are in cache."""
         if self.config.digest_threads:
             pool = _digest_pool(self.config)
-            self.futures.append(pool.submit(_fill_digest, entry, tensor, self.algorithm, profile))
+            version = version_of(tensor)  # a thread digests it later: the engine may have written into it by then
+            self.futures.append(pool.submit(_fill_digest, entry, tensor, self.algorithm, profile, version))
         else:
             _fill_digest(entry, tensor, self.algorithm, profile)
 
@@ -818,6 +827,8 @@ class _Call:
         `tensors` line in the record: no dict per tensor); False, having done nothing, otherwise."""
         from weightcheck.tap.digesting import describe_bucket
 
+        if self.arrival_versions and not self._unwritten(seqs, tensors):
+            return False  # the per-entry path records the tensors the engine wrote into
         timings: dict[str, float] | None = {} if self.profile is not None else None
         try:
             with GCPaused():
@@ -855,6 +866,18 @@ class _Call:
                 self.profile.add_timings(timings)
         return True
 
+    def _unwritten(self, seqs: list[int], tensors: list[Any]) -> bool:
+        """Whether no tensor of these moved its version counter since it arrived (their arrival versions are
+        dropped if so). The caller holds `self.lock`."""
+        versions = self.arrival_versions
+        for seq, tensor in zip(seqs, tensors, strict=True):
+            version = versions.get(seq)
+            if version is not None and version_of(tensor) != version:
+                return False
+        for seq in seqs:
+            versions.pop(seq, None)
+        return True
+
     def _flush_batch(self) -> None:
         """Digest the waiting small tensors on this thread (handing thousands of tiny jobs to the digest threads
         costs more in hand-offs and GIL waits than the digests themselves). The caller holds `self.lock`."""
@@ -862,6 +885,19 @@ class _Call:
         self.batch, self.batch_tensors, self.batch_bytes = [], [], 0
         if not batch:
             return
+        versions = self.arrival_versions
+        if versions:  # the engine wrote into a tensor it was handed: recorded as such, the others digested
+            kept_entries, kept_tensors = [], []
+            for entry, tensor in zip(batch, tensors, strict=True):
+                version = versions.pop(entry["seq"], None)
+                if version is not None and version_of(tensor) != version:
+                    _mark_wrote_into(entry, tensor, self.algorithm)
+                else:
+                    kept_entries.append(entry)
+                    kept_tensors.append(tensor)
+            batch, tensors = kept_entries, kept_tensors
+            if not batch:
+                return
         from weightcheck.tap.digesting import describe_batch
 
         timings: dict[str, float] | None = {} if self.profile is not None else None
@@ -899,6 +935,7 @@ class _Call:
         counter = self.counter
         tensor_type = torch_module().Tensor
         bucketed = self.bucketed
+        versions = self.arrival_versions
         for item in weights:
             try:
                 name, tensor = item[0], item[1]
@@ -907,7 +944,8 @@ class _Call:
                 continue
             try:
                 # Exactly `torch.Tensor` (a subclass may lack storage or override the properties read here).
-                if bucketed and type(tensor) is tensor_type and tensor.is_cpu:
+                # (A name the engine wrote into before goes through `observe`, which digests it on arrival.)
+                if bucketed and type(tensor) is tensor_type and tensor.is_cpu and not digest_on_arrival(name):
                     nbytes = tensor.nbytes
                     if nbytes <= _SMALL_TENSOR_BYTES:
                         with lock:
@@ -916,6 +954,12 @@ class _Call:
                             if coverage.bucket_bytes >= _BATCH_BYTES or len(coverage.bucket_seqs) >= _BATCH_TENSORS:
                                 coverage._drain_locked()
                             seq = next(counter)
+                            # Checked when it is digested (`_flush_batch`, `_drained_whole`). (Not
+                            # `contextlib.suppress`: a context manager per tensor costs more than the read.)
+                            try:  # noqa: SIM105
+                                versions[seq] = tensor._version
+                            except RuntimeError:  # a tensor made under torch.inference_mode has none
+                                pass
                             coverage.current_seq = seq
                             coverage._last = tensor
                             coverage.last_in_bucket = True
@@ -984,15 +1028,38 @@ def _default_loader_for(model: Any) -> Callable[..., Any] | None:
     return default_weight_loader  # type: ignore[no-any-return]
 
 
-def _fill_digest(entry: dict[str, Any], tensor: Any, algorithm: str, profile: _Profile | None = None) -> None:
+def _fill_digest(
+    entry: dict[str, Any], tensor: Any, algorithm: str, profile: _Profile | None = None, version: int | None = None
+) -> None:
+    """The tensor's digest and statistics into its entry; `version`: its version counter when it arrived (a
+    digest thread's tensor), checked after the digest."""
     from weightcheck.tap.digesting import describe_one_pass
 
     timings: dict[str, float] | None = {} if profile is not None else None
     entry.update(describe_one_pass(tensor, algorithm, timings))
+    if version is not None and version_of(tensor) != version:
+        _mark_wrote_into(entry, tensor, algorithm)
     if profile is not None and timings:
         profile.add_timings(timings)
 
 
+def _mark_wrote_into(entry: dict[str, Any], tensor: Any, algorithm: str) -> None:
+    """The entry of a tensor the engine wrote into before the tap digested it: its dtype and shape, no digest
+    (what arrived is unknown), and why (verify reports it as not compared, WC746); its name is digested on
+    arrival from now on."""
+    from weightcheck.tensors import safetensors_dtype
+
+    entry.update(
+        {
+            "dtype": safetensors_dtype(tensor.dtype) or str(tensor.dtype),
+            "shape": tuple(tensor.shape),
+            algorithm: None,
+            "zeros": None,
+            "nonfinite": None,
+            "error": ENGINE_WROTE_INTO_SENT,
+        }
+    )
+    note_wrote_into(entry["name"])
 
 
 def _split_weights(args: tuple[Any, ...], kwargs: dict[str, Any]) -> tuple[Any, tuple[Any, ...], dict[str, Any]]:

@@ -38,7 +38,8 @@ from typing import Any
 
 from weightcheck.fuseddigest import fused_lanes_and_stats, fused_stats_at, fused_stats_many
 from weightcheck.posmix import _byte_view, torch_module
-from weightcheck.tap.digesting import fast_dtype
+from weightcheck.tap.digesting import digest_on_arrival, fast_dtype, note_wrote_into, version_of
+from weightcheck.tap.records import ENGINE_WROTE_INTO_SENT
 
 # The dtypes the batch takes: those whose statistics `tensor_stats` computes with plain reductions on every
 # device (float8 and complex keep the per-tensor path). Their safetensors names, widths and NaN/Inf patterns
@@ -57,17 +58,6 @@ SLAB_ROWS = 256
 ENV_HOLD = "WEIGHTCHECK_DEVICE_HOLD"
 HOLD_BYTES = 64 << 20
 HOLD_TENSORS = 256
-# What an entry says when its tensor was written into or given new storage while held.
-WRITTEN_WHILE_HELD = (
-    "cannot digest: the engine wrote into the tensor it was handed before the tap's digest ran "
-    "(WEIGHTCHECK_DEVICE_HOLD=0 digests each tensor on arrival)"
-)
-
-
-# Names whose tensor the engine wrote into while it was held (e.g. SGLang 0.5.23's Gemma adds 1 to each norm
-# weight it is handed, `models/gemma.py`): from then on, in this process, launched on arrival. Bounded.
-_WRITTEN_NAMES: set[str] = set()
-_WRITTEN_NAMES_MAX = 1 << 16
 
 
 def hold_enabled(environ: Any = None) -> bool:
@@ -139,12 +129,12 @@ class DeviceBatch:
         if plan is None:
             plan = self._plans[tensor.dtype] = (fast_dtype(tensor.dtype)[0], fused_spec(tensor.dtype))  # type: ignore[index]
         st_name, spec = plan
-        if spec is not None and self.hold and tensor.is_contiguous() and entry.get("name") not in _WRITTEN_NAMES:
+        if spec is not None and self.hold and tensor.is_contiguous() and not digest_on_arrival(entry.get("name")):
             n_bytes = tensor.nbytes
             address = tensor.data_ptr()
             if n_bytes and not (n_bytes & 3 or address & 3) and self._usable(tensor.device):
                 entry["dtype"], entry["shape"] = st_name, tuple(tensor.shape)
-                item = (entry, st_name, n_bytes, tensor.numel(), tensor, address, _version(tensor))
+                item = (entry, st_name, n_bytes, tensor.numel(), tensor, address, version_of(tensor))
                 with self._lock:
                     self._held.setdefault((tensor.device, spec), []).append(item)
                     self._held_bytes += n_bytes
@@ -240,11 +230,10 @@ class DeviceBatch:
             live = []
             for item in items:
                 tensor, address, version = item[4], item[5], item[6]
-                if tensor.data_ptr() != address or (version is not None and _version(tensor) != version):
-                    self._written.append(item[0])
-                    name = item[0].get("name")
-                    if isinstance(name, str) and len(_WRITTEN_NAMES) < _WRITTEN_NAMES_MAX:
-                        _WRITTEN_NAMES.add(name)
+                if tensor.data_ptr() != address or (version is not None and version_of(tensor) != version):
+                    self._written.append(item[0])  # (recorded as such at `collect`; WC746)
+                    if "name" in item[0]:
+                        note_wrote_into(item[0]["name"])
                     continue
                 live.append(item)
             # Addresses on 16 bytes and word counts of 16 (a fresh allocation of the usual sizes): the kernel told
@@ -332,7 +321,7 @@ class DeviceBatch:
         written, self._written = self._written, []
         for entry in written:
             entry.update({algorithm: None, "zeros": None, "nonfinite": None})
-            entry.setdefault("error", WRITTEN_WHILE_HELD)
+            entry.setdefault("error", ENGINE_WROTE_INTO_SENT)
         pending, self.pending = self.pending, []
         launched, self._launched = self._launched, []
         # Per device: the items in order and their values (a tensor's own, or one launch's [T, 4] block).
@@ -375,12 +364,3 @@ def _strided() -> Any:
 def _taken_dtypes() -> frozenset[Any]:
     torch = torch_module()
     return frozenset(getattr(torch, name) for name in TAKEN)
-
-
-def _version(tensor: Any) -> Any:
-    """The tensor's version counter (moved by every in-place write through it or a view of it), or None where it
-    has none (a tensor made under `torch.inference_mode`)."""
-    try:
-        return tensor._version
-    except (RuntimeError, AttributeError):
-        return None

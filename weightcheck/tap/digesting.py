@@ -119,6 +119,31 @@ _PASS_SLICE_BYTES = 1 << 20  # a multiple of 8: slices start on a 64-bit word (`
 # reductions per batch instead of a dozen small operations per tensor.
 SMALL_TENSOR_BYTES = 1 << 18
 
+# Names whose incoming tensor an engine's loader wrote into before the tap digested it (`ENGINE_WROTE_INTO_SENT`):
+# from then on, in this process, digested as they arrive, before the loader runs. Bounded.
+_WROTE_INTO: set[str] = set()
+_WROTE_INTO_MAX = 1 << 16
+
+
+def digest_on_arrival(name: Any) -> bool:
+    """Whether an engine wrote into this name's incoming tensor before: digest it before handing it on."""
+    return bool(_WROTE_INTO) and name in _WROTE_INTO
+
+
+def note_wrote_into(name: Any) -> None:
+    if len(_WROTE_INTO) < _WROTE_INTO_MAX:
+        _WROTE_INTO.add(name if type(name) is str else str(name))
+
+
+def version_of(tensor: Any) -> int | None:
+    """The tensor's version counter (moved by every in-place write through it or a view of it), or None where it
+    has none (a tensor made under `torch.inference_mode`)."""
+    try:
+        return tensor._version  # type: ignore[no-any-return]
+    except (RuntimeError, AttributeError):
+        return None
+
+
 # torch dtype name -> (safetensors name, itemsize, P or None for integers/bool; "none" where the old
 # reductions gave no NaN/Inf answer (float8: None, as `tensor_stats` reports it)).
 _FAST_DTYPES: dict[str, tuple[str, int, int | str | None]] = {

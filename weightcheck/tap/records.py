@@ -62,6 +62,11 @@ from weightcheck import safe_io
 from weightcheck.digest import ALGORITHMS, HEX_LENGTH, SHA256, is_hex_digest
 from weightcheck.safe_io import MAX_RECORD_BYTES, UnsafePath, confine, parse_json, read_text
 
+# A tensor entry's `error` when the engine wrote into the tensor it was handed (through it or a view of it: its
+# version counter moved) before the tap digested it: what arrived is unknown, so verify compares nothing for it
+# and says so (WC746), never "bytes differ". SGLang 0.5.23's Gemma adds 1 to each norm weight it is handed.
+ENGINE_WROTE_INTO_SENT = "not digested: the engine wrote into the tensor it was handed before the tap digested it"
+
 RECORD_KIND = "weightcheck-sync-record"
 # 1.1: call lines sorted by call index, param and state lines sorted by name (so that a line duplicated,
 # swapped or moved breaks an order the reader checks). 1.0 records are still read: their tensor lines were

@@ -1,0 +1,197 @@
+"""An engine that writes into the tensor it is handed (WC746): SGLang 0.5.23's Gemma adds 1 to each norm weight
+before loading it (`GemmaForCausalLM.load_weights`, `models/gemma.py`: `if "norm.weight" in name: loaded_weight
++= 1.0`). The tap digests the stream's small CPU tensors after the engine has seen them (the bucket), and big
+ones on digest threads, so it must never record the loader's bytes as what arrived: that read as "bytes
+differ" (WC727) on a clean sync. The tensor's version counter says the engine wrote into it: the entry says so,
+verify reports it as not compared (WC746, a warning), and the tap digests that name on arrival from then on.
+
+The checkpoint is a tiny Gemma written by transformers `save_pretrained`; the engine loads it the way SGLang's
+Gemma does (tests/sglang/test_sglang_verify.py runs SGLang's own class)."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from concurrent.futures import Future
+from pathlib import Path
+from typing import Any
+
+import pytest
+import torch
+from torch import nn
+
+from weightcheck import tap
+from weightcheck.findings import Result, Severity
+from weightcheck.tap import core, digesting
+from weightcheck.tap.records import ENGINE_WROTE_INTO_SENT
+from weightcheck.verifying import verify
+
+
+def default_weight_loader(param: torch.Tensor, loaded_weight: torch.Tensor) -> None:
+    """SGLang's `default_weight_loader`: a copy."""
+    assert param.size() == loaded_weight.size()
+    param.data.copy_(loaded_weight)
+
+
+class GemmaLike(nn.Module):
+    """Parameters named and shaped as the checkpoint's; `load_weights` as SGLang 0.5.23's Gemma (the stacked
+    q/k/v and gate/up mappings left out: the checkpoint's names are loaded as they are)."""
+
+    def __init__(self, stream: list[tuple[str, torch.Tensor]], writes_into_norms: bool = True) -> None:
+        super().__init__()
+        self.params = nn.ParameterDict(
+            {name.replace(".", "__"): nn.Parameter(torch.zeros_like(t), requires_grad=False) for name, t in stream}
+        )
+        self.writes_into_norms = writes_into_norms
+
+    def load_weights(self, weights: Any) -> None:
+        params = {name.replace("__", "."): p for name, p in self.params.items()}
+        for name, loaded_weight in weights:
+            if self.writes_into_norms and "norm.weight" in name:
+                loaded_weight += 1.0  # GemmaRMSNorm computes with (1 + w): SGLang stores w + 1
+            param = params[name]
+            getattr(param, "weight_loader", default_weight_loader)(param, loaded_weight)
+
+
+@pytest.fixture
+def gemma(tmp_path: Path) -> Iterator[tuple[Path, Path, list[tuple[str, torch.Tensor]]]]:
+    from safetensors import safe_open
+    from transformers import GemmaConfig, GemmaForCausalLM
+
+    torch.manual_seed(5)
+    config = GemmaConfig(hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4,
+                         num_key_value_heads=2, head_dim=16, vocab_size=128, max_position_embeddings=64)  # fmt: skip
+    ckpt = tmp_path / "gemma"
+    GemmaForCausalLM(config).save_pretrained(ckpt)
+    stream: list[tuple[str, torch.Tensor]] = []
+    with safe_open(str(ckpt / "model.safetensors"), framework="pt") as fh:
+        for name in fh.keys():
+            stream.append((name, fh.get_tensor(name)))
+    records = tmp_path / "records"
+    tap.set_engine_hooks(tap.EngineHooks(default_loader=default_weight_loader))
+    tap.install(GemmaLike)
+    try:
+        yield records, ckpt, stream
+    finally:
+        tap.configure(None)
+        tap.uninstall(GemmaLike)
+        tap.set_engine_hooks(tap.EngineHooks())
+
+
+@pytest.fixture(autouse=True)
+def fresh_process(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Each test starts as a fresh engine process: no name learned yet."""
+    monkeypatch.setattr(digesting, "_WROTE_INTO", set())
+
+
+def norms(stream: list[tuple[str, torch.Tensor]]) -> list[str]:
+    return sorted(name for name, _ in stream if "norm.weight" in name)
+
+
+def sync(model: GemmaLike, stream: list[tuple[str, torch.Tensor]], version: str) -> None:
+    """One sync: the trainer's tensors (fresh copies, as a receive makes them) through one load_weights call."""
+    with tap.sync(version):
+        model.load_weights((name, tensor.clone()) for name, tensor in stream)
+
+
+def by_code(result: Result) -> dict[str, list[Any]]:
+    out: dict[str, list[Any]] = {}
+    for finding in result.findings:
+        out.setdefault(finding.code, []).append(finding)
+    return out
+
+
+def test_norms_the_engine_writes_into_are_not_compared_then_digested_on_arrival(gemma: Any) -> None:
+    records, ckpt, stream = gemma
+    tap.configure(records)
+    model = GemmaLike(stream)
+    for step in range(3):
+        sync(model, stream, f"step-{step}")
+    first = verify(records, ckpt, sync=0)
+    assert set(by_code(first)) == {"WC746"}, [(f.code, f.message) for f in first.findings]
+    (finding,) = first.findings
+    assert finding.severity == Severity.WARNING and finding.details["names"] == norms(stream)
+    assert "not compared" in finding.message
+    record = tap.read_record(next((records / "sync-00000").glob("*.jsonl")))
+    entries = {e.name: e for e in record.tensors}
+    assert all(entries[n].error == ENGINE_WROTE_INTO_SENT and entries[n].hexdigest is None for n in norms(stream))
+    assert all(e.hexdigest for n, e in entries.items() if n not in norms(stream))
+    for later in (1, 2):  # the norms were digested as they arrived, before the engine's write
+        result = verify(records, ckpt, sync=later)
+        assert result.findings == [], [(f.code, f.message) for f in result.findings]
+        assert result.checked["tensors"] == len(stream)
+
+
+def test_a_wrong_norm_is_still_caught_once_its_name_is_digested_on_arrival(gemma: Any) -> None:
+    records, ckpt, stream = gemma
+    tap.configure(records)
+    model = GemmaLike(stream)
+    sync(model, stream, "step-0")
+    victim = norms(stream)[0]
+    bad = [(name, t + 0.5 if name == victim else t) for name, t in stream]  # (Gemma's norms start at 0)
+    sync(model, bad, "step-1")
+    result = verify(records, ckpt, sync=1)
+    assert [(f.code, f.location.tensor) for f in result.findings if f.severity == Severity.ERROR] == [
+        ("WC727", victim)
+    ], [(f.code, f.message) for f in result.findings]
+
+
+def test_an_engine_that_copies_what_it_is_handed_gets_no_wc746(gemma: Any) -> None:
+    records, ckpt, stream = gemma
+    tap.configure(records)
+    sync(GemmaLike(stream, writes_into_norms=False), stream, "step-0")
+    result = verify(records, ckpt)
+    assert result.findings == [], [(f.code, f.message) for f in result.findings]
+
+
+def test_the_synchronous_digest_compares_them_in_the_first_sync(gemma: Any) -> None:
+    """WC746's fix text: WEIGHTCHECK_TAP_SYNC_DIGEST=1 digests every tensor as it arrives."""
+    records, ckpt, stream = gemma
+    tap.configure(records, synchronous_digest=True)
+    sync(GemmaLike(stream), stream, "step-0")
+    result = verify(records, ckpt)
+    assert result.findings == [], [(f.code, f.message) for f in result.findings]
+
+
+class _Later:
+    """A digest pool whose jobs run when their result is asked for (at the call's end): as a busy pool would,
+    after the engine has written into the tensor."""
+
+    def __init__(self) -> None:
+        self.jobs: list[tuple[Future[None], Any, tuple[Any, ...]]] = []
+
+    def submit(self, fn: Any, *args: Any) -> Future[None]:
+        future: Future[None] = Future()
+        original = future.result
+
+        def result(timeout: float | None = None) -> None:
+            if not future.done():
+                fn(*args)
+                future.set_result(None)
+            return original(timeout)
+
+        future.result = result  # type: ignore[method-assign]
+        return future
+
+
+def test_a_big_tensor_a_digest_thread_reaches_after_the_engine_wrote_into_it(
+    gemma: Any, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A tensor above the bucket's size goes to a digest thread; one that runs after the loader wrote into the
+    tensor records it as not digested (WC746), never the loader's bytes."""
+    from safetensors.torch import save_file
+
+    records, _ckpt, _stream = gemma
+    big = [("model.norm.weight", torch.randn(300, 300)), ("model.proj.weight", torch.randn(300, 300))]
+    assert all(t.nbytes > digesting.SMALL_TENSOR_BYTES for _, t in big)
+    ckpt = tmp_path / "big"
+    ckpt.mkdir()
+    save_file(dict(big), str(ckpt / "model.safetensors"))
+    monkeypatch.setattr(core, "_digest_pool", lambda config: _Later())
+    tap.configure(records, digest_threads=2)
+    model = GemmaLike(big)
+    sync(model, big, "step-0")
+    sync(model, big, "step-1")
+    first = verify(records, ckpt, sync=0)
+    assert [(f.code, f.details["names"]) for f in first.findings] == [("WC746", ["model.norm.weight"])]
+    second = verify(records, ckpt, sync=1)
+    assert second.findings == [], [(f.code, f.message) for f in second.findings]
