@@ -41,7 +41,7 @@ from weightcheck.tap.columns import EntryTable, TensorColumns, tensor_body
 from weightcheck.tap.coverage import CallCoverage, ModelWrapping, ParamCoverage, param_line_bytes
 from weightcheck.tap.devicebatch import DeviceBatch
 from weightcheck.tap.digesting import SMALL_TENSOR_BYTES as _SMALL_TENSOR_BYTES
-from weightcheck.tap.digesting import digest_on_arrival, note_wrote_into, version_of
+from weightcheck.tap.digesting import digest_on_arrival, note_wrote_into, version_of, wrote_into_names
 from weightcheck.tap.records import (
     ENGINE_WROTE_INTO_SENT,
     RECORD_KIND,
@@ -867,16 +867,19 @@ class _Call:
         return True
 
     def _unwritten(self, seqs: list[int], tensors: list[Any]) -> bool:
-        """Whether no tensor of these moved its version counter since it arrived (their arrival versions are
-        dropped if so). The caller holds `self.lock`."""
-        versions = self.arrival_versions
-        for seq, tensor in zip(seqs, tensors, strict=True):
-            version = versions.get(seq)
-            if version is not None and version_of(tensor) != version:
-                return False
-        for seq in seqs:
-            versions.pop(seq, None)
-        return True
+        """Whether no tensor of these moved its version counter since it arrived; their arrival versions are
+        taken, a moved one's replaced by -1 (never a version: `_flush_batch` records it). The caller holds
+        `self.lock`. (Only a tensor with an arrival version has its counter read: one made under
+        `torch.inference_mode` has none, and reading it raises.)"""
+        pop = self.arrival_versions.pop
+        moved = [
+            seq
+            for seq, tensor in zip(seqs, tensors, strict=True)
+            if (v := pop(seq, None)) is not None and v != tensor._version
+        ]
+        for seq in moved:
+            self.arrival_versions[seq] = -1
+        return not moved
 
     def _flush_batch(self) -> None:
         """Digest the waiting small tensors on this thread (handing thousands of tiny jobs to the digest threads
@@ -885,19 +888,21 @@ class _Call:
         self.batch, self.batch_tensors, self.batch_bytes = [], [], 0
         if not batch:
             return
-        versions = self.arrival_versions
-        if versions:  # the engine wrote into a tensor it was handed: recorded as such, the others digested
-            kept_entries, kept_tensors = [], []
-            for entry, tensor in zip(batch, tensors, strict=True):
-                version = versions.pop(entry["seq"], None)
-                if version is not None and version_of(tensor) != version:
-                    _mark_wrote_into(entry, tensor, self.algorithm)
-                else:
-                    kept_entries.append(entry)
-                    kept_tensors.append(tensor)
-            batch, tensors = kept_entries, kept_tensors
-            if not batch:
-                return
+        if self.arrival_versions:
+            pop = self.arrival_versions.pop
+            moved = [
+                i
+                for i, (e, t) in enumerate(zip(batch, tensors, strict=True))
+                if (v := pop(e["seq"], None)) is not None and v != t._version
+            ]
+            if moved:  # the engine wrote into a tensor it was handed: recorded as such, the others digested
+                for i in moved:
+                    _mark_wrote_into(batch[i], tensors[i], self.algorithm)
+                gone = set(moved)
+                batch = [e for i, e in enumerate(batch) if i not in gone]
+                tensors = [t for i, t in enumerate(tensors) if i not in gone]
+                if not batch:
+                    return
         from weightcheck.tap.digesting import describe_batch
 
         timings: dict[str, float] | None = {} if self.profile is not None else None
@@ -936,6 +941,7 @@ class _Call:
         tensor_type = torch_module().Tensor
         bucketed = self.bucketed
         versions = self.arrival_versions
+        wrote_into = wrote_into_names()
         for item in weights:
             try:
                 name, tensor = item[0], item[1]
@@ -945,7 +951,12 @@ class _Call:
             try:
                 # Exactly `torch.Tensor` (a subclass may lack storage or override the properties read here).
                 # (A name the engine wrote into before goes through `observe`, which digests it on arrival.)
-                if bucketed and type(tensor) is tensor_type and tensor.is_cpu and not digest_on_arrival(name):
+                if (
+                    bucketed
+                    and type(tensor) is tensor_type
+                    and tensor.is_cpu
+                    and not (wrote_into and name in wrote_into)
+                ):
                     nbytes = tensor.nbytes
                     if nbytes <= _SMALL_TENSOR_BYTES:
                         with lock:

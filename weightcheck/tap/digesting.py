@@ -130,6 +130,11 @@ def digest_on_arrival(name: Any) -> bool:
     return bool(_WROTE_INTO) and name in _WROTE_INTO
 
 
+def wrote_into_names() -> set[str]:
+    """The names `digest_on_arrival` says yes to (the live set: a per-tensor loop binds it once per call)."""
+    return _WROTE_INTO
+
+
 def note_wrote_into(name: Any) -> None:
     if len(_WROTE_INTO) < _WROTE_INTO_MAX:
         _WROTE_INTO.add(name if type(name) is str else str(name))
