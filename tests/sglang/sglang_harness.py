@@ -29,12 +29,14 @@ import pytest
 
 __all__ = ["checkpoints", "harness", "plugin_tap", "records_dir", "sglang_dist"]
 
-# The four classes the issue names; the plugin taps them up front (WEIGHTCHECK_SGLANG_TARGETS).
+# The four classes the issue names, and Gemma; the plugin taps them up front (WEIGHTCHECK_SGLANG_TARGETS).
 TARGETS = {
     "qwen2": ("sglang.srt.models.qwen2", "Qwen2ForCausalLM"),
     "qwen3": ("sglang.srt.models.qwen3", "Qwen3ForCausalLM"),
     "qwen3_moe": ("sglang.srt.models.qwen3_moe", "Qwen3MoeForCausalLM"),
     "deepseek_v3": ("sglang.srt.models.deepseek_v2", "DeepseekV3ForCausalLM"),
+    # Its loader adds 1 to each norm weight it is handed (WC746).
+    "gemma": ("sglang.srt.models.gemma", "GemmaForCausalLM"),
 }
 
 
@@ -56,7 +58,7 @@ def install_cpu_stubs() -> None:
 def tiny_config(kind: str, **overrides: Any) -> Any:
     """Tiny transformers configs (the classes `AutoConfig` returns), shared by SGLang and the checkpoint."""
     from factories import tiny_qwen3_moe_config
-    from transformers import DeepseekV3Config, Qwen2Config, Qwen3Config
+    from transformers import DeepseekV3Config, GemmaConfig, Qwen2Config, Qwen3Config
 
     common: dict[str, Any] = dict(
         hidden_size=64,
@@ -72,6 +74,8 @@ def tiny_config(kind: str, **overrides: Any) -> Any:
         return Qwen2Config(**{**common, **overrides})
     if kind == "qwen3":
         return Qwen3Config(head_dim=16, **{**common, **overrides})
+    if kind == "gemma":  # SGLang's Gemma ties the head to the embedding, as Gemma checkpoints do
+        return GemmaConfig(head_dim=16, **{**common, "tie_word_embeddings": True, **overrides})
     if kind == "qwen3_moe":
         return tiny_qwen3_moe_config(decoder_sparse_step=1, **{**common, **overrides})
     if kind == "deepseek_v3":

@@ -32,6 +32,7 @@ def with_related(result: Result, code: str) -> list[Finding]:
     parameter left unwritten because its tensor was never sent, WC732, is that WC722's related finding)."""
     return [f for top in result.findings for f in (top, *top.related) if f.code == code]
 
+
 pytestmark = pytest.mark.sglang
 
 _LAYER = re.compile(r"(^|\.)layers\.(\d+)\.")
@@ -104,6 +105,30 @@ def test_clean_sync_passes(kind: str, engine: Any, records_dir: Path) -> None:
     assert all(p.writes > 0 for p in record.params.values() if p.tracked)
     # Every parameter of these models is observable (none is left "untracked").
     assert {n for n, p in record.params.items() if not p.tracked} == set()
+
+
+def test_gemma_norms_the_engine_writes_into_are_not_called_mismatched(
+    engine: Any, records_dir: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """SGLang's own Gemma adds 1 to each norm weight it is handed (`loaded_weight += 1.0`): the first sync of an
+    engine process reports those norms as not compared (WC746, a warning), never as "bytes differ" (WC727,
+    what it was before), and later syncs digest them on arrival and compare them: no finding."""
+    from weightcheck.tap import digesting
+
+    monkeypatch.setattr(digesting, "_WROTE_INTO", set())  # a fresh engine process
+    model, ckpt, stream = engine("gemma")
+    norms = sorted(name for name, _ in stream if "norm.weight" in name)
+    assert norms
+    for step in range(2):
+        push(model, [[(name, tensor.clone()) for name, tensor in stream]], f"step-{step}")
+    first = verify(records_dir, ckpt, sync=0)
+    assert [(f.code, f.severity.label) for f in first.findings] == [("WC746", "warning")], [
+        (f.code, f.message) for f in first.findings
+    ]
+    assert first.findings[0].details["names"] == norms
+    second = verify(records_dir, ckpt, sync=1)
+    assert second.findings == [], [(f.code, f.message) for f in second.findings]
+    assert second.checked["tensors"] == len(stream)
 
 
 def test_pp_stage_that_forgot_its_offset_is_named(engine: Any, records_dir: Path) -> None:
