@@ -58,7 +58,9 @@ def gemma(tmp_path: Path) -> Iterator[tuple[Path, Path, list[tuple[str, torch.Te
     from transformers import GemmaConfig, GemmaForCausalLM
 
     torch.manual_seed(5)
-    config = GemmaConfig(hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4,
+    # The MLP weights (64 x 2048 F32, 512 KiB) are above the tap's small-tensor size: they go one at a time and
+    # drain the bucket of norms before them, so some norms are digested before the engine's write.
+    config = GemmaConfig(hidden_size=64, intermediate_size=2048, num_hidden_layers=2, num_attention_heads=4,
                          num_key_value_heads=2, head_dim=16, vocab_size=128, max_position_embeddings=64)  # fmt: skip
     ckpt = tmp_path / "gemma"
     GemmaForCausalLM(config).save_pretrained(ckpt)
@@ -212,3 +214,49 @@ def test_tensors_made_under_inference_mode_have_no_version_and_are_digested(gemm
     result = verify(records, ckpt)
     assert result.findings == [], [(f.code, f.message) for f in result.findings]
     assert result.checked["tensors"] == len(stream)
+
+
+@pytest.mark.parametrize("as_list", [False, True], ids=["iterator", "list"])
+def test_with_the_engine_state_a_norm_the_engine_transformed_is_not_called_overwritten(
+    gemma: Any, as_list: bool, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """With `WEIGHTCHECK_STATE=1`, WC743 compares a parameter written whole by one tensor with that tensor's
+    digest. Gemma's norm parameter holds what arrived + 1 by design: the entry says the engine wrote into the
+    tensor (`engine_wrote`), and WC743 leaves it alone, from an iterator (names digested on arrival from the
+    second sync) or from a list (the caller holds it: its version read again when the call ends). Batches of 2
+    tensors: a list's small tensors are then digested as the tap records the list, before the engine runs (a
+    real stream fills the 4,096-tensor batches the same way)."""
+    records, ckpt, stream = gemma
+    monkeypatch.setattr(core, "_BATCH_TENSORS", 2)
+    tap.configure(records, state=True)
+    model = GemmaLike(stream)
+    for step in range(3):
+        with tap.sync(f"step-{step}"):
+            sent = [(name, tensor.clone()) for name, tensor in stream]
+            model.load_weights(sent if as_list else iter(sent))
+    codes = [{f.code for f in verify(records, ckpt, sync=step).findings} for step in range(3)]
+    assert codes == [set() if as_list else {"WC746"}, set(), set()], codes
+    record = tap.read_record(next((records / "sync-00002").glob("*.jsonl")))
+    flagged = sorted(e.name for e in record.tensors if e.engine_wrote)
+    assert flagged == norms(stream)
+    assert all(e.hexdigest for e in record.tensors)  # digested before the engine's write
+
+
+def test_a_parameter_overwritten_after_the_load_is_still_reported(gemma: Any) -> None:
+    """The mark covers only the tensor the engine wrote into: another parameter overwritten after the load
+    (outside load_weights) is still WC743; a marked norm overwritten so is WC740 (its state after the startup
+    load differs), not WC743, which cannot tell that write from the engine's own +1."""
+    records, ckpt, stream = gemma
+    tap.configure(records, state=True)
+    model = GemmaLike(stream)
+    sync(model, stream, "step-0")
+    proj = next(name for name, _ in stream if name.endswith("mlp.down_proj.weight")).replace(".", "__")
+    with tap.sync("step-1"):
+        model.load_weights((name, tensor.clone()) for name, tensor in stream)
+        with torch.no_grad():
+            model.params["model__norm__weight"].mul_(3)
+            model.params[proj].mul_(3)
+    result = verify(records, ckpt, sync=1)
+    found = {f.code: f.details["params"] for f in result.findings}
+    assert found["WC743"] == [f"params.{proj}"], found
+    assert "params.model__norm__weight" in found["WC740"] and f"params.{proj}" in found["WC740"]

@@ -632,6 +632,11 @@ class _Call:
         # seq -> the incoming tensor's version counter when it arrived, for tensors digested later (the bucket, the
         # digest batch): a tensor the engine wrote into meanwhile is recorded as such, never with its new bytes.
         self.arrival_versions: dict[int, int] = {}
+        # Tensors digested on arrival because the engine wrote into that name's tensor before (`digest_on_arrival`),
+        # with their version then: checked when the call ends, to mark the entries the engine wrote into again.
+        self.watched: list[tuple[dict[str, Any], Any, int]] = []
+        # A list's tensors (`wrap`): (seq, name, tensor, version when it arrived), checked when the call ends.
+        self.listed: list[tuple[int | None, Any, Any, int]] = []
         self.batch_tensors: list[Any] = []
         self.batch_bytes = 0
         self.profile = sync_.profile
@@ -731,7 +736,11 @@ class _Call:
                 profile.bytes += nbytes
             profile.add("bookkeeping", time.perf_counter() - started)
         if self.synchronous_digest or digest_on_arrival(entry["name"]):
+            version = version_of(tensor)
             _fill_digest(entry, tensor, self.algorithm, profile)
+            if version is not None:
+                with self.lock:
+                    self.watched.append((entry, tensor, version))
         elif nbytes <= _SMALL_TENSOR_BYTES and tensor.is_cpu:
             # The digest batch is shared with `_drained`, which a loader thread's write may run: both under the
             # coverage lock, so that entries and tensors stay paired.
@@ -918,10 +927,25 @@ class _Call:
             self.profile.add_timings(timings)
 
     def wrap(self, weights: Any) -> Any:
-        """The weights to pass on: a list is recorded now and passed unchanged, an iterator lazily."""
+        """The weights to pass on: a list is recorded now and passed unchanged, an iterator lazily.
+
+        A list's tensors stay alive for the call (the caller holds them), so each one's version counter is kept
+        with it and read again when the call ends (`finish`): one the engine wrote into is marked (a parameter
+        written from it need not hold what arrived: WC743 does not judge it) and its name is digested on
+        arrival from then on."""
         if isinstance(weights, (list, tuple)):
+            tensor_type = torch_module().Tensor
+            watched = self.listed
             for item in weights:
                 self._observe_item(item)
+                try:
+                    name, tensor = item[0], item[1]
+                except (TypeError, IndexError, KeyError):
+                    continue
+                if isinstance(tensor, tensor_type):
+                    version = version_of(tensor)
+                    if version is not None:
+                        watched.append((self.coverage.current_seq, name, tensor, version))
             return weights
         return self._lazy(weights)
 
@@ -1001,6 +1025,17 @@ class _Call:
             self.futures.clear()
             if self.device_batch is not None and self.device_batch.waiting():
                 self.device_batch.collect(self.algorithm)
+            for entry, tensor, version in self.watched:  # digested on arrival, then written into by the engine
+                if version_of(tensor) != version:
+                    entry["engine_wrote"] = True
+            self.watched.clear()
+            for seq, name, tensor, version in self.listed:
+                if version_of(tensor) != version:
+                    listed_entry = self.entries.get(seq) if seq is not None else None
+                    if listed_entry is not None:
+                        listed_entry["engine_wrote"] = True
+                    note_wrote_into(name)
+            self.listed.clear()
             if profile is not None:
                 finishing = time.perf_counter()
                 profile.add("wait", finishing - waited)
@@ -1068,6 +1103,7 @@ def _mark_wrote_into(entry: dict[str, Any], tensor: Any, algorithm: str) -> None
             "zeros": None,
             "nonfinite": None,
             "error": ENGINE_WROTE_INTO_SENT,
+            "engine_wrote": True,
         }
     )
     note_wrote_into(entry["name"])

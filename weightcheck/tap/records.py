@@ -38,7 +38,9 @@ records written before there was a choice) and each tensor line carries its hex 
 `wrote` lists the engine parameters an incoming tensor wrote into (`name:shard` or `name:shard:expert` for
 stacked or expert parameters; the bare name otherwise); an empty list means the engine dropped it on this
 rank. `tracked: false` marks a parameter whose writes could not be observed (its coverage is unknown, not
-"never written"). The trailing `end` line carries the counts, so a truncated or edited file is detected.
+"never written"). A tensor line may carry `"engine_wrote": true`: the engine wrote into the tensor it was
+handed during the call (optional; readers that predate it ignore it). The trailing `end` line carries the
+counts, so a truncated or edited file is detected.
 
 Nothing here imports torch: `weightcheck verify` reads records without it.
 
@@ -217,6 +219,9 @@ class TensorEntry:
     tensor_key: str | None = None
     # The loader was reached but the data belongs to another rank (an expert this EP rank does not hold).
     offrank: bool = False
+    # The engine wrote into the tensor it was handed (its version counter moved during the call: SGLang's Gemma
+    # adds 1 to each norm before loading it), so a parameter written from it need not hold what arrived.
+    engine_wrote: bool = False
     # The safetensors file holding the tensor itself (`tensor_key`), when the tap kept tensors.
     tensors_path: Path | None = None
 
@@ -429,6 +434,7 @@ def _parse_tensor(doc: dict[str, Any], algorithm: str) -> TensorEntry:
         wrote=_str_list(doc.get("wrote"), f"tensor {name!r}: wrote"),
         tensor_key=_opt_str(doc.get("tensor_key"), f"tensor {name!r}: tensor_key"),
         offrank=bool(doc.get("offrank", False)),
+        engine_wrote=doc.get("engine_wrote") is True,
     )
 
 
