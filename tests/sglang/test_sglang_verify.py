@@ -107,15 +107,21 @@ def test_clean_sync_passes(kind: str, engine: Any, records_dir: Path) -> None:
     assert {n for n, p in record.params.items() if not p.tracked} == set()
 
 
+@pytest.mark.parametrize("state", [False, True], ids=["stream", "with-engine-state"])
 def test_gemma_norms_the_engine_writes_into_are_not_called_mismatched(
-    engine: Any, records_dir: Path, monkeypatch: pytest.MonkeyPatch
+    engine: Any, records_dir: Path, monkeypatch: pytest.MonkeyPatch, state: bool
 ) -> None:
     """SGLang's own Gemma adds 1 to each norm weight it is handed (`loaded_weight += 1.0`): the first sync of an
     engine process reports those norms as not compared (WC746, a warning), never as "bytes differ" (WC727,
-    what it was before), and later syncs digest them on arrival and compare them: no finding."""
+    what it was before), and later syncs digest them on arrival and compare them: no finding. With the engine
+    state (`WEIGHTCHECK_STATE=1`), the norm parameters holding what arrived + 1 are not WC743."""
     from weightcheck.tap import digesting
 
     monkeypatch.setattr(digesting, "_WROTE_INTO", set())  # a fresh engine process
+    if state:
+        base = tap.current_config()
+        assert base is not None
+        tap.configure(tap.TapConfig(directory=records_dir, digest_threads=base.digest_threads, state=True))
     model, ckpt, stream = engine("gemma")
     norms = sorted(name for name, _ in stream if "norm.weight" in name)
     assert norms
