@@ -260,3 +260,46 @@ def test_a_parameter_overwritten_after_the_load_is_still_reported(gemma: Any) ->
     found = {f.code: f.details["params"] for f in result.findings}
     assert found["WC743"] == [f"params.{proj}"], found
     assert "params.model__norm__weight" in found["WC740"] and f"params.{proj}" in found["WC740"]
+
+
+def test_the_synchronous_digest_with_the_engine_state_marks_what_the_engine_wrote_into(gemma: Any) -> None:
+    """`WEIGHTCHECK_TAP_SYNC_DIGEST=1` (WC746's fix text) with `WEIGHTCHECK_STATE=1`: every tensor is digested
+    as it arrives; the one before is read again when the next comes, so the norms are marked and WC743 leaves
+    them alone from the first sync on."""
+    records, ckpt, stream = gemma
+    tap.configure(records, synchronous_digest=True, state=True)
+    model = GemmaLike(stream)
+    for step in range(2):
+        sync(model, stream, f"step-{step}")
+    for step in range(2):
+        result = verify(records, ckpt, sync=step)
+        assert result.findings == [], [(f.code, f.message) for f in result.findings]
+    record = tap.read_record(next((records / "sync-00000").glob("*.jsonl")))
+    assert sorted(e.name for e in record.tensors if e.engine_wrote) == norms(stream)
+
+
+def test_a_streamed_tensor_is_not_kept_alive_for_the_whole_call(gemma: Any) -> None:
+    """The check holds one tensor (the previous), not the stream: of 400 streamed norms the engine drops after
+    loading, at most the coverage's recent tensors (a window of 64 for matching late writes, and up to 64 not yet
+    filed into it) and the check's one are alive when the stream ends, in the synchronous-digest mode too."""
+    import weakref
+
+    from weightcheck.tap import coverage
+
+    records, _ckpt, _stream = gemma
+    stream = [(f"model.layers.{i}.input_layernorm.weight", torch.randn(64)) for i in range(400)]
+    tap.configure(records, synchronous_digest=True)
+    model = GemmaLike(stream)
+    refs: list[Any] = []
+    alive_at_end: list[int] = []
+
+    def sent() -> Iterator[tuple[str, torch.Tensor]]:
+        for name, tensor in stream:
+            copy = tensor.clone()
+            refs.append(weakref.ref(copy))
+            yield name, copy
+        alive_at_end.append(sum(ref() is not None for ref in refs))
+
+    with tap.sync("step-0"):
+        model.load_weights(sent())
+    assert alive_at_end and alive_at_end[0] <= 2 * coverage._RECENT_FOR_VALUE_MATCH + 2, alive_at_end

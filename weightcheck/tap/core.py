@@ -632,9 +632,11 @@ class _Call:
         # seq -> the incoming tensor's version counter when it arrived, for tensors digested later (the bucket, the
         # digest batch): a tensor the engine wrote into meanwhile is recorded as such, never with its new bytes.
         self.arrival_versions: dict[int, int] = {}
-        # Tensors digested on arrival because the engine wrote into that name's tensor before (`digest_on_arrival`),
-        # with their version then: checked when the call ends, to mark the entries the engine wrote into again.
-        self.watched: list[tuple[dict[str, Any], Any, int]] = []
+        # The last tensor digested on arrival (`observe`: the synchronous digest, or a name the engine wrote into
+        # before) with its version then, read again when the next one comes or the call ends (the engine has
+        # loaded it by then): a tensor it wrote into is marked, and its name learned. One, not all: a stream's
+        # tensors must not stay alive for the whole call.
+        self.previous: tuple[dict[str, Any], Any, int] | None = None
         # A list's tensors (`wrap`): (seq, name, tensor, version when it arrived), checked when the call ends.
         self.listed: list[tuple[int | None, Any, Any, int]] = []
         self.batch_tensors: list[Any] = []
@@ -738,9 +740,9 @@ class _Call:
         if self.synchronous_digest or digest_on_arrival(entry["name"]):
             version = version_of(tensor)
             _fill_digest(entry, tensor, self.algorithm, profile)
-            if version is not None:
-                with self.lock:
-                    self.watched.append((entry, tensor, version))
+            with self.lock:
+                self._check_previous()
+                self.previous = (entry, tensor, version) if version is not None else None
         elif nbytes <= _SMALL_TENSOR_BYTES and tensor.is_cpu:
             # The digest batch is shared with `_drained`, which a loader thread's write may run: both under the
             # coverage lock, so that entries and tensors stay paired.
@@ -757,6 +759,14 @@ class _Call:
             self._queue_on_device(entry, tensor)
         else:
             self._digest_one(entry, tensor, profile)
+
+    def _check_previous(self) -> None:
+        """Mark the previous tensor digested on arrival if the engine wrote into it (`previous`). The caller holds
+        `self.lock`."""
+        previous, self.previous = self.previous, None
+        if previous is not None and version_of(previous[1]) != previous[2]:
+            previous[0]["engine_wrote"] = True
+            note_wrote_into(previous[0]["name"])
 
     def _digest_one(self, entry: dict[str, Any], tensor: Any, profile: _Profile | None) -> None:
         """One tensor's digest on a digest thread, or, with no digest threads, on this thread while its bytes
@@ -1025,10 +1035,8 @@ class _Call:
             self.futures.clear()
             if self.device_batch is not None and self.device_batch.waiting():
                 self.device_batch.collect(self.algorithm)
-            for entry, tensor, version in self.watched:  # digested on arrival, then written into by the engine
-                if version_of(tensor) != version:
-                    entry["engine_wrote"] = True
-            self.watched.clear()
+            with self.lock:
+                self._check_previous()
             for seq, name, tensor, version in self.listed:
                 if version_of(tensor) != version:
                     listed_entry = self.entries.get(seq) if seq is not None else None

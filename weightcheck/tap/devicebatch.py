@@ -103,7 +103,8 @@ class DeviceBatch:
         self._held_bytes = 0
         self._held_count = 0
         self._lock = threading.Lock()
-        self._written: list[dict[str, Any]] = []  # entries whose tensor changed while held
+        # Entries of held tensors not digested: written into or given new storage while held, or not launchable
+        self._undigested: list[dict[str, Any]] = []
         # Launched held tensors: (their items, as `pending`'s without values; the launch's int64 [T, 4] output)
         self._launched: list[tuple[list[tuple[dict[str, Any], str, int, bool, int, Any]], Any]] = []
         self.many_launches = 0  # launches of the many-tensor kernel (the tests and benchmarks read it)
@@ -231,7 +232,8 @@ class DeviceBatch:
             for item in items:
                 tensor, address, version = item[4], item[5], item[6]
                 if tensor.data_ptr() != address or (version is not None and version_of(tensor) != version):
-                    self._written.append(item[0])  # (recorded as such at `collect`; WC746)
+                    self._undigested.append(item[0])  # (recorded as such at `collect`; WC746)
+                    item[0]["engine_wrote"] = True
                     if "name" in item[0]:
                         note_wrote_into(item[0]["name"])
                     continue
@@ -267,7 +269,7 @@ class DeviceBatch:
                 try:
                     self._add_now(entry, tensor, st_name, spec)
                 except Exception as again:  # as `describe_tensor` records a tensor it cannot digest
-                    self._written.append(entry)
+                    self._undigested.append(entry)
                     entry["error"] = f"cannot digest: {again}"[:300]
             return
         self.many_launches += 1
@@ -308,7 +310,7 @@ class DeviceBatch:
 
     def waiting(self) -> bool:
         """Whether anything is held or queued for `collect`."""
-        return bool(self.pending or self._held or self._written or self._launched)
+        return bool(self.pending or self._held or self._undigested or self._launched)
 
     def collect(self, algorithm: str) -> None:
         """Fill every queued entry (one copy per device); on a device error, each entry says it could not be
@@ -318,7 +320,7 @@ class DeviceBatch:
         from weightcheck.posmix import finalize
 
         self.flush()
-        written, self._written = self._written, []
+        written, self._undigested = self._undigested, []
         for entry in written:
             entry.update({algorithm: None, "zeros": None, "nonfinite": None})
             entry.setdefault("error", ENGINE_WROTE_INTO_SENT)
