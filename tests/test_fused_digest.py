@@ -405,3 +405,13 @@ def test_a_tapped_sync_with_held_tensors_records_what_the_one_at_a_time_path_doe
     assert sum(launches) >= 2  # a launch per call at least
     assert held == run(tmp_path / "reference", synchronous=True)
     assert all(t["hexdigest"] and not t["error"] for t in held[0][1])
+
+
+def test_the_many_tensor_kernel_refuses_more_tensors_than_the_grid_holds() -> None:
+    from weightcheck.fuseddigest import MAX_TENSORS_PER_LAUNCH, fused_stats_many
+    from weightcheck.tap.devicebatch import HOLD_TENSORS
+
+    assert HOLD_TENSORS <= MAX_TENSORS_PER_LAUNCH
+    table = torch.zeros((MAX_TENSORS_PER_LAUNCH + 1, 2), dtype=torch.int64)
+    with pytest.raises(ValueError, match="at most 65535"):
+        fused_stats_many(table, torch.zeros((MAX_TENSORS_PER_LAUNCH + 1, 4), dtype=torch.int64), 1, 2, 0x7F80)

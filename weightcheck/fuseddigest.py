@@ -42,6 +42,8 @@ PROGRAMS_PER_SM = 4
 INTERPRETER_PROGRAMS = 3
 # A lane counts at most 2 values per step in 32 bits: no program takes more steps than this.
 MAX_STEPS = 1 << 29
+# The many-tensor kernel's tensors are its grid's second axis, which CUDA caps at 65,535.
+MAX_TENSORS_PER_LAUNCH = 65535
 
 
 def triton_available() -> bool:
@@ -350,6 +352,8 @@ def fused_stats_many(
     n_tensors = table.shape[0]
     if not n_tensors:
         return
+    if n_tensors > MAX_TENSORS_PER_LAUNCH:
+        raise ValueError(f"{n_tensors} tensors in one launch: at most {MAX_TENSORS_PER_LAUNCH} (the grid's 2nd axis)")
     device = table.device
     per_tensor = programs or many_programs(device, n_tensors, max_words, block_words)
     grid = (per_tensor, n_tensors)
