@@ -946,16 +946,15 @@ class _Call:
         if isinstance(weights, (list, tuple)):
             tensor_type = torch_module().Tensor
             watched = self.listed
+            coverage = self.coverage
             for item in weights:
                 self._observe_item(item)
                 try:
                     name, tensor = item[0], item[1]
-                except (TypeError, IndexError, KeyError):
+                    if isinstance(tensor, tensor_type):
+                        watched.append((coverage.current_seq, name, tensor, tensor._version))
+                except (TypeError, IndexError, KeyError, RuntimeError):  # (RuntimeError: no version counter)
                     continue
-                if isinstance(tensor, tensor_type):
-                    version = version_of(tensor)
-                    if version is not None:
-                        watched.append((self.coverage.current_seq, name, tensor, version))
             return weights
         return self._lazy(weights)
 
