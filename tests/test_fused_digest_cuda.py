@@ -211,27 +211,24 @@ def test_the_device_batch_launched_with_raw_addresses_records_what_the_view_maki
     assert _launcher().direct_launches - launches_before >= 3 * fused
 
 
-def _held_gpu_cases() -> list[torch.Tensor]:
-    """Every taken dtype: one block to many (3 x 2^20 elements), one word, addresses 4 bytes off 16, zeros,
-    NaN/Inf, on the host."""
+def _held_gpu_cases() -> list[tuple[torch.Tensor, torch.Tensor]]:
+    """(host, GPU) pairs of the same values, every taken dtype: one block to many (3 x 2^20 elements), one word,
+    a view 4 bytes off a 16-byte address (made on the GPU too, so the address stays off), zeros, NaN/Inf."""
     from weightcheck.tap.devicebatch import TAKEN
 
-    cases: list[torch.Tensor] = []
+    cases: list[tuple[torch.Tensor, torch.Tensor]] = []
     for index, name in enumerate(TAKEN):
         host = _random(getattr(torch, name), (3, 1 << 20), seed=index + 21)
         if host.is_floating_point():
             host = host.float().nan_to_num(0.0, 1.0, -1.0).to(host.dtype)
             host[0, 5], host[1, 77777], host[2, -1] = float("nan"), float("inf"), float("-inf")
         host[1, 1000:50000] = 0
-        flat = host.reshape(-1)
+        flat, on_gpu = host.reshape(-1), host.cuda().reshape(-1)
         word = 4 // host.element_size() or 1
-        cases += [
-            host,
-            flat[: 129 * 33 * word],
-            flat[word : word * 4100],
-            flat[:word],
-            torch.zeros(64 * word, dtype=host.dtype),
-        ]
+        for cut in (slice(None), slice(0, 129 * 33 * word), slice(word, word * 4100), slice(0, word)):
+            cases.append((flat[cut], on_gpu[cut]))
+        zeros = torch.zeros(64 * word, dtype=host.dtype)
+        cases.append((zeros, zeros.cuda()))
     return cases
 
 
@@ -240,9 +237,9 @@ def _fields(entry: dict) -> dict:
 
 
 def test_held_tensors_on_the_gpu_equal_the_cpu_reference(monkeypatch: pytest.MonkeyPatch) -> None:
-    """The tap's default: tensors held and launched together by the many-tensor kernel (here one launch per dtype
-    class: the hold's limits raised), compiled for the GPU: every entry equals `describe_tensor` of the host copy;
-    then 300 small tensors in one launch (one program per tensor)."""
+    """The held path (opt-in): tensors held and launched together by the many-tensor kernel (here one launch per
+    dtype class and alignment: the hold's limits raised), compiled for the GPU: every entry equals
+    `describe_tensor` of the host copy; then 300 small tensors in one launch (one program per tensor)."""
     from weightcheck.tap import devicebatch
     from weightcheck.tap.devicebatch import DeviceBatch
     from weightcheck.tap.digesting import describe_tensor
@@ -251,21 +248,19 @@ def test_held_tensors_on_the_gpu_equal_the_cpu_reference(monkeypatch: pytest.Mon
     monkeypatch.setattr(devicebatch, "HOLD_TENSORS", 1 << 20)
     monkeypatch.setenv(devicebatch.ENV_HOLD, "1")  # opt-in
 
-    host = _held_gpu_cases()
-    host_small = [_random(torch.bfloat16, (7 + i % 50, 4), seed=i) for i in range(300)]
-    for cases in (host, host_small):
+    small = [_random(torch.bfloat16, (7 + i % 50, 4), seed=i) for i in range(300)]
+    for cases in (_held_gpu_cases(), [(t, t.cuda()) for t in small]):
         batch = DeviceBatch()
         assert batch.hold
-        on_gpu = [t.cuda() for t in cases]
         entries: list[dict] = [{} for _ in cases]
-        for entry, tensor in zip(entries, on_gpu, strict=True):
+        for entry, (_host, tensor) in zip(entries, cases, strict=True):
             assert DeviceBatch.takes(tensor)
             batch.add(entry, tensor)
         batch.collect("posmix128")
-        assert batch.many_launches == len(_launch_classes(on_gpu))
-        for entry, tensor in zip(entries, cases, strict=True):
-            want = describe_tensor(tensor, "posmix128")
-            assert _fields(entry) == {k: want[k] for k in _fields(entry)}, (tensor.dtype, tensor.shape)
+        assert batch.many_launches == len(_launch_classes([gpu for _, gpu in cases]))
+        for entry, (host, _gpu) in zip(entries, cases, strict=True):
+            want = describe_tensor(host, "posmix128")
+            assert _fields(entry) == {k: want[k] for k in _fields(entry)}, (host.dtype, host.shape)
 
 
 def test_held_tensors_on_the_gpu_launched_when_the_hold_is_full(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -277,12 +272,12 @@ def test_held_tensors_on_the_gpu_launched_when_the_hold_is_full(monkeypatch: pyt
     cases = _held_gpu_cases()[:15]
     batch = devicebatch.DeviceBatch()
     entries: list[dict] = [{} for _ in cases]
-    for entry, tensor in zip(entries, cases, strict=True):
-        batch.add(entry, tensor.cuda())
+    for entry, (_host, tensor) in zip(entries, cases, strict=True):
+        batch.add(entry, tensor)
     assert batch.many_launches >= 3
     batch.collect("posmix128")
-    for entry, tensor in zip(entries, cases, strict=True):
-        want = describe_tensor(tensor, "posmix128")
+    for entry, (host, _gpu) in zip(entries, cases, strict=True):
+        want = describe_tensor(host, "posmix128")
         assert _fields(entry) == {k: want[k] for k in _fields(entry)}
 
 
