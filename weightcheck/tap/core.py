@@ -23,6 +23,7 @@ import atexit
 import contextlib
 import itertools
 import logging
+import operator
 import os
 import re
 import socket
@@ -885,19 +886,23 @@ class _Call:
                 self.profile.add_timings(timings)
         return True
 
-    def _unwritten(self, seqs: list[int], tensors: list[Any]) -> bool:
-        """Whether no tensor of these moved its version counter since it arrived; their arrival versions are
-        taken, a moved one's replaced by -1 (never a version: `_flush_batch` records it). The caller holds
-        `self.lock`. (Only a tensor with an arrival version has its counter read: one made under
-        `torch.inference_mode` has none, and reading it raises.)"""
+    def _moved(self, seqs: Iterable[int], tensors: list[Any]) -> list[int]:
+        """The positions of the tensors whose version counter moved since they arrived (the engine wrote into
+        them); their arrival versions are taken. The caller holds `self.lock`. (Only a tensor with an arrival
+        version has its counter read: one made under `torch.inference_mode` has none, and reading it raises.)"""
         pop = self.arrival_versions.pop
-        moved = [
-            seq
-            for seq, tensor in zip(seqs, tensors, strict=True)
+        return [
+            i
+            for i, (seq, tensor) in enumerate(zip(seqs, tensors, strict=True))
             if (v := pop(seq, None)) is not None and v != tensor._version
         ]
-        for seq in moved:
-            self.arrival_versions[seq] = -1
+
+    def _unwritten(self, seqs: list[int], tensors: list[Any]) -> bool:
+        """Whether no tensor of these moved its version counter since it arrived (`_moved`); a moved one's
+        arrival version is put back as -1 (never a version), so that `_flush_batch` records it."""
+        moved = self._moved(seqs, tensors)
+        for i in moved:
+            self.arrival_versions[seqs[i]] = -1
         return not moved
 
     def _flush_batch(self) -> None:
@@ -908,12 +913,7 @@ class _Call:
         if not batch:
             return
         if self.arrival_versions:
-            pop = self.arrival_versions.pop
-            moved = [
-                i
-                for i, (e, t) in enumerate(zip(batch, tensors, strict=True))
-                if (v := pop(e["seq"], None)) is not None and v != t._version
-            ]
+            moved = self._moved(map(operator.itemgetter("seq"), batch), tensors)
             if moved:  # the engine wrote into a tensor it was handed: recorded as such, the others digested
                 for i in moved:
                     _mark_wrote_into(batch[i], tensors[i], self.algorithm)
@@ -945,14 +945,14 @@ class _Call:
         arrival from then on."""
         if isinstance(weights, (list, tuple)):
             tensor_type = torch_module().Tensor
-            watched = self.listed
+            listed = self.listed
             coverage = self.coverage
             for item in weights:
                 self._observe_item(item)
                 try:
                     name, tensor = item[0], item[1]
                     if isinstance(tensor, tensor_type):
-                        watched.append((coverage.current_seq, name, tensor, tensor._version))
+                        listed.append((coverage.current_seq, name, tensor, tensor._version))
                 except (TypeError, IndexError, KeyError, RuntimeError):  # (RuntimeError: no version counter)
                     continue
             return weights
