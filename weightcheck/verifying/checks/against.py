@@ -1,5 +1,6 @@
 """The stream against the reference: missing (WC722), unexpected (WC723), mismatches classified (WC727 other
-data / dtype / shape / bytes / values / transposed; WC728 zeros; WC730 within rounding; WC721 not comparable)."""
+data / dtype / shape / bytes / values / transposed; WC728 zeros; WC730 within rounding; WC721 not comparable;
+WC746 written into by the engine before the tap digested it: not compared)."""
 
 from __future__ import annotations
 
@@ -116,7 +117,7 @@ def check_against_reference(
         ctx.add(
             SYNC_TENSOR_WRITTEN_BEFORE_DIGEST,
             f"{summarize(written_into)}: written into by the engine before the tap digested "
-            f"{'it' if len(written_into) == 1 else 'them'}; not compared in this sync (digested as they arrive "
+            f"{'it' if len(written_into) == 1 else 'them'}; not compared in this sync (digested on arrival "
             "from the next sync on)",
             tensor=summarize(written_into, limit=1),
             count=len(written_into),
